@@ -1,0 +1,73 @@
+//! `lowbit`: quantize, dequantize, convert, inspect, bench and doctor.
+//!
+//! Every command returns `lowbit::Result`; an error is printed as one line on stderr and the exit code is 1
+//! (2 for command-line usage errors, which clap reports itself).
+
+mod bench;
+mod commands;
+mod doctor;
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "lowbit",
+    version,
+    about = "Low-bit quantized inference kernels: quantize, convert, inspect, benchmark"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Quantize every eligible `*.weight` of a checkpoint (round to nearest) into AWQ GEMM layout.
+    Quantize(commands::QuantizeArgs),
+    /// Turn every quantized layer back into an fp16 `*.weight` [out, in].
+    Dequantize(commands::DequantizeArgs),
+    /// Convert a quantized checkpoint between AWQ, GPTQ (v2) and compressed-tensors.
+    Convert(commands::ConvertArgs),
+    /// Describe a checkpoint: format, bits, group size, layers, shapes, bytes before and after.
+    Inspect(commands::InspectArgs),
+    /// Time lowbit's kernels against the dense baseline in the same process.
+    Bench(bench::BenchArgs),
+    /// Report the CUDA driver, GPU, NVRTC and kernel cache, and compile every kernel.
+    Doctor(doctor::DoctorArgs),
+    /// Quantize a layer, check it against the dense result and time both on the best device present.
+    Demo(commands::DemoArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Quantize(a) => commands::quantize(a),
+        Command::Dequantize(a) => commands::dequantize(a),
+        Command::Convert(a) => commands::convert(a),
+        Command::Inspect(a) => commands::inspect(a),
+        Command::Bench(a) => bench::run(a),
+        Command::Doctor(a) => doctor::run(a),
+        Command::Demo(a) => commands::demo(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // One line: the CLI contract is that scripts can grep the message.
+            eprintln!("lowbit: error: {}", e.to_string().replace('\n', " | "));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Where the tool writes: `--force` decides whether an existing output may be replaced.
+#[derive(clap::Args, Clone, Debug)]
+pub struct OutputArgs {
+    /// Output file or directory.
+    #[arg(short, long)]
+    pub output: PathBuf,
+    /// Replace the output if it exists.
+    #[arg(long)]
+    pub force: bool,
+}
