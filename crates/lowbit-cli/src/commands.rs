@@ -50,27 +50,17 @@ pub struct DemoArgs {
 }
 
 pub fn quantize(_a: QuantizeArgs) -> lowbit::Result<()> {
-    Err(lowbit::Error::Unsupported(
-        "quantize: not yet implemented".into(),
-    ))
+    Err(lowbit::Error::Unsupported("quantize: not yet implemented".into()))
 }
 pub fn dequantize(_a: DequantizeArgs) -> lowbit::Result<()> {
-    Err(lowbit::Error::Unsupported(
-        "dequantize: not yet implemented".into(),
-    ))
+    Err(lowbit::Error::Unsupported("dequantize: not yet implemented".into()))
 }
 pub fn convert(_a: ConvertArgs) -> lowbit::Result<()> {
-    Err(lowbit::Error::Unsupported(
-        "convert: not yet implemented".into(),
-    ))
+    Err(lowbit::Error::Unsupported("convert: not yet implemented".into()))
 }
 pub fn inspect(_a: InspectArgs) -> lowbit::Result<()> {
-    Err(lowbit::Error::Unsupported(
-        "inspect: not yet implemented".into(),
-    ))
+    Err(lowbit::Error::Unsupported("inspect: not yet implemented".into()))
 }
 pub fn demo(_a: DemoArgs) -> lowbit::Result<()> {
-    Err(lowbit::Error::Unsupported(
-        "demo: not yet implemented".into(),
-    ))
+    Err(lowbit::Error::Unsupported("demo: not yet implemented".into()))
 }

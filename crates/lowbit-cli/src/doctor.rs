@@ -11,7 +11,5 @@ pub struct DoctorArgs {
 }
 
 pub fn run(_a: DoctorArgs) -> lowbit::Result<()> {
-    Err(lowbit::Error::Unsupported(
-        "doctor: not yet implemented".into(),
-    ))
+    Err(lowbit::Error::Unsupported("doctor: not yet implemented".into()))
 }

@@ -21,18 +21,11 @@ pub enum Error {
 
     /// A tensor a format needs is absent.
     #[error("missing tensor {name}{}", context.as_deref().map(|c| format!(" ({c})")).unwrap_or_default())]
-    MissingTensor {
-        name: String,
-        context: Option<String>,
-    },
+    MissingTensor { name: String, context: Option<String> },
 
     /// The information the target format needs is not in the source (e.g. act-order `g_idx` into AWQ).
     #[error("cannot convert {from} to {to}: {reason}")]
-    Conversion {
-        from: String,
-        to: String,
-        reason: String,
-    },
+    Conversion { from: String, to: String, reason: String },
 
     /// A feature or combination lowbit does not implement.
     #[error("unsupported: {0}")]
@@ -40,10 +33,7 @@ pub enum Error {
 
     /// Reading or writing a file failed.
     #[error("{}: {source}", path.display())]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Io { path: PathBuf, source: std::io::Error },
 
     /// A safetensors file or a config.json could not be parsed.
     #[error("{}: {reason}", path.display())]
@@ -63,11 +53,7 @@ pub enum Error {
 
     /// NVRTC rejected a kernel source; the compiler log is included.
     #[error("NVRTC failed to compile {kernel} for {arch}:\n{log}")]
-    Compile {
-        kernel: String,
-        arch: String,
-        log: String,
-    },
+    Compile { kernel: String, arch: String, log: String },
 }
 
 /// `Result` with lowbit's [`Error`].
@@ -75,11 +61,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
     /// Shorthand for [`Error::Invalid`].
-    pub fn invalid(
-        tensor: impl Into<String>,
-        value: impl std::fmt::Display,
-        rule: impl Into<String>,
-    ) -> Self {
+    pub fn invalid(tensor: impl Into<String>, value: impl std::fmt::Display, rule: impl Into<String>) -> Self {
         Error::Invalid {
             tensor: tensor.into(),
             value: value.to_string(),
@@ -105,12 +87,7 @@ impl Error {
 }
 
 /// Fails with [`Error::Invalid`] unless `cond` holds.
-pub(crate) fn ensure(
-    cond: bool,
-    tensor: &str,
-    value: impl std::fmt::Display,
-    rule: &str,
-) -> Result<()> {
+pub(crate) fn ensure(cond: bool, tensor: &str, value: impl std::fmt::Display, rule: &str) -> Result<()> {
     if cond {
         Ok(())
     } else {

@@ -18,7 +18,9 @@ pub mod error;
 pub mod formats;
 pub mod ops;
 pub mod quantize;
+pub mod tensor;
 
 pub use dtype::{DType, Float};
 pub use error::{Error, Result};
 pub use formats::QuantMatrix;
+pub use tensor::{Tensor, TensorRef};

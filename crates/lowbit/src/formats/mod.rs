@@ -78,10 +78,7 @@ impl QuantMatrix {
     pub fn has_trivial_g_idx(&self) -> bool {
         match &self.g_idx {
             None => true,
-            Some(g) => g
-                .iter()
-                .enumerate()
-                .all(|(k, &x)| x as usize == k / self.group_size),
+            Some(g) => g.iter().enumerate().all(|(k, &x)| x as usize == k / self.group_size),
         }
     }
 

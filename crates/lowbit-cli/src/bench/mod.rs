@@ -1,5 +1,8 @@
 //! `lowbit bench`: our kernels and the dense baseline, timed in the same process.
 
+mod cpu;
+mod cuda;
+
 #[derive(clap::Args)]
 pub struct BenchArgs {
     /// cpu | cuda | cuda:N | auto
@@ -17,7 +20,5 @@ pub struct BenchArgs {
 }
 
 pub fn run(_a: BenchArgs) -> lowbit::Result<()> {
-    Err(lowbit::Error::Unsupported(
-        "bench: not yet implemented".into(),
-    ))
+    Err(lowbit::Error::Unsupported("bench: not yet implemented".into()))
 }

@@ -1,0 +1,1 @@
+//! CPU side of `lowbit bench`.

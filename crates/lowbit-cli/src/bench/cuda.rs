@@ -1,0 +1,1 @@
+//! CUDA side of `lowbit bench`.
