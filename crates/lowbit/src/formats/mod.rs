@@ -156,3 +156,270 @@ impl QuantMatrix {
         Ok(())
     }
 }
+
+impl QuantMatrix {
+    /// The symmetric zero code `2^(bits-1)` (what `zeros: None` means).
+    pub fn midpoint(&self) -> u8 {
+        1 << (self.bits - 1)
+    }
+
+    /// Whether every zero equals the midpoint, i.e. the weight is symmetric even if zeros are stored.
+    pub fn is_symmetric(&self) -> bool {
+        let mid = self.midpoint();
+        match &self.zeros {
+            None => true,
+            Some(z) => z.iter().all(|&x| x == mid),
+        }
+    }
+
+    /// Drops stored zeros that all equal the midpoint (AWQ and GPTQ always store zeros; compressed-tensors and
+    /// int8 omit them when symmetric). Changes no dequantized value.
+    pub fn drop_symmetric_zeros(&mut self) {
+        if self.is_symmetric() {
+            self.zeros = None;
+        }
+    }
+}
+
+/// A checkpoint format lowbit reads and writes (the CLI's `--format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Format {
+    /// AutoAWQ GEMM layout ([`awq::AwqWeight`]).
+    Awq,
+    /// AutoGPTQ / GPTQModel ([`gptq::GptqWeight`]).
+    Gptq,
+    /// compressed-tensors `pack-quantized` int4/int8 ([`compressed_tensors::CompressedTensorsWeight`]).
+    CompressedTensors,
+    /// compressed-tensors `int-quantized` int8 weight-only ([`int8::Int8Weight`]).
+    Int8,
+}
+
+impl Format {
+    /// Every format, in CLI help order.
+    pub const ALL: [Format; 4] = [Format::Awq, Format::Gptq, Format::CompressedTensors, Format::Int8];
+
+    /// The name the CLI and `quant_method` use: `awq`, `gptq`, `compressed-tensors`, `int8`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::Awq => "awq",
+            Format::Gptq => "gptq",
+            Format::CompressedTensors => "compressed-tensors",
+            Format::Int8 => "int8",
+        }
+    }
+}
+
+impl std::fmt::Display for Format {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Format {
+    type Err = crate::Error;
+
+    /// Parses a format name case-insensitively; `compressed_tensors` and `ct` are accepted aliases.
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "awq" => Ok(Format::Awq),
+            "gptq" => Ok(Format::Gptq),
+            "compressed-tensors" | "compressed_tensors" | "ct" => Ok(Format::CompressedTensors),
+            "int8" => Ok(Format::Int8),
+            _ => Err(crate::Error::invalid(
+                "format",
+                format!("{s:?}"),
+                "must be one of awq, gptq, compressed-tensors, int8",
+            )),
+        }
+    }
+}
+
+// ---- Helpers shared by the format modules ------------------------------------------------------------------------
+
+/// The checkpoint name of tensor `suffix` of layer `prefix`: `prefix.suffix` (just `suffix` for an empty prefix).
+pub fn tensor_name(prefix: &str, suffix: &str) -> String {
+    if prefix.is_empty() {
+        suffix.to_string()
+    } else {
+        format!("{prefix}.{suffix}")
+    }
+}
+
+/// `t` renamed to `prefix.suffix` (so every error names the checkpoint tensor), after checking that its byte
+/// length matches its shape (a `TensorRef` built by hand may be truncated).
+pub(crate) fn input<'a>(
+    prefix: &str,
+    suffix: &str,
+    t: &crate::tensor::TensorRef<'a>,
+) -> Result<crate::tensor::TensorRef<'a>> {
+    let t = crate::tensor::TensorRef {
+        name: tensor_name(prefix, suffix),
+        ..t.clone()
+    };
+    let want = t.shape.iter().product::<usize>() * t.dtype.size();
+    ensure(
+        t.data.len() == want,
+        &t.name,
+        format!("{} bytes for {} shape {:?}", t.data.len(), t.dtype, t.shape),
+        "data length must equal product(shape) * dtype size",
+    )?;
+    Ok(t)
+}
+
+/// Reads a scale tensor (f32, f16 or bf16; finite), returning the values and the stored dtype.
+pub(crate) fn read_scales(t: &crate::tensor::TensorRef<'_>) -> Result<(Vec<f32>, DType)> {
+    Ok((t.to_finite_f32()?, t.dtype))
+}
+
+/// Codes per packed int32 word for `bits` (8 for int4, 4 for int8).
+pub(crate) fn per_word(bits: u8) -> usize {
+    32 / bits as usize
+}
+
+/// Natural field order inside a word (field `i` holds element `i`).
+pub(crate) const NATURAL_ORDER_4: [usize; 8] = [0, 1, 2, 3, 4, 5, 6, 7];
+/// Natural field order for 8-bit codes.
+pub(crate) const NATURAL_ORDER_8: [usize; 4] = [0, 1, 2, 3];
+
+/// The natural field order for `bits`.
+pub(crate) fn natural_order(bits: u8) -> &'static [usize] {
+    if bits == 4 {
+        &NATURAL_ORDER_4
+    } else {
+        &NATURAL_ORDER_8
+    }
+}
+
+/// Transposes a row-major `[rows, cols]` matrix (in cache-sized tiles).
+pub(crate) fn transpose<T: Copy + Default + Send + Sync>(src: &[T], rows: usize, cols: usize) -> Vec<T> {
+    use rayon::prelude::*;
+    const TILE: usize = 64;
+    debug_assert_eq!(src.len(), rows * cols);
+    let mut dst = vec![T::default(); rows * cols];
+    if rows == 0 || cols == 0 {
+        return dst;
+    }
+    // Each task owns TILE output rows (= TILE source columns).
+    dst.par_chunks_mut(TILE * rows).enumerate().for_each(|(tile, out)| {
+        let c0 = tile * TILE;
+        let c1 = (c0 + TILE).min(cols);
+        for r0 in (0..rows).step_by(TILE) {
+            for r in r0..(r0 + TILE).min(rows) {
+                for c in c0..c1 {
+                    out[(c - c0) * rows + r] = src[r * cols + c];
+                }
+            }
+        }
+    });
+    dst
+}
+
+/// Packs a row-major `[rows, cols]` matrix of codes (each `< 2^bits`) into `[rows, cols / per]` i32 words along
+/// the last axis: field `i` (bits `bits*i ..`) of word `c` holds element `c * per + order[i]`.
+/// `cols` must be a multiple of `per = 32 / bits` (callers validate).
+pub(crate) fn pack_along_cols(codes: &[u8], rows: usize, cols: usize, bits: u8, order: &[usize]) -> Vec<i32> {
+    use rayon::prelude::*;
+    let per = per_word(bits);
+    debug_assert!(cols % per == 0 && order.len() == per && codes.len() == rows * cols);
+    let word_cols = cols / per;
+    let mut words = vec![0i32; rows * word_cols];
+    if word_cols == 0 {
+        return words;
+    }
+    words.par_chunks_mut(word_cols).enumerate().for_each(|(r, out)| {
+        let row = &codes[r * cols..(r + 1) * cols];
+        for (c, w) in out.iter_mut().enumerate() {
+            let group = &row[c * per..(c + 1) * per];
+            let mut word = 0u32;
+            for (i, &src) in order.iter().enumerate() {
+                word |= (group[src] as u32) << (bits as usize * i);
+            }
+            *w = word as i32;
+        }
+    });
+    words
+}
+
+/// Inverse of [`pack_along_cols`]: `[rows, word_cols]` words to `[rows, word_cols * per]` codes.
+pub(crate) fn unpack_along_cols(words: &[i32], rows: usize, word_cols: usize, bits: u8, order: &[usize]) -> Vec<u8> {
+    use rayon::prelude::*;
+    let per = per_word(bits);
+    debug_assert!(order.len() == per && words.len() == rows * word_cols);
+    let cols = word_cols * per;
+    let mask = (1u32 << bits) - 1;
+    let mut codes = vec![0u8; rows * cols];
+    if cols == 0 {
+        return codes;
+    }
+    codes.par_chunks_mut(cols).enumerate().for_each(|(r, out)| {
+        for (c, &w) in words[r * word_cols..(r + 1) * word_cols].iter().enumerate() {
+            let group = &mut out[c * per..(c + 1) * per];
+            for (i, &dst) in order.iter().enumerate() {
+                group[dst] = ((w as u32 >> (bits as usize * i)) & mask) as u8;
+            }
+        }
+    });
+    codes
+}
+
+/// Reads an optional `g_idx` tensor (`[K]` int32, every entry in `0..groups`).
+pub(crate) fn read_g_idx(t: &crate::tensor::TensorRef<'_>, k: usize, groups: usize) -> Result<Vec<u32>> {
+    t.expect_shape(&[k], "[K]")?;
+    let raw = t.to_i32()?;
+    if let Some(i) = raw.iter().position(|&g| g < 0 || g as usize >= groups) {
+        return Err(crate::Error::invalid(
+            &t.name,
+            format!("{} at index {i}", raw[i]),
+            format!("group indices must lie in 0..{groups} (the number of scale groups)"),
+        ));
+    }
+    Ok(raw.into_iter().map(|g| g as u32).collect())
+}
+
+/// Checks that `scales` holds exactly values of `q.scale_dtype` (f16/bf16/f32), so writing them loses nothing.
+pub(crate) fn check_scales_storable(q: &QuantMatrix) -> Result<()> {
+    ensure(
+        q.scale_dtype.is_float(),
+        "scale_dtype",
+        q.scale_dtype,
+        "scale dtype must be f32, f16 or bf16",
+    )?;
+    if let Some(i) = q
+        .scales
+        .iter()
+        .position(|&s| crate::dtype::round_to(q.scale_dtype, s) != s)
+    {
+        return Err(crate::Error::invalid(
+            "scales",
+            format!("{} at index {i}", q.scales[i]),
+            format!(
+                "scales must be exactly representable in their scale_dtype {}",
+                q.scale_dtype
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The [`crate::Error::Conversion`] for a `q` that format `to` cannot hold.
+pub(crate) fn cannot_hold(q: &QuantMatrix, to: &str, reason: impl Into<String>) -> crate::Error {
+    crate::Error::Conversion {
+        from: format!("int{} weight [N={}, K={}]", q.bits, q.n, q.k),
+        to: to.to_string(),
+        reason: reason.into(),
+    }
+}
+
+/// The zero codes of `q` as stored (`[N, groups]`), the midpoint where `q` is symmetric.
+pub(crate) fn zeros_or_midpoint(q: &QuantMatrix) -> Vec<u8> {
+    match &q.zeros {
+        Some(z) => z.clone(),
+        None => vec![q.midpoint(); q.scales.len()],
+    }
+}
+
+/// `g` when it differs from the trivial `k / group_size`, else `None` (formats hand out `g_idx` only when it
+/// carries information, so that a plain GPTQ weight converts to formats without `g_idx`).
+pub(crate) fn nontrivial_g_idx(g: Option<Vec<u32>>, group_size: usize) -> Option<Vec<u32>> {
+    g.filter(|g| g.iter().enumerate().any(|(k, &x)| x as usize != k / group_size))
+}
