@@ -5,53 +5,31 @@
 //!   `P.g_idx` means GPTQ, and else the shapes do (`scales [groups, N]` matches `qweight` columns ×8 for AWQ, ×1
 //!   for GPTQ).
 //! - `P.weight_packed` + `P.weight_scale`: compressed-tensors `pack-quantized`.
+//! - `P.weight` stored as int8 + `P.weight_scale`: int8 weight-only (compressed-tensors `int-quantized`).
 //!
 //! Group sizes are inferred from shapes (`K / groups`) and checked against config.json when it states one.
 
 use super::{Checkpoint, QuantMethod, StDtype};
 use crate::error::{Error, Result};
+use crate::formats::awq::AwqWeight;
+use crate::formats::compressed_tensors::CompressedTensorsWeight;
+use crate::formats::gptq::{GptqVersion, GptqWeight};
+use crate::formats::int8::Int8Weight;
+use crate::formats::{Format, QuantMatrix};
 
-/// The checkpoint format of one quantized layer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum LayerFormat {
-    /// AutoAWQ GEMM layout: `qweight`, `qzeros`, `scales`.
-    Awq,
-    /// AutoGPTQ / GPTQModel: `qweight`, `qzeros`, `scales`, optional `g_idx`.
-    Gptq,
-    /// compressed-tensors `pack-quantized`: `weight_packed`, `weight_scale`, optional `weight_zero_point`,
-    /// `weight_shape`, `weight_g_idx`.
-    CompressedTensors,
-}
-
-impl LayerFormat {
-    /// Lower-case name as the CLI spells it (`awq`, `gptq`, `compressed-tensors`).
-    pub fn name(self) -> &'static str {
-        match self {
-            LayerFormat::Awq => "awq",
-            LayerFormat::Gptq => "gptq",
-            LayerFormat::CompressedTensors => "compressed-tensors",
-        }
-    }
-
-    /// The suffixes of the tensors a layer of this format may have (the first two are always present).
-    pub fn suffixes(self) -> &'static [&'static str] {
-        match self {
-            LayerFormat::Awq => &["qweight", "qzeros", "scales"],
-            LayerFormat::Gptq => &["qweight", "qzeros", "scales", "g_idx"],
-            LayerFormat::CompressedTensors => &[
-                "weight_packed",
-                "weight_scale",
-                "weight_zero_point",
-                "weight_shape",
-                "weight_g_idx",
-            ],
-        }
-    }
-}
-
-impl std::fmt::Display for LayerFormat {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
+/// The tensor suffixes a layer of `format` may have (the first two are always present).
+pub fn layer_suffixes(format: Format) -> &'static [&'static str] {
+    match format {
+        Format::Awq => &["qweight", "qzeros", "scales"],
+        Format::Gptq => &["qweight", "qzeros", "scales", "g_idx"],
+        Format::CompressedTensors => &[
+            "weight_packed",
+            "weight_scale",
+            "weight_zero_point",
+            "weight_shape",
+            "weight_g_idx",
+        ],
+        Format::Int8 => &["weight", "weight_scale", "weight_zero_point"],
     }
 }
 
@@ -60,7 +38,7 @@ impl std::fmt::Display for LayerFormat {
 pub struct QuantLayer {
     /// Name prefix (`model.layers.0.self_attn.q_proj`); the tensors are `prefix.qweight` etc.
     pub prefix: String,
-    pub format: LayerFormat,
+    pub format: Format,
     pub bits: u8,
     /// Output features.
     pub n: usize,
@@ -179,18 +157,22 @@ pub(super) fn detect(ckpt: &Checkpoint) -> Result<Vec<QuantLayer>> {
             layers.push(detect_qweight(ckpt, prefix)?);
         } else if let Some(prefix) = name.strip_suffix(".weight_packed") {
             layers.push(detect_packed(ckpt, prefix)?);
+        } else if let Some(prefix) = name.strip_suffix(".weight") {
+            if ckpt.st_dtype(name) == Some(StDtype::I8) && ckpt.contains(&format!("{prefix}.weight_scale")) {
+                layers.push(detect_int8(ckpt, prefix)?);
+            }
         }
     }
     if let Some(cfg) = cfg {
         let conflicting = layers.iter().find(|l| match cfg.method {
-            QuantMethod::Awq => l.format != LayerFormat::Awq,
-            QuantMethod::Gptq => l.format != LayerFormat::Gptq,
-            QuantMethod::CompressedTensors => l.format != LayerFormat::CompressedTensors,
+            QuantMethod::Awq => l.format != Format::Awq,
+            QuantMethod::Gptq => l.format != Format::Gptq,
+            QuantMethod::CompressedTensors => !matches!(l.format, Format::CompressedTensors | Format::Int8),
             QuantMethod::Other(_) => false,
         });
         if let Some(l) = conflicting {
             return Err(Error::invalid(
-                l.tensor_name(l.format.suffixes()[0]),
+                l.tensor_name(layer_suffixes(l.format)[0]),
                 format!("a {} layer", l.format),
                 format!("config.json says quant_method {}", cfg.method),
             ));
@@ -214,16 +196,16 @@ fn detect_qweight(ckpt: &Checkpoint, prefix: &str) -> Result<QuantLayer> {
     let has_g_idx = ckpt.contains(&g_idx);
 
     let format = match cfg.map(|c| &c.method) {
-        Some(QuantMethod::Awq) => LayerFormat::Awq,
-        Some(QuantMethod::Gptq) => LayerFormat::Gptq,
-        _ if has_g_idx => LayerFormat::Gptq,
-        _ if n == qw_cols * 8 => LayerFormat::Awq,
-        _ => LayerFormat::Gptq,
+        Some(QuantMethod::Awq) => Format::Awq,
+        Some(QuantMethod::Gptq) => Format::Gptq,
+        _ if has_g_idx => Format::Gptq,
+        _ if n == qw_cols * 8 => Format::Awq,
+        _ => Format::Gptq,
     };
     let config_group = cfg.and_then(|c| c.group_size);
     let mut tensors = vec![qweight.clone(), qzeros, scales.clone()];
     let layer = match format {
-        LayerFormat::Awq => {
+        Format::Awq => {
             let bits = cfg.map_or(4, |c| c.bits);
             if bits != 4 || n != qw_cols * 8 {
                 return Err(Error::invalid(
@@ -254,11 +236,11 @@ fn detect_qweight(ckpt: &Checkpoint, prefix: &str) -> Result<QuantLayer> {
                 (None, Some(k)) if k > 0 && (qw_rows * 32) % k == 0 => (qw_rows * 32 / k) as u8,
                 _ => 4,
             };
-            if ![2, 4, 8].contains(&bits) || qw_cols != n {
+            if ![4, 8].contains(&bits) || qw_cols != n {
                 return Err(Error::invalid(
                     &qweight,
                     format!("shape [{qw_rows}, {qw_cols}] with {bits}-bit codes and scales [{groups}, {n}]"),
-                    "GPTQ stores qweight [K*bits/32, N] and scales [groups, N] with bits 2, 4 or 8",
+                    "GPTQ stores qweight [K*bits/32, N] and scales [groups, N] with bits 4 or 8",
                 ));
             }
             let k = qw_rows * 32 / bits as usize;
@@ -279,7 +261,7 @@ fn detect_qweight(ckpt: &Checkpoint, prefix: &str) -> Result<QuantLayer> {
             }
             QuantLayer {
                 prefix: prefix.to_string(),
-                format: LayerFormat::Gptq,
+                format: Format::Gptq,
                 bits,
                 n,
                 k,
@@ -342,7 +324,7 @@ fn detect_packed(ckpt: &Checkpoint, prefix: &str) -> Result<QuantLayer> {
     }
     Ok(QuantLayer {
         prefix: prefix.to_string(),
-        format: LayerFormat::CompressedTensors,
+        format: Format::CompressedTensors,
         bits,
         n,
         k,
@@ -351,4 +333,103 @@ fn detect_packed(ckpt: &Checkpoint, prefix: &str) -> Result<QuantLayer> {
         has_g_idx,
         tensors,
     })
+}
+
+fn detect_int8(ckpt: &Checkpoint, prefix: &str) -> Result<QuantLayer> {
+    let weight = format!("{prefix}.weight");
+    let scale = format!("{prefix}.weight_scale");
+    let (n, k) = dims2(ckpt, &weight)?;
+    // Per-tensor scales ([] or [1]) count as one group per row, as `Int8Weight` reads them.
+    let groups = match ckpt.shape(&scale) {
+        Some([]) | Some([1]) => 1,
+        _ => dims2(ckpt, &scale)?.1,
+    };
+    let group_size = check_config_group(&scale, k, groups, ckpt.quant_config().and_then(|c| c.group_size))?;
+    let mut tensors = vec![weight, scale];
+    let zero_point_name = format!("{prefix}.weight_zero_point");
+    let zero_point = ckpt.contains(&zero_point_name);
+    if zero_point {
+        tensors.push(zero_point_name);
+    }
+    Ok(QuantLayer {
+        prefix: prefix.to_string(),
+        format: Format::Int8,
+        bits: 8,
+        n,
+        k,
+        group_size,
+        zero_point,
+        has_g_idx: false,
+        tensors,
+    })
+}
+
+impl Checkpoint {
+    /// The GPTQ zero convention: config.json's `checkpoint_format`, or v1 (`"gptq"`, AutoGPTQ's) when absent.
+    pub fn gptq_version(&self) -> Result<GptqVersion> {
+        match self.quant_config().and_then(|c| c.checkpoint_format.as_deref()) {
+            Some(f) => GptqVersion::parse(f),
+            None => Ok(GptqVersion::V1),
+        }
+    }
+
+    /// Reads a layer found by [`Checkpoint::quantized_layers`] through its format's validating reader and unpacks
+    /// it into a [`QuantMatrix`].
+    pub fn load_layer(&self, layer: &QuantLayer) -> Result<QuantMatrix> {
+        let prefix = layer.prefix.as_str();
+        let t = |suffix: &str| self.tensor(&layer.tensor_name(suffix));
+        let opt = |suffix: &str| self.tensor_opt(&layer.tensor_name(suffix));
+        let q = match layer.format {
+            Format::Awq => AwqWeight::from_tensors(prefix, &t("qweight")?, &t("qzeros")?, &t("scales")?)?.to_quant(),
+            Format::Gptq => {
+                let g_idx = opt("g_idx")?;
+                GptqWeight::from_tensors(
+                    prefix,
+                    layer.bits,
+                    self.gptq_version()?,
+                    &t("qweight")?,
+                    &t("qzeros")?,
+                    &t("scales")?,
+                    g_idx.as_ref(),
+                )?
+                .to_quant()
+            }
+            Format::CompressedTensors => {
+                // `weight_shape` was read (i32 or i64) when the layer was found; the quantized shape is checked
+                // against it below, so the reader gets it only in the i32 form it takes.
+                let shape_name = layer.tensor_name("weight_shape");
+                let shape = match self.st_dtype(&shape_name) {
+                    Some(StDtype::I32) => Some(self.tensor(&shape_name)?),
+                    _ => None,
+                };
+                let (zp, g_idx) = (opt("weight_zero_point")?, opt("weight_g_idx")?);
+                let q = CompressedTensorsWeight::from_tensors(
+                    prefix,
+                    layer.bits,
+                    &t("weight_packed")?,
+                    &t("weight_scale")?,
+                    zp.as_ref(),
+                    shape.as_ref(),
+                    g_idx.as_ref(),
+                )?
+                .to_quant();
+                if (q.n, q.k) != (layer.n, layer.k) {
+                    return Err(Error::invalid(
+                        shape_name,
+                        format!("[{}, {}]", layer.n, layer.k),
+                        format!(
+                            "must equal [N, K] = [{}, {}] from weight_packed (padded K is not supported)",
+                            q.n, q.k
+                        ),
+                    ));
+                }
+                q
+            }
+            Format::Int8 => {
+                let zp = opt("weight_zero_point")?;
+                Int8Weight::from_tensors(prefix, &t("weight")?, &t("weight_scale")?, zp.as_ref())?.to_quant()
+            }
+        };
+        Ok(q)
+    }
 }

@@ -16,7 +16,7 @@ mod layers;
 mod write;
 
 pub use config::{QuantConfig, QuantMethod};
-pub use layers::{LayerFormat, QuantLayer};
+pub use layers::{layer_suffixes, QuantLayer};
 pub use write::{check_output, config_with_quantization, write_model_dir, write_safetensors, OutTensor};
 
 /// The safetensors crate's storage dtype (every dtype a file may hold, including those lowbit only copies).

@@ -1,6 +1,7 @@
 //! Checkpoint reading, writing and layer detection on small files made here (random bytes; shapes are what matter).
 
 use super::*;
+use crate::formats::{Format, QuantMatrix};
 use std::borrow::Cow;
 
 /// A fresh empty directory under the system temp dir, removed on drop.
@@ -307,7 +308,7 @@ fn detects_awq_gptq_and_compressed_tensors_layers() {
     let l = &layers[0];
     assert_eq!(
         (l.format, l.n, l.k, l.group_size, l.bits, l.zero_point),
-        (LayerFormat::Awq, 64, 256, 64, 4, true)
+        (Format::Awq, 64, 256, 64, 4, true)
     );
     assert_eq!(l.tensors, ["l.qweight", "l.qzeros", "l.scales"]);
     assert_eq!(
@@ -334,7 +335,7 @@ fn detects_awq_gptq_and_compressed_tensors_layers() {
     let l = &model(&dir, gptq, None).quantized_layers().unwrap()[0];
     assert_eq!(
         (l.format, l.n, l.k, l.group_size, l.bits, l.has_g_idx),
-        (LayerFormat::Gptq, 64, 256, 128, 4, true)
+        (Format::Gptq, 64, 256, 128, 4, true)
     );
     // 8-bit GPTQ from config: qweight [K/4, N].
     let gptq8: &[(&str, StDtype, &[usize])] = &[
@@ -347,7 +348,7 @@ fn detects_awq_gptq_and_compressed_tensors_layers() {
         .unwrap()[0];
     assert_eq!(
         (l.format, l.k, l.group_size, l.bits, l.zero_point),
-        (LayerFormat::Gptq, 256, 256, 8, false)
+        (Format::Gptq, 256, 256, 8, false)
     );
 
     // compressed-tensors with a zero point and an i64 weight_shape.
@@ -364,7 +365,7 @@ fn detects_awq_gptq_and_compressed_tensors_layers() {
     let l = &Checkpoint::open(&path).unwrap().quantized_layers().unwrap()[0];
     assert_eq!(
         (l.format, l.n, l.k, l.group_size, l.zero_point),
-        (LayerFormat::CompressedTensors, 64, 256, 64, true)
+        (Format::CompressedTensors, 64, 256, 64, true)
     );
     assert_eq!(l.tensors.len(), 4);
 
@@ -399,15 +400,75 @@ fn opens_fixture() {
     let ckpt = Checkpoint::open(path).unwrap();
     assert!(ckpt.metadata().contains_key("cases"));
     let layers = ckpt.quantized_layers().unwrap();
-    let awq: Vec<_> = layers.iter().filter(|l| l.format == LayerFormat::Awq).collect();
+    let awq: Vec<_> = layers.iter().filter(|l| l.format == Format::Awq).collect();
     assert_eq!(awq.len(), 5);
     let l = awq.iter().find(|l| l.prefix == "awq_rand_k512_n192_g64").unwrap();
     assert_eq!((l.n, l.k, l.group_size), (192, 512, 64));
     let ct: Vec<_> = layers
         .iter()
-        .filter(|l| l.format == LayerFormat::CompressedTensors)
+        .filter(|l| l.format == Format::CompressedTensors)
         .collect();
     assert_eq!(ct.len(), 2);
     let l = ct.iter().find(|l| l.prefix == "ct_asym_n128_k256_g64").unwrap();
     assert_eq!((l.n, l.k, l.group_size, l.zero_point), (128, 256, 64, true));
+}
+
+#[test]
+fn load_layer_reads_fixture_layers_exactly() {
+    use crate::ops::dequantize::{dequantize_to_tensor, Layout};
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../tests/fixtures/golden_public.safetensors"
+    );
+    let ckpt = Checkpoint::open(path).unwrap();
+    for layer in ckpt.quantized_layers().unwrap() {
+        let q = ckpt.load_layer(&layer).unwrap();
+        assert_eq!(
+            (q.n, q.k, q.group_size, q.bits),
+            (layer.n, layer.k, layer.group_size, layer.bits)
+        );
+        if layer.format == Format::Awq {
+            // AutoAWQ's own dequantization, [K, N] fp16: bit for bit.
+            let want = ckpt.tensor(&layer.tensor_name("dequantized")).unwrap();
+            let got = dequantize_to_tensor(&q, Layout::Kn, DType::F16).unwrap();
+            assert_eq!(got.data, want.data, "{}", layer.prefix);
+        }
+    }
+}
+
+#[test]
+fn int8_layers_round_trip_through_a_file() {
+    use crate::formats::int8::Int8Weight;
+    let dir = TempDir::new("int8");
+    let (n, k, g) = (16, 64, 32);
+    let codes = bytes(11, n * k);
+    let zeros = bytes(12, n * k / g);
+    let scales: Vec<f32> = bytes(13, n * k / g).iter().map(|&b| (b as f32 + 1.0) / 512.0).collect();
+    let q = QuantMatrix {
+        n,
+        k,
+        bits: 8,
+        group_size: g,
+        codes,
+        zeros: Some(zeros),
+        scales: scales.iter().map(|&s| crate::dtype::round_to(DType::F16, s)).collect(),
+        scale_dtype: DType::F16,
+        g_idx: None,
+    };
+    let out: Vec<_> = Int8Weight::from_quant(&q)
+        .unwrap()
+        .to_tensors("lin")
+        .into_iter()
+        .map(|(name, t)| (name, OutTensor::from(t)))
+        .collect();
+    let path = dir.0.join("int8.safetensors");
+    write_safetensors(&path, &out, None, false).unwrap();
+    let ckpt = Checkpoint::open(&path).unwrap();
+    let layers = ckpt.quantized_layers().unwrap();
+    assert_eq!(layers.len(), 1);
+    assert_eq!(
+        (layers[0].format, layers[0].group_size, layers[0].zero_point),
+        (Format::Int8, g, true)
+    );
+    assert_eq!(ckpt.load_layer(&layers[0]).unwrap(), q);
 }
