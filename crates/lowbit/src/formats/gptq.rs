@@ -152,7 +152,7 @@ impl GptqWeight {
                     return Err(Error::invalid(
                         &qzeros.name,
                         format!("word {i} = {:#010x}, field {f} = {all_ones}", w as u32),
-                        &format!(
+                        format!(
                             "GPTQ v1 stores z - 1; a field of {all_ones} would mean z = {}",
                             all_ones + 1
                         ),
