@@ -1,0 +1,534 @@
+//! W8A8 on the CPU (online per-block activation quantization, per-block W8A8 GEMM, SmoothQuant) against the f64
+//! reference computed from the same quantized operands.
+//!
+//! Tolerances (stated per test): the per-block GEMM combines each block in f32 (four terms that can partly
+//! cancel); measured ~2e-7 mean relative, we allow 2e-6 (mean, and max error relative to the largest output) for
+//! f32 output; f16 / bf16 outputs add their own rounding (2^-11 / 2^-8 relative): 1e-3 / 8e-3. SmoothQuant rounds
+//! once from an exact integer dot: 2e-7. Exact-integer cases require bit equality.
+
+use half::{bf16, f16};
+use lowbit::formats::block::{BlockBits, BlockQuantWeight, BlockShape};
+use lowbit::ops::w8a8::cpu::{BlockW8a8Cpu, SmoothQuantCpu};
+use lowbit::ops::w8a8::{quantize_activations, reference, ActivationQuant, QuantizedActivations};
+use lowbit::{Error, Float};
+
+/// splitmix64: a tiny deterministic PRNG (no `rand` crate).
+struct Rng(u64);
+
+impl Rng {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
+        lo + (hi - lo) * ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32)
+    }
+    fn int(&mut self, lo: i32, hi: i32) -> i32 {
+        lo + (self.next_u64() % (hi - lo + 1) as u64) as i32
+    }
+    fn vec(&mut self, n: usize, lo: f32, hi: f32) -> Vec<f32> {
+        (0..n).map(|_| self.uniform(lo, hi)).collect()
+    }
+    /// Activation-like rows: a per-row shift and scale, plus a few outliers (SmoothQuant's motivation).
+    fn activations(&mut self, m: usize, k: usize) -> Vec<f32> {
+        let mut x = Vec::with_capacity(m * k);
+        for _ in 0..m {
+            let (shift, scale) = (self.uniform(-0.5, 1.0), self.uniform(0.5, 4.0));
+            for _ in 0..k {
+                let outlier = if self.next_u64() % 97 == 0 { 8.0 } else { 1.0 };
+                x.push(shift + scale * outlier * self.uniform(-1.0, 1.0));
+            }
+        }
+        x
+    }
+}
+
+struct Metrics {
+    mean_rel: f64,
+    max_abs: f64,
+    max_ref: f64,
+    worst: usize,
+}
+
+fn compare(got: &[f32], want: &[f64]) -> Metrics {
+    assert_eq!(got.len(), want.len());
+    let (mut diff, mut refs, mut max_abs, mut worst, mut max_ref) = (0f64, 0f64, 0f64, 0, 0f64);
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        assert!(g.is_finite(), "non-finite output {g} at {i} (reference {w})");
+        let d = (g as f64 - w).abs();
+        (diff, refs, max_ref) = (diff + d, refs + w.abs(), max_ref.max(w.abs()));
+        if d > max_abs {
+            (max_abs, worst) = (d, i);
+        }
+    }
+    Metrics {
+        mean_rel: diff / refs.max(f64::MIN_POSITIVE),
+        max_abs,
+        max_ref,
+        worst,
+    }
+}
+
+fn assert_close(what: &str, got: &[f32], want: &[f64], mean_rel_tol: f64, max_rel_tol: f64) {
+    let m = compare(got, want);
+    println!(
+        "{what}: mean rel {:.2e}, max |Δ| / max |ref| {:.2e}",
+        m.mean_rel,
+        m.max_abs / m.max_ref.max(1.0)
+    );
+    assert!(
+        m.mean_rel <= mean_rel_tol && m.max_abs <= max_rel_tol * m.max_ref.max(1.0),
+        "{what}: mean rel {:.3e}, max |Δ| {:.3e} at {} (ref {}, max |ref| {:.3e})",
+        m.mean_rel,
+        m.max_abs,
+        m.worst,
+        want[m.worst],
+        m.max_ref
+    );
+}
+
+fn to_f32<T: Float>(v: &[T]) -> Vec<f32> {
+    v.iter().map(|x| x.to_f32()).collect()
+}
+
+fn from_f32<T: Float>(v: &[f32]) -> Vec<T> {
+    v.iter().map(|&x| T::from_f32(x)).collect()
+}
+
+#[test]
+fn quantizer_matches_reference_bit_for_bit() {
+    let mut rng = Rng(0xA8A8_0001);
+    for &(m, k, block) in &[
+        (1, 256, 64),
+        (7, 3884, 64),
+        (3, 100, 32),
+        (5, 64, 64),
+        (2, 77, 77),
+        (4, 130, 128),
+    ] {
+        let mut x = rng.activations(m, k);
+        // An all-zero block and an all-equal block.
+        x[..block.min(k)].fill(0.0);
+        if m > 1 {
+            x[k..k + block.min(k)].fill(-2.5);
+        }
+        for mode in [ActivationQuant::Asymmetric, ActivationQuant::Symmetric] {
+            let fast = quantize_activations(&x, m, k, block, mode).unwrap();
+            let slow = reference::quantize_activations(&x, m, k, block, mode).unwrap();
+            assert_eq!(fast, slow, "f32 m {m} k {k} block {block} {mode:?}");
+            let xh: Vec<f16> = from_f32(&x);
+            assert_eq!(
+                quantize_activations(&xh, m, k, block, mode).unwrap(),
+                reference::quantize_activations(&xh, m, k, block, mode).unwrap()
+            );
+            let xb: Vec<bf16> = from_f32(&x);
+            assert_eq!(
+                quantize_activations(&xb, m, k, block, mode).unwrap(),
+                reference::quantize_activations(&xb, m, k, block, mode).unwrap()
+            );
+        }
+    }
+}
+
+#[test]
+fn quantizer_properties() {
+    let mut rng = Rng(0xA8A8_0002);
+    let (m, k, block) = (6, 3884, 64);
+    let mut x = rng.activations(m, k);
+    x[64..128].fill(0.0); // all-zero block
+    x[k + 3840..2 * k].fill(0.75); // all-equal partial last block (44 long)
+    let q = quantize_activations(&x, m, k, block, ActivationQuant::Asymmetric).unwrap();
+    let deq = q.dequantize();
+    let blocks = q.blocks();
+    assert_eq!(blocks, 61);
+    assert!(q.scales().iter().chain(q.offsets()).all(|v| v.is_finite()));
+    for r in 0..m {
+        for b in 0..blocks {
+            let span = r * k + b * block..r * k + ((b + 1) * block).min(k);
+            let codes = &q.codes()[span.clone()];
+            let (s, o) = (q.scales()[r * blocks + b], q.offsets()[r * blocks + b]);
+            let (lo, hi) = x[span.clone()]
+                .iter()
+                .fold((f32::MAX, f32::MIN), |(l, h), &v| (l.min(v), h.max(v)));
+            if lo == hi {
+                // The documented rule: scale 1, offset max, codes 0, exact.
+                assert_eq!((s, o), (1.0, hi));
+                assert!(codes.iter().all(|&c| c == 0));
+            } else {
+                // max maps to 127 and min to -128.
+                assert_eq!(*codes.iter().max().unwrap(), 127);
+                assert_eq!(*codes.iter().min().unwrap(), -128);
+            }
+            assert_eq!(
+                q.code_sums()[r * blocks + b],
+                codes.iter().map(|&c| c as i32).sum::<i32>()
+            );
+            for i in span {
+                // Half a step plus f32 rounding of the dequantization.
+                assert!((deq[i] - x[i]).abs() <= 0.5 * s + 1e-6 * x[i].abs().max(1.0), "{i}");
+            }
+        }
+    }
+    let sym = quantize_activations(&x, m, k, block, ActivationQuant::Symmetric).unwrap();
+    assert!(sym.is_symmetric());
+    assert!(sym.codes().iter().all(|&c| c >= -127));
+    assert_eq!(sym.scales()[1], 1.0); // the all-zero block
+}
+
+/// One per-block W8A8 case: activations quantized online, weights RTN per block, CPU kernel vs f64 reference.
+fn check_block_case<T: Float>(rng: &mut Rng, m: usize, n: usize, k: usize, block: usize, mode: ActivationQuant) {
+    let x: Vec<T> = from_f32(&rng.activations(m, k));
+    let a = quantize_activations(&x, m, k, block, mode).unwrap();
+    let dense = rng.vec(n * k, -0.1, 0.1);
+    let weight = BlockQuantWeight::quantize(&dense, BlockShape::linear(n, k, block), BlockBits::Int8).unwrap();
+    let bias = rng.vec(n, -1.0, 1.0);
+    let bias = (rng.next_u64() % 2 == 0).then_some(&bias[..]);
+    let want = reference::block_w8a8(&a, &weight, bias).unwrap();
+    let got = to_f32(&BlockW8a8Cpu::new(&weight, bias).unwrap().forward::<T>(&a).unwrap());
+    let tol = match T::DTYPE {
+        lowbit::DType::F32 => 2e-6,
+        lowbit::DType::F16 => 1e-3,
+        _ => 8e-3,
+    };
+    let what = format!(
+        "{} m {m} n {n} k {k} block {block} {mode:?} bias {}",
+        T::DTYPE,
+        bias.is_some()
+    );
+    assert_close(&what, &got, &want, tol, tol);
+}
+
+#[test]
+fn block_w8a8_matches_reference() {
+    let mut rng = Rng(0xA8A8_0003);
+    for m in [1, 7, 33] {
+        for n in [128, 576] {
+            for (k, block) in [(256, 64), (3884, 64)] {
+                for mode in [ActivationQuant::Asymmetric, ActivationQuant::Symmetric] {
+                    check_block_case::<f32>(&mut rng, m, n, k, block, mode);
+                }
+            }
+        }
+    }
+    // Other block sizes, and half-precision activations/outputs.
+    check_block_case::<f32>(&mut rng, 5, 40, 300, 32, ActivationQuant::Asymmetric);
+    check_block_case::<f32>(&mut rng, 9, 24, 1000, 128, ActivationQuant::Asymmetric);
+    check_block_case::<f16>(&mut rng, 7, 128, 3884, 64, ActivationQuant::Asymmetric);
+    check_block_case::<bf16>(&mut rng, 33, 128, 256, 64, ActivationQuant::Symmetric);
+}
+
+#[test]
+fn all_zero_activation_blocks_give_finite_output() {
+    let mut rng = Rng(0xA8A8_0004);
+    let (m, n, k, block) = (3, 64, 256, 64);
+    let mut x = rng.activations(m, k);
+    x[..k].fill(0.0); // a whole zero row
+    x[k + 64..k + 128].fill(0.0); // one zero block
+    let weight = BlockQuantWeight::quantize(
+        &rng.vec(n * k, -1.0, 1.0),
+        BlockShape::linear(n, k, block),
+        BlockBits::Int8,
+    )
+    .unwrap();
+    for mode in [ActivationQuant::Asymmetric, ActivationQuant::Symmetric] {
+        let a = quantize_activations(&x, m, k, block, mode).unwrap();
+        let got = BlockW8a8Cpu::new(&weight, None).unwrap().forward::<f32>(&a).unwrap();
+        let want = reference::block_w8a8(&a, &weight, None).unwrap();
+        assert!(got.iter().all(|v| v.is_finite()));
+        // The zero row dequantizes to exactly zero, so its output is exactly zero.
+        assert!(got[..n].iter().all(|&v| v == 0.0), "{mode:?}");
+        assert_close(&format!("{mode:?}"), &got, &want, 2e-6, 2e-6);
+    }
+}
+
+/// Codes ±127 (and one row/column of all +127, the largest sum) at K = 16384 with power-of-two scales and zero
+/// offsets: the int32 block dot must be exact, so the output equals the exact f64 result rounded to f32.
+#[test]
+fn int32_accumulation_is_exact_at_k_16384() {
+    let mut rng = Rng(0xA8A8_0005);
+    let (m, n, k) = (3, 8, 16384);
+    let mut codes = |rows: usize| -> Vec<i8> {
+        let mut c: Vec<i8> = (0..rows * k)
+            .map(|_| if rng.next_u64() % 2 == 0 { 127 } else { -127 })
+            .collect();
+        c[..k].fill(127);
+        c
+    };
+    let (a_codes, w_codes) = (codes(m), codes(n));
+    for block in [k, 4096] {
+        let blocks = k / block;
+        let pow2 = |i: usize| 2f32.powi(i as i32 % 5 - 2);
+        let a_scales: Vec<f32> = (0..m * blocks).map(pow2).collect();
+        let w_scales: Vec<f32> = (0..n * blocks).map(|i| pow2(i + 1)).collect();
+        let a =
+            QuantizedActivations::from_parts(m, k, block, a_codes.clone(), a_scales, vec![0.0; m * blocks]).unwrap();
+        let shape = BlockShape::linear(n, k, block);
+        let w = BlockQuantWeight::from_parts(shape, BlockBits::Int8, w_codes.clone(), w_scales, vec![0.0; n * blocks])
+            .unwrap();
+        let want = reference::block_w8a8(&a, &w, None).unwrap();
+        let got = BlockW8a8Cpu::new(&w, None).unwrap().forward::<f32>(&a).unwrap();
+        if block < k {
+            // Several blocks: each block dot is exact, but their f32 sum rounds (values reach 2^26).
+            // Tolerance: a few f32 roundings of the largest output.
+            assert_close("4 blocks of 4096", &got, &want, 1e-7, 1e-6);
+            continue;
+        }
+        for (i, (&g, &r)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g.to_bits(), (r as f32).to_bits(), "element {i}: {g} vs {r}");
+        }
+        // Row 0 × column 0 is 16384 · 127², the largest sum.
+        assert_eq!(want[0], 16384.0 * 127.0 * 127.0 * 0.25 * 0.5);
+        let sq = SmoothQuantCpu::new(&w, None).unwrap().forward::<f32>(&a).unwrap();
+        assert_eq!(sq, got);
+    }
+}
+
+/// Small codes, power-of-two scales, integer offsets: every term of the per-block combination is exact in f32.
+#[test]
+fn exact_integer_mode_with_offsets_is_bit_exact() {
+    let mut rng = Rng(0xA8A8_0006);
+    let (m, n, k, block) = (7, 24, 3884usize, 64);
+    let blocks = k.div_ceil(block);
+    let codes = |rng: &mut Rng, rows: usize| -> Vec<i8> { (0..rows * k).map(|_| rng.int(-8, 8) as i8).collect() };
+    let pow2 = |rng: &mut Rng, count: usize| -> Vec<f32> { (0..count).map(|_| 2f32.powi(rng.int(-2, 1))).collect() };
+    let ints = |rng: &mut Rng, count: usize| -> Vec<f32> { (0..count).map(|_| rng.int(-3, 3) as f32).collect() };
+    let (ac, asc, aof) = (
+        codes(&mut rng, m),
+        pow2(&mut rng, m * blocks),
+        ints(&mut rng, m * blocks),
+    );
+    let a = QuantizedActivations::from_parts(m, k, block, ac, asc, aof).unwrap();
+    let (wc, wsc, wof) = (
+        codes(&mut rng, n),
+        pow2(&mut rng, n * blocks),
+        ints(&mut rng, n * blocks),
+    );
+    let w = BlockQuantWeight::from_parts(BlockShape::linear(n, k, block), BlockBits::Int8, wc, wsc, wof).unwrap();
+    let bias = ints(&mut rng, n);
+    let want = reference::block_w8a8(&a, &w, Some(&bias)).unwrap();
+    let got = BlockW8a8Cpu::new(&w, Some(&bias)).unwrap().forward::<f32>(&a).unwrap();
+    for (i, (&g, &r)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g.to_bits(), (r as f32).to_bits(), "element {i}: {g} vs {r}");
+    }
+}
+
+#[test]
+fn smoothquant_matches_reference() {
+    let mut rng = Rng(0xA8A8_0007);
+    for m in [1, 7, 33] {
+        for n in [128, 576] {
+            let k = 1024;
+            let x = rng.activations(m, k);
+            let a = quantize_activations(&x, m, k, k, ActivationQuant::Symmetric).unwrap();
+            let w = BlockQuantWeight::quantize_per_channel_symmetric(&rng.vec(n * k, -0.2, 0.2), n, k).unwrap();
+            let bias = rng.vec(n, -1.0, 1.0);
+            let want = reference::smoothquant(&a, &w, Some(&bias)).unwrap();
+            let sq = SmoothQuantCpu::new(&w, Some(&bias)).unwrap();
+            // Tolerance: one rounding of an exact integer dot (the reference itself rounds per product in f64).
+            assert_close(
+                &format!("f32 m {m} n {n}"),
+                &sq.forward::<f32>(&a).unwrap(),
+                &want,
+                1e-6,
+                1e-6,
+            );
+            assert_close(
+                &format!("f16 m {m} n {n}"),
+                &to_f32(&sq.forward::<f16>(&a).unwrap()),
+                &want,
+                1e-3,
+                1e-3,
+            );
+            assert_close(
+                &format!("bf16 m {m} n {n}"),
+                &to_f32(&sq.forward::<bf16>(&a).unwrap()),
+                &want,
+                8e-3,
+                8e-3,
+            );
+            // SmoothQuant is the one-block, zero-offset case of the per-block GEMM.
+            let block = BlockW8a8Cpu::new(&w, Some(&bias)).unwrap().forward::<f32>(&a).unwrap();
+            assert_close(&format!("as block m {m} n {n}"), &block, &want, 1e-6, 1e-6);
+        }
+    }
+}
+
+#[test]
+fn smoothquant_longer_than_one_int32_chunk() {
+    // K = 70000 > 65536: the dot is split into exact int32 chunks summed in int64.
+    let mut rng = Rng(0xA8A8_0008);
+    let (m, n, k) = (2, 3, 70000);
+    let a_codes: Vec<i8> = (0..m * k)
+        .map(|i| if i % k < 66000 { 127 } else { rng.int(-127, 127) as i8 })
+        .collect();
+    let w_codes: Vec<i8> = (0..n * k)
+        .map(|i| if i % k < 66000 { 127 } else { rng.int(-127, 127) as i8 })
+        .collect();
+    let a = QuantizedActivations::per_token(m, k, a_codes, vec![0.5, 0.25]).unwrap();
+    let shape = BlockShape::linear(n, k, k);
+    let w = BlockQuantWeight::from_parts(shape, BlockBits::Int8, w_codes, vec![1.0, 2.0, 0.125], vec![0.0; n]).unwrap();
+    let want = reference::smoothquant(&a, &w, None).unwrap();
+    let got = SmoothQuantCpu::new(&w, None).unwrap().forward::<f32>(&a).unwrap();
+    for (i, (&g, &r)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g.to_bits(), (r as f32).to_bits(), "element {i}: {g} vs {r}");
+    }
+    // The per-block kernel refuses blocks whose int32 dot could overflow.
+    assert_eq!(invalid_tensor(BlockW8a8Cpu::new(&w, None)), "block_size");
+}
+
+#[test]
+fn activations_are_reused_across_gemms_and_results_are_deterministic() {
+    let mut rng = Rng(0xA8A8_0009);
+    let (m, k, block) = (33, 512, 64);
+    let x = rng.activations(m, k);
+    let a = quantize_activations(&x, m, k, block, ActivationQuant::Asymmetric).unwrap();
+    let first_row = quantize_activations(&x[..k], 1, k, block, ActivationQuant::Asymmetric).unwrap();
+    for n in [64, 128, 192] {
+        // q, k, v projections of different widths reading the same quantized input.
+        let w = BlockQuantWeight::quantize(
+            &rng.vec(n * k, -0.1, 0.1),
+            BlockShape::linear(n, k, block),
+            BlockBits::Int8,
+        )
+        .unwrap();
+        let gemm = BlockW8a8Cpu::new(&w, None).unwrap();
+        let y = gemm.forward::<f32>(&a).unwrap();
+        assert_eq!(y, gemm.forward::<f32>(&a).unwrap());
+        assert_eq!(&y[..n], &gemm.forward::<f32>(&first_row).unwrap()[..]);
+        assert_close("reuse", &y, &reference::block_w8a8(&a, &w, None).unwrap(), 2e-6, 2e-6);
+    }
+}
+
+/// Quantization error against the unquantized f64 product: reported, and bounded loosely (int8 both sides).
+#[test]
+fn quantization_error_against_dense() {
+    let mut rng = Rng(0xA8A8_000A);
+    let (m, n, k, block) = (7, 128, 3884, 64);
+    let x = rng.activations(m, k);
+    let dense = rng.vec(n * k, -0.1, 0.1);
+    let exact: Vec<f64> = (0..m * n)
+        .map(|i| {
+            let (r, c) = (i / n, i % n);
+            (0..k).map(|j| x[r * k + j] as f64 * dense[c * k + j] as f64).sum()
+        })
+        .collect();
+    let w = BlockQuantWeight::quantize(&dense, BlockShape::linear(n, k, block), BlockBits::Int8).unwrap();
+    let a = quantize_activations(&x, m, k, block, ActivationQuant::Asymmetric).unwrap();
+    let got = BlockW8a8Cpu::new(&w, None).unwrap().forward::<f32>(&a).unwrap();
+    let err = compare(&got, &exact);
+    println!(
+        "per-block W8A8 (block 64) vs unquantized: mean rel {:.3e}",
+        err.mean_rel
+    );
+    assert!(err.mean_rel < 2e-2, "mean rel {:.3e}", err.mean_rel);
+}
+
+fn invalid_tensor<T: std::fmt::Debug>(r: lowbit::Result<T>) -> String {
+    match r {
+        Err(Error::Invalid { tensor, value, rule }) => {
+            assert!(!value.is_empty() && !rule.is_empty());
+            tensor
+        }
+        other => panic!("expected Error::Invalid, got {other:?}"),
+    }
+}
+
+#[test]
+fn invalid_inputs_are_typed_errors() {
+    let mut rng = Rng(0xA8A8_000B);
+    let (m, n, k) = (2, 8, 128);
+    let x = rng.activations(m, k);
+    let asym = ActivationQuant::Asymmetric;
+    let a = quantize_activations(&x, m, k, 64, asym).unwrap();
+    let w64 = BlockQuantWeight::quantize(
+        &rng.vec(n * k, -1.0, 1.0),
+        BlockShape::linear(n, k, 64),
+        BlockBits::Int8,
+    )
+    .unwrap();
+    let gemm = BlockW8a8Cpu::new(&w64, None).unwrap();
+
+    // Activations: wrong length, non-finite, impossible block sizes.
+    assert_eq!(
+        invalid_tensor(quantize_activations(&x[..k], m, k, 64, asym)),
+        "activations"
+    );
+    let mut bad = x.clone();
+    bad[200] = f32::NAN;
+    assert_eq!(
+        invalid_tensor(quantize_activations(&bad, m, k, 64, asym)),
+        "activations"
+    );
+    bad[200] = f32::INFINITY;
+    assert_eq!(
+        invalid_tensor(reference::quantize_activations(&bad, m, k, 64, asym)),
+        "activations"
+    );
+    bad[200] = f32::MAX;
+    bad[201] = -f32::MAX; // max − min overflows
+    assert_eq!(
+        invalid_tensor(quantize_activations(&bad, m, k, 64, asym)),
+        "activations"
+    );
+    assert_eq!(invalid_tensor(quantize_activations(&x, m, k, 0, asym)), "block_size");
+    assert_eq!(
+        invalid_tensor(quantize_activations(&x, m, k, k + 1, asym)),
+        "block_size"
+    );
+    assert_eq!(invalid_tensor(quantize_activations(&x, 0, k, 64, asym)), "activations");
+    assert_eq!(
+        invalid_tensor(QuantizedActivations::from_parts(
+            m,
+            k,
+            64,
+            vec![0; m * k],
+            vec![f32::NAN; 4],
+            vec![0.0; 4]
+        )),
+        "activation_scales"
+    );
+    assert_eq!(
+        invalid_tensor(QuantizedActivations::per_token(m, k, vec![0; m * k], vec![1.0])),
+        "activation_scales"
+    );
+
+    // GEMM: block size and K mismatches, wrong bias and output.
+    let a32 = quantize_activations(&x, m, k, 32, asym).unwrap();
+    assert_eq!(invalid_tensor(gemm.forward::<f32>(&a32)), "block_size");
+    let a_short = quantize_activations(&x[..m * 64], m, 64, 64, asym).unwrap();
+    assert_eq!(invalid_tensor(gemm.forward::<f32>(&a_short)), "activations");
+    assert_eq!(invalid_tensor(reference::block_w8a8(&a_short, &w64, None)), "weight");
+    assert_eq!(invalid_tensor(BlockW8a8Cpu::new(&w64, Some(&[0.0; 7]))), "bias");
+    assert_eq!(invalid_tensor(gemm.forward_into::<f32>(&a, &mut [0.0; 15])), "output");
+    let conv_weight = BlockQuantWeight::quantize(
+        &rng.vec(n * 16 * 9, -1.0, 1.0),
+        BlockShape::conv(n, 16, (3, 3), 1).unwrap(),
+        BlockBits::Int8,
+    )
+    .unwrap();
+    assert_eq!(invalid_tensor(BlockW8a8Cpu::new(&conv_weight, None)), "weight");
+
+    // SmoothQuant: needs per-token symmetric activations and per-channel symmetric weights.
+    let w_sym = BlockQuantWeight::quantize_per_channel_symmetric(&rng.vec(n * k, -1.0, 1.0), n, k).unwrap();
+    let sq = SmoothQuantCpu::new(&w_sym, None).unwrap();
+    assert_eq!(invalid_tensor(sq.forward::<f32>(&a)), "activations"); // 2 blocks per row
+    let a_tok_asym = quantize_activations(&x, m, k, k, asym).unwrap();
+    assert_eq!(invalid_tensor(sq.forward::<f32>(&a_tok_asym)), "activation_offsets");
+    assert_eq!(invalid_tensor(SmoothQuantCpu::new(&w64, None)), "weight");
+    let w_asym =
+        BlockQuantWeight::quantize(&rng.vec(n * k, -1.0, 1.0), BlockShape::linear(n, k, k), BlockBits::Int8).unwrap();
+    assert_eq!(invalid_tensor(SmoothQuantCpu::new(&w_asym, None)), "offsets");
+    assert_eq!(
+        invalid_tensor(SmoothQuantCpu::new(&w_sym, Some(&[f32::NAN; 8]))),
+        "bias"
+    );
+    let a_tok = quantize_activations(&x[..m * 64], m, 64, 64, ActivationQuant::Symmetric).unwrap();
+    assert_eq!(invalid_tensor(sq.forward::<f32>(&a_tok)), "activations");
+    assert_eq!(
+        invalid_tensor(BlockQuantWeight::quantize_per_channel_symmetric(&[1.0; 7], 2, 4)),
+        "weight"
+    );
+}
