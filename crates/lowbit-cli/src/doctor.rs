@@ -1,5 +1,8 @@
 //! `lowbit doctor`: what CUDA pieces were found, and does every kernel compile.
 
+use lowbit::cuda::{self, CudaDevice, KernelSource};
+use std::time::Instant;
+
 #[derive(clap::Args)]
 pub struct DoctorArgs {
     /// Compile every kernel with NVRTC without touching a GPU.
@@ -10,6 +13,103 @@ pub struct DoctorArgs {
     pub arch: Option<String>,
 }
 
-pub fn run(_a: DoctorArgs) -> lowbit::Result<()> {
-    Err(lowbit::Error::Unsupported("doctor: not yet implemented".into()))
+pub fn run(a: DoctorArgs) -> lowbit::Result<()> {
+    if a.compile_only {
+        let arch = a.arch.as_deref().unwrap_or("sm_90a");
+        if !arch.starts_with("sm_") {
+            return Err(lowbit::Error::invalid(
+                "--arch",
+                arch,
+                &format!("must be a real architecture (sm_XY) such as {:?}", cuda::KNOWN_ARCHES),
+            ));
+        }
+        report_toolchain();
+        return compile_all(arch, true);
+    }
+    if a.arch.is_some() {
+        return Err(lowbit::Error::invalid(
+            "--arch",
+            a.arch.unwrap_or_default(),
+            "is only used with --compile-only (a GPU run compiles for the GPU's own arch)",
+        ));
+    }
+
+    println!(
+        "driver library  {}",
+        if cuda::driver_present() { "found" } else { "NOT FOUND" }
+    );
+    match cuda::driver_version() {
+        Ok(v) => println!("driver CUDA     {}.{}", v / 1000, (v % 1000) / 10),
+        Err(e) => println!("driver CUDA     {e}"),
+    }
+    println!(
+        "cuBLAS          {}",
+        if cuda::cublas_present() { "found" } else { "NOT FOUND" }
+    );
+    report_toolchain();
+    let dev = CudaDevice::new(0)?;
+    let info = dev.info();
+    println!("GPU 0           {}", info.name);
+    println!(
+        "compute         {}.{} -> {}, {} SMs, L2 {} MiB, {:.1} GiB",
+        info.compute_capability.0,
+        info.compute_capability.1,
+        info.arch,
+        info.sm_count,
+        info.l2_bytes >> 20,
+        info.total_memory as f64 / (1u64 << 30) as f64
+    );
+    compile_all(&info.arch, false)?;
+    // Load every module through the cache, as operators do.
+    for k in cuda::KERNELS {
+        let t = Instant::now();
+        dev.module(k)?;
+        println!("loaded {:<14} {:>8.1} ms (through the cache)", k.name, ms(t));
+    }
+    println!("ok");
+    Ok(())
+}
+
+fn report_toolchain() {
+    match cuda::nvrtc_version() {
+        Ok((major, minor)) => println!("NVRTC           {major}.{minor}"),
+        Err(e) => println!("NVRTC           {e}"),
+    }
+    match cuda::include_dir() {
+        Some(d) => println!("include path    {}", d.display()),
+        None => println!("include path    NOT FOUND (set CUDA_HOME; needs cuda_fp16.h)"),
+    }
+    match cuda::cache_dir() {
+        Some(d) => println!("kernel cache    {}", d.display()),
+        None => println!("kernel cache    none (no HOME / XDG_CACHE_HOME / LOWBIT_CACHE_DIR)"),
+    }
+}
+
+/// Compiles every kernel source with NVRTC (bypassing the cache) and prints time and ptxas resource usage.
+fn compile_all(arch: &str, resources: bool) -> lowbit::Result<()> {
+    for k in cuda::KERNELS {
+        compile_one(k, arch, resources)?;
+    }
+    Ok(())
+}
+
+fn compile_one(k: &KernelSource, arch: &str, resources: bool) -> lowbit::Result<()> {
+    let t = Instant::now();
+    let compiled = cuda::compile(k, arch)?;
+    println!(
+        "compiled {:<12} for {arch}: {:>7.1} ms, {} KiB CUBIN",
+        k.name,
+        ms(t),
+        compiled.cubin.len() >> 10
+    );
+    if resources {
+        for line in compiled.resource_lines() {
+            println!("  {}", line.trim());
+        }
+    }
+    Ok(())
+}
+
+fn ms(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e3
 }

@@ -6,6 +6,7 @@
 //! The CUDA launcher lives beside them in `cuda.rs`.
 
 pub mod cpu;
+pub mod cuda;
 pub mod reference;
 
 use crate::dtype::DType;

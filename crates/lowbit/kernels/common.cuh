@@ -1,0 +1,232 @@
+// Shared device code of every lowbit kernel: integer -> fp16/bf16 conversions, nibble/byte shuffles and memory
+// helpers. Compiled by NVRTC at run time (the host passes this file as an in-memory header named "common.cuh").
+//
+// Conventions used throughout:
+// - A "word" is 32 bits holding 8 int4 codes or 4 int8 codes, little-endian (nibble i = bits 4i..4i+3).
+// - An "AWQ-ordered" int4 word holds the codes of 8 consecutive output columns c0..c7 in the nibble order of
+//   AutoAWQ's GEMM layout: nibble i holds column ORDER[i], ORDER = [0, 2, 4, 6, 1, 3, 5, 7]. In this order the nibble
+//   pairs (0,4), (1,5), (2,6), (3,7) are the column pairs (0,1), (2,3), (4,5), (6,7), which is what lets one lop3
+//   turn a nibble pair into a packed pair of 16-bit floats in natural column order (seed 000 / formats.md).
+// - Converted values travel as packed pairs (`half2`/`bf162` bit patterns in a u32); a uint4 holds 8 values.
+// - Every conversion is exact: (q - z) is formed exactly in the 16-bit type and multiplied by the scale with one
+//   rounding, so results equal round((q - z) * s) computed in f32 and rounded once (bit-exact with the CPU path).
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+namespace lowbit {
+
+// ------------------------------------------------------------------------------------------------------------------
+// Bit manipulation
+// ------------------------------------------------------------------------------------------------------------------
+
+// (x & MASK) | MAGIC in one lop3. The LUT of lop3 is the truth table of the operation applied to the three
+// canonical inputs a = 0xF0, b = 0xCC, c = 0xAA: (0xF0 & 0xCC) | 0xAA = 0xEA.
+template <u32 MASK, u32 MAGIC>
+__device__ __forceinline__ u32 and_or(u32 x) {
+    u32 d;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(x), "n"(MASK), "n"(MAGIC));
+    return d;
+}
+
+// Byte permute (PTX prmt): result byte i = byte SEL[4i..4i+3] of the 8-byte value {b:a} (a = bytes 0-3, b = 4-7).
+__device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) { return __byte_perm(a, b, sel); }
+
+// 4x4 byte transpose: out[i] byte j = in[j] byte i.
+__device__ __forceinline__ void transpose_bytes_4x4(const u32 in[4], u32 out[4]) {
+    const u32 lo01 = prmt(in[0], in[1], 0x5140);  // [in0.b0, in1.b0, in0.b1, in1.b1]
+    const u32 hi01 = prmt(in[0], in[1], 0x7362);  // [in0.b2, in1.b2, in0.b3, in1.b3]
+    const u32 lo23 = prmt(in[2], in[3], 0x5140);
+    const u32 hi23 = prmt(in[2], in[3], 0x7362);
+    out[0] = prmt(lo01, lo23, 0x5410);  // [in0.b0, in1.b0, in2.b0, in3.b0]
+    out[1] = prmt(lo01, lo23, 0x7632);
+    out[2] = prmt(hi01, hi23, 0x5410);
+    out[3] = prmt(hi01, hi23, 0x7632);
+}
+
+// A natural-order int4 word (nibble j = column j) in AWQ order (nibble i = column ORDER[i]).
+__device__ __forceinline__ u32 natural_to_awq_order(u32 w) {
+    u32 even = w & 0x0F0F0F0Fu;          // columns 0, 2, 4, 6 in the low nibble of bytes 0..3
+    u32 odd = (w >> 4) & 0x0F0F0F0Fu;    // columns 1, 3, 5, 7
+    even |= even >> 4;                   // byte 0 = (c0, c2), byte 2 = (c4, c6)
+    odd |= odd >> 4;                     // byte 0 = (c1, c3), byte 2 = (c5, c7)
+    return prmt(even, odd, 0x6420);      // bytes (c0,c2) (c4,c6) (c1,c3) (c5,c7) = nibbles c0 c2 c4 c6 c1 c3 c5 c7
+}
+
+// 8x8 int4 transpose for layouts packed along K (GPTQ, compressed-tensors).
+// in[j]: natural-order word of column j (nibble i = row i). out[i]: AWQ-ordered word of row i (8 columns).
+// Pairing the columns (0,2), (4,6), (1,3), (5,7) in the first step puts every byte of the result in AWQ order, so
+// no separate reordering is needed.
+__device__ __forceinline__ void transpose_int4_8x8_to_awq(const u32 in[8], u32 out[8]) {
+    const int first[4] = {0, 4, 1, 5};  // byte b of a result row holds columns (first[b], first[b] + 2)
+    u32 even_rows[4], odd_rows[4];
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+        const u32 lo = in[first[b]], hi = in[first[b] + 2];
+        // byte r of even_rows[b]: (lo row 2r, hi row 2r); of odd_rows[b]: (lo row 2r+1, hi row 2r+1)
+        even_rows[b] = (lo & 0x0F0F0F0Fu) | ((hi << 4) & 0xF0F0F0F0u);
+        odd_rows[b] = ((lo >> 4) & 0x0F0F0F0Fu) | (hi & 0xF0F0F0F0u);
+    }
+    u32 e[4], o[4];
+    transpose_bytes_4x4(even_rows, e);  // e[r] = row 2r
+    transpose_bytes_4x4(odd_rows, o);   // o[r] = row 2r + 1
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+        out[2 * r] = e[r];
+        out[2 * r + 1] = o[r];
+    }
+}
+
+// ------------------------------------------------------------------------------------------------------------------
+// Integer -> 16-bit float conversions (exact), one struct per output type
+// ------------------------------------------------------------------------------------------------------------------
+//
+// fp16: the magic number 0x6400 is 1024.0. In [1024, 2048) the fp16 step is exactly 1, so OR-ing an integer
+// u < 1024 into the mantissa of 0x6400 gives the fp16 value 1024 + u with no arithmetic.
+// bf16: 0x4300 is 128.0; in [128, 256) the bf16 step is 1 (7 mantissa bits), so 0x4300 | u = 128 + u for u < 128.
+// The sign bit gives the negative variants for free: 0xE400 | u = -(1024 + u), 0xC300 | u = -(128 + u).
+
+struct F16 {
+    typedef __half scalar;
+    static constexpr u32 MAGIC = 0x64006400u;       // {1024, 1024}
+    static constexpr u32 ONE_SIXTEENTH = 0x2C002C00u;  // {1/16, 1/16}
+    static constexpr u32 NEG_ONE_SIXTEENTH = 0xAC00AC00u;  // {-1/16, -1/16}
+    static constexpr u32 INT8_BIAS = 0x64806480u;   // {1152, 1152} = 1024 + 128
+
+    __device__ static __forceinline__ u32 sub(u32 a, u32 b) {
+        u32 d;
+        asm("sub.rn.f16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+        return d;
+    }
+    __device__ static __forceinline__ u32 mul(u32 a, u32 b) {
+        u32 d;
+        asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+        return d;
+    }
+    __device__ static __forceinline__ u32 fma(u32 a, u32 b, u32 c) {
+        u32 d;
+        asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+        return d;
+    }
+
+    // Per-group zero-point terms for an AWQ-ordered zero word z (see dequant_int4):
+    // pairs 0 and 2 hold 1024 + z (subtracted), pairs 1 and 3 hold -(64 + z) (the fma addend).
+    __device__ static __forceinline__ uint4 zero_terms(u32 z) {
+        const u32 z_hi = z >> 8;  // nibbles 2,3,6,7 moved to where nibbles 0,1,4,5 were
+        uint4 t;
+        t.x = and_or<0x000F000Fu, MAGIC>(z);
+        t.y = mul(and_or<0x00F000F0u, MAGIC>(z), NEG_ONE_SIXTEENTH);  // (1024 + 16z) * -1/16 = -(64 + z), exact
+        t.z = and_or<0x000F000Fu, MAGIC>(z_hi);
+        t.w = mul(and_or<0x00F000F0u, MAGIC>(z_hi), NEG_ONE_SIXTEENTH);
+        return t;
+    }
+
+    // 8 int4 codes (AWQ-ordered word) -> (q - z) * s for columns 0..7 in natural order.
+    // Low nibbles of a byte: (1024 + q) - (1024 + z). High nibbles land 4 bits up, as 1024 + 16q; instead of a
+    // shift, one fma scales by 1/16 and subtracts: (1024 + 16q)/16 - (64 + z) = q - z. Both are exact.
+    __device__ static __forceinline__ uint4 dequant_int4(u32 w, uint4 zt, uint4 s) {
+        const u32 w_hi = w >> 8;
+        uint4 r;
+        r.x = mul(sub(and_or<0x000F000Fu, MAGIC>(w), zt.x), s.x);                   // columns 0, 1
+        r.y = mul(fma(and_or<0x00F000F0u, MAGIC>(w), ONE_SIXTEENTH, zt.y), s.y);     // columns 2, 3
+        r.z = mul(sub(and_or<0x000F000Fu, MAGIC>(w_hi), zt.z), s.z);                // columns 4, 5
+        r.w = mul(fma(and_or<0x00F000F0u, MAGIC>(w_hi), ONE_SIXTEENTH, zt.w), s.w);  // columns 6, 7
+        return r;
+    }
+
+    // 8 signed int8 codes (columns 0..3 in `lo`, 4..7 in `hi`, natural order) -> q * s.
+    // XOR 0x80 makes u = q + 128 (unsigned); prmt puts byte u next to the fp16 exponent byte 0x64, giving 1024 + u;
+    // subtracting 1152 leaves q exactly. Selectors 0x5150 / 0x5352 pair bytes (0,1) / (2,3); TensorRT-LLM's
+    // 0x5250 / 0x5351 pair (0,2) / (1,3) because its preprocessing swapped bytes 1 and 2 first.
+    __device__ static __forceinline__ uint4 dequant_int8(u32 lo, u32 hi, uint4 s) {
+        lo ^= 0x80808080u;
+        hi ^= 0x80808080u;
+        uint4 r;
+        r.x = mul(sub(prmt(lo, MAGIC, 0x5150), INT8_BIAS), s.x);
+        r.y = mul(sub(prmt(lo, MAGIC, 0x5352), INT8_BIAS), s.y);
+        r.z = mul(sub(prmt(hi, MAGIC, 0x5150), INT8_BIAS), s.z);
+        r.w = mul(sub(prmt(hi, MAGIC, 0x5352), INT8_BIAS), s.w);
+        return r;
+    }
+};
+
+struct BF16 {
+    typedef __nv_bfloat16 scalar;
+    static constexpr u32 MAGIC = 0x43004300u;      // {128, 128}
+    static constexpr u32 NEG_MAGIC = 0xC300C300u;  // {-128, -128}
+    static constexpr u32 ONE = 0x3F803F80u;        // {1, 1}
+    static constexpr u32 NEG_ZERO = 0x80008000u;   // {-0, -0}: the addend that turns fma into an exact-sign multiply
+
+    // bf16x2 arithmetic through fma: sub/mul.bf16x2 need sm_90, fma.rn.bf16x2 exists from sm_80.
+    __device__ static __forceinline__ u32 fma(u32 a, u32 b, u32 c) {
+        u32 d;
+        asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+        return d;
+    }
+    __device__ static __forceinline__ u32 mul(u32 a, u32 b) { return fma(a, b, NEG_ZERO); }
+
+    // Per-group zero terms: pair i holds -(128 + z) for nibble pair (i, i + 4).
+    __device__ static __forceinline__ uint4 zero_terms(u32 z) {
+        uint4 t;
+        t.x = and_or<0x000F000Fu, NEG_MAGIC>(z);
+        t.y = and_or<0x000F000Fu, NEG_MAGIC>(z >> 4);
+        t.z = and_or<0x000F000Fu, NEG_MAGIC>(z >> 8);
+        t.w = and_or<0x000F000Fu, NEG_MAGIC>(z >> 12);
+        return t;
+    }
+
+    // bf16 has too few mantissa bits for the fp16 trick on the high nibbles (128 + 16q overflows the mantissa),
+    // so each nibble pair is shifted down first (TensorRT-LLM does the same): (128 + q) * 1 - (128 + z) = q - z.
+    __device__ static __forceinline__ uint4 dequant_int4(u32 w, uint4 zt, uint4 s) {
+        uint4 r;
+        r.x = mul(fma(and_or<0x000F000Fu, MAGIC>(w), ONE, zt.x), s.x);          // columns 0, 1
+        r.y = mul(fma(and_or<0x000F000Fu, MAGIC>(w >> 4), ONE, zt.y), s.y);     // columns 2, 3
+        r.z = mul(fma(and_or<0x000F000Fu, MAGIC>(w >> 8), ONE, zt.z), s.z);     // columns 4, 5
+        r.w = mul(fma(and_or<0x000F000Fu, MAGIC>(w >> 12), ONE, zt.w), s.w);    // columns 6, 7
+        return r;
+    }
+
+    // int8 -> bf16 goes through fp32 (bf16 cannot hold 128 + u exactly for u >= 128): 0x4B000000 is 2^23, where
+    // the fp32 step is 1, so prmt-ing byte u into its low byte gives 2^23 + u; subtracting 2^23 + 128 leaves q.
+    // q * s is exact in fp32 (8-bit q times 8-bit significand), so the one rounding is the final cvt to bf16.
+    __device__ static __forceinline__ float int8_to_f32(u32 word, u32 byte) {
+        return __fsub_rn(__uint_as_float(prmt(word, 0x4B000000u, 0x7440u | byte)), 8388736.0f);
+    }
+    __device__ static __forceinline__ u32 pack_rn(float lo, float hi) {
+        u32 d;
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
+        return d;
+    }
+    __device__ static __forceinline__ u32 scale_pair_mul(u32 word, u32 b0, u32 s) {
+        const float s_lo = __uint_as_float(s << 16), s_hi = __uint_as_float(s & 0xFFFF0000u);
+        return pack_rn(__fmul_rn(int8_to_f32(word, b0), s_lo), __fmul_rn(int8_to_f32(word, b0 + 1), s_hi));
+    }
+    __device__ static __forceinline__ uint4 dequant_int8(u32 lo, u32 hi, uint4 s) {
+        lo ^= 0x80808080u;
+        hi ^= 0x80808080u;
+        uint4 r;
+        r.x = scale_pair_mul(lo, 0, s.x);
+        r.y = scale_pair_mul(lo, 2, s.y);
+        r.z = scale_pair_mul(hi, 0, s.z);
+        r.w = scale_pair_mul(hi, 2, s.w);
+        return r;
+    }
+};
+
+// ------------------------------------------------------------------------------------------------------------------
+// Memory helpers
+// ------------------------------------------------------------------------------------------------------------------
+
+// Weights are read once: stream them past L1 (evict-first) so that scales and zeros stay cached.
+__device__ __forceinline__ u32 load_stream(const u32* p) { return __ldcs(p); }
+__device__ __forceinline__ uint4 load_stream_v4(const void* p) { return __ldcs(reinterpret_cast<const uint4*>(p)); }
+// Small tensors many threads re-read (scales, zeros, g_idx): read-only cache.
+__device__ __forceinline__ u32 load_cached(const u32* p) { return __ldg(p); }
+__device__ __forceinline__ uint4 load_cached_v4(const void* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
+__device__ __forceinline__ void store_v4(void* p, uint4 v) { *reinterpret_cast<uint4*>(p) = v; }
+
+}  // namespace lowbit
