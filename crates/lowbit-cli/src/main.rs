@@ -24,11 +24,11 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Quantize every eligible `*.weight` of a checkpoint (round to nearest) into AWQ GEMM layout.
+    /// Quantize every linear `*.weight` of a checkpoint (round to nearest), by default into AWQ GEMM layout.
     Quantize(commands::QuantizeArgs),
     /// Turn every quantized layer back into an fp16 `*.weight` [out, in].
     Dequantize(commands::DequantizeArgs),
-    /// Convert a quantized checkpoint between AWQ, GPTQ (v2) and compressed-tensors.
+    /// Convert a quantized checkpoint between AWQ, GPTQ (v1/v2), compressed-tensors and int8, code for code.
     Convert(commands::ConvertArgs),
     /// Describe a checkpoint: format, bits, group size, layers, shapes, bytes before and after.
     Inspect(commands::InspectArgs),
@@ -40,8 +40,44 @@ enum Command {
     Demo(commands::DemoArgs),
 }
 
+/// Exit code of command-line usage errors (clap's convention).
+const USAGE_ERROR: u8 = 2;
+
+/// Parses the command line; usage errors become one `lowbit: error: ...` line (help and version print as usual).
+fn parse_cli() -> Result<Cli, ExitCode> {
+    use clap::error::ErrorKind;
+    match Cli::try_parse() {
+        Ok(cli) => Ok(cli),
+        Err(e)
+            if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion)
+                || e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand =>
+        {
+            e.exit()
+        }
+        Err(e) => {
+            // clap's rendering spans several lines (message, usage, hint); keep the message lines only.
+            let rendered = e.render().to_string();
+            let message: Vec<&str> = rendered
+                .lines()
+                .map(str::trim)
+                .take_while(|l| !l.starts_with("Usage:"))
+                .filter(|l| !l.is_empty())
+                .collect();
+            let message = message.join(" ");
+            eprintln!(
+                "lowbit: error: {} (see lowbit --help)",
+                message.trim_start_matches("error: ")
+            );
+            Err(ExitCode::from(USAGE_ERROR))
+        }
+    }
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match parse_cli() {
+        Ok(cli) => cli,
+        Err(code) => return code,
+    };
     let result = match cli.command {
         Command::Quantize(a) => commands::quantize(a),
         Command::Dequantize(a) => commands::dequantize(a),

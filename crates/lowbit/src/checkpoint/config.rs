@@ -266,12 +266,18 @@ impl QuantConfig {
         })
     }
 
-    /// llm-compressor's `quantization_config` for a W{bits}A16 `pack-quantized` checkpoint of all `Linear`
-    /// layers except `ignore`.
-    pub fn compressed_tensors_json(bits: u8, group_size: Option<usize>, symmetric: bool, ignore: &[String]) -> Value {
+    /// llm-compressor's `quantization_config` for a W{bits}A16 checkpoint of all `Linear` layers except `ignore`;
+    /// `format` is `"pack-quantized"` (int4/int8 packed into int32) or `"int-quantized"` (int8 stored as int8).
+    pub fn compressed_tensors_json(
+        format: &str,
+        bits: u8,
+        group_size: Option<usize>,
+        symmetric: bool,
+        ignore: &[String],
+    ) -> Value {
         json!({
             "quant_method": "compressed-tensors",
-            "format": "pack-quantized",
+            "format": format,
             "quantization_status": "compressed",
             "config_groups": {
                 "group_0": {
@@ -290,7 +296,7 @@ impl QuantConfig {
                     },
                     "input_activations": null,
                     "output_activations": null,
-                    "format": "pack-quantized",
+                    "format": format,
                 }
             },
             "ignore": ignore,
@@ -339,12 +345,26 @@ mod tests {
     #[test]
     fn compressed_tensors_config_groups() {
         let ignore = vec!["lm_head".to_string()];
-        let cfg = parse(QuantConfig::compressed_tensors_json(4, Some(32), false, &ignore)).unwrap();
+        let cfg = parse(QuantConfig::compressed_tensors_json(
+            "pack-quantized",
+            4,
+            Some(32),
+            false,
+            &ignore,
+        ))
+        .unwrap();
         assert_eq!(cfg.method, QuantMethod::CompressedTensors);
         assert_eq!((cfg.bits, cfg.group_size, cfg.zero_point), (4, Some(32), true));
         assert_eq!(cfg.format.as_deref(), Some("pack-quantized"));
         assert_eq!(cfg.modules_to_not_convert, ignore);
-        let channel = parse(QuantConfig::compressed_tensors_json(8, None, true, &[])).unwrap();
+        let channel = parse(QuantConfig::compressed_tensors_json(
+            "int-quantized",
+            8,
+            None,
+            true,
+            &[],
+        ))
+        .unwrap();
         assert_eq!((channel.bits, channel.group_size, channel.zero_point), (8, None, false));
     }
 

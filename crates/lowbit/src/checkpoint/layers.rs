@@ -46,7 +46,8 @@ pub struct QuantLayer {
     pub k: usize,
     /// Inputs per group; `k` for per-channel.
     pub group_size: usize,
-    /// Whether the layer stores zero points (asymmetric); compressed-tensors only when `weight_zero_point` exists.
+    /// Whether zero points are in use (asymmetric): AWQ `zero_point` and GPTQ `!sym` from config.json (true without
+    /// one), compressed-tensors and int8 when `weight_zero_point` exists.
     pub zero_point: bool,
     /// Whether a `g_idx` / `weight_g_idx` tensor is present (possibly act-order).
     pub has_g_idx: bool,
@@ -266,7 +267,8 @@ fn detect_qweight(ckpt: &Checkpoint, prefix: &str) -> Result<QuantLayer> {
                 n,
                 k,
                 group_size,
-                zero_point: cfg.is_some_and(|c| c.zero_point),
+                // Without a config, keep zeros: GPTQ always stores them, and `sym` is unknown.
+                zero_point: cfg.map_or(true, |c| c.zero_point),
                 has_g_idx,
                 tensors,
             }

@@ -38,6 +38,10 @@ pub const INDEX_FILE: &str = "model.safetensors.index.json";
 /// Name of a model directory's configuration.
 pub const CONFIG_FILE: &str = "config.json";
 
+/// Key of the safetensors `__metadata__` entry in which lowbit stores a single file's `quantization_config` (as
+/// JSON text), since a lone `.safetensors` file has no config.json.
+pub const METADATA_QUANT_KEY: &str = "quantization_config";
+
 /// Bytes of the little-endian u64 header length that starts every safetensors file.
 const HEADER_LEN_BYTES: usize = 8;
 
@@ -204,6 +208,12 @@ impl Checkpoint {
         };
         if !meta.is_dir() {
             ckpt.add_shard(path, None)?;
+            // A lone file carries no config.json; lowbit records the quantization_config it wrote in the header.
+            if let Some(text) = ckpt.metadata().get(METADATA_QUANT_KEY) {
+                let qc: Value = serde_json::from_str(text)
+                    .map_err(|e| Error::parse(path, format!("__metadata__.{METADATA_QUANT_KEY}: invalid JSON: {e}")))?;
+                ckpt.quant = Some(QuantConfig::from_json(&qc, path)?);
+            }
             return Ok(ckpt);
         }
 
@@ -317,7 +327,8 @@ impl Checkpoint {
         self.config.as_ref()
     }
 
-    /// The parsed `quantization_config`, if the directory's config.json has one.
+    /// The parsed `quantization_config`: a directory's config.json's, or the one lowbit recorded in a single file's
+    /// `__metadata__` ([`METADATA_QUANT_KEY`]).
     pub fn quant_config(&self) -> Option<&QuantConfig> {
         self.quant.as_ref()
     }
