@@ -6,6 +6,7 @@
 //! [`QuantMatrix`]: crate::formats::QuantMatrix
 
 pub mod cpu;
+pub mod cuda;
 pub mod reference;
 
 pub use cpu::{CpuIsa, LinearCpu};

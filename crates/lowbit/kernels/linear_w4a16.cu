@@ -1,0 +1,477 @@
+// W4A16 linear for decode (M = 1..64): y[M, N] = x[M, K] · W^T (+ bias), W int4 with group scales and zeros,
+// x/y fp16 or bf16, fp32 accumulation on the tensor cores (mma.sync m16n8k16). Host side: src/ops/linear/cuda.rs.
+//
+// Design (decode is a memory problem: every weight byte is read once, everything else is bookkeeping):
+//
+// * The WEIGHT IS THE "A" OPERAND. mma.m16n8k16 multiplies A[16 x 16] by B[16 x 8]. We feed 16 output columns n
+//   as the 16 rows of A and up to 8 tokens as the 8 columns of B (B = x^T). At M <= 8 one mma covers 16 n x 16 k,
+//   half the instructions of the usual orientation, and M = 64 is 8 mmas on the same converted A fragment, so the
+//   weight bytes and the int4 -> fp16 work do not grow with M.
+//
+// * REPACKED WEIGHT (done once on the host, see cuda.rs `repack`): a thread's A fragment of m16n8k16 is 8 values,
+//   rows {g, g+8} x columns {2t, 2t+1, 2t+8, 2t+9} (g = lane / 4, t = lane % 4). The host stores exactly those 8
+//   codes in one 32-bit word, nibble order [a0 a2 a4 a6 a1 a3 a5 a7] (a0 = (g, 2t), a1 = (g, 2t+1), a2 = (g+8, 2t),
+//   ...), the AWQ interleave: one lop3 with mask 0x000f000f lifts nibbles 0 and 4 into the two halves of a
+//   register, i.e. the pair (a0, a1) as packed fp16, ready for mma with no shuffles (common.cuh dequant_int4).
+//   Four such words (two 16-row tiles x two k16 steps) form the lane's 16 bytes, and the 32 lanes' 16-byte pieces
+//   are contiguous: every global load is a coalesced 16-byte cp.async and every shared read an ld.shared.v4 of
+//   512 consecutive bytes per warp (no bank conflicts, no ldmatrix needed for the weight).
+//
+// * UNITS AND STREAM-K. The weight is cut into units of N_CTA columns x 128 k (16 KB at N_CTA = 256), stored
+//   unit after unit in (n_tile, k_tile) order. CTA c of C (C = #SMs, one CTA per SM) streams the contiguous units
+//   [c U / C, (c+1) U / C): every SM moves the same number of bytes whatever N is, so a 4096-wide layer fills all
+//   132 SMs. A tile whose k range is split between CTAs is finished by a fix-up: each CTA writes its fp32 partial
+//   to a workspace slot, bumps the tile's counter, and the last to arrive sums the partials in CTA order (lowest k
+//   first) -- the same order whoever arrives last, so repeated runs are byte-identical. The partition depends
+//   only on the shape and the SM count, never on M, so row 0 of an M-row batch is bit-identical to M = 1.
+//
+// * PIPELINE. Each unit is one shared-memory stage (weights, the x rows, the scale and zero rows it touches),
+//   filled by cp.async STAGES - 1 units ahead, so (STAGES - 1) x 16 KB of weights are in flight per SM, enough
+//   for HBM3e's latency-bandwidth product; one __syncthreads per stage.
+//
+// * DEQUANT. (q - z) is formed exactly in the 16-bit type from the magic-number trick and multiplied by the
+//   scale with one rounding (common.cuh F16/BF16::dequant_int4), so each weight equals round((q - z) * s) exactly
+//   as a dequantize kernel would produce it; the products and sums are then fp32 in the tensor core.
+//
+// The host prepends the #defines selecting one variant (LB_DTYPE, LB_MT, LB_ZEROS, LB_WARPS, LB_STAGES) and
+// launches the extern "C" kernels at the bottom.
+#include "common.cuh"
+
+namespace lowbit {
+namespace w4a16 {
+
+typedef unsigned short u16;
+typedef unsigned char u8;
+
+constexpr int K_TILE = 128;          // k per unit (= per pipeline stage)
+constexpr int WARP_N = 32;           // output columns per warp: two 16-row A tiles
+constexpr int X_PITCH = K_TILE + 8;  // x row pitch in smem (halves): +16 B puts the 8 rows an ldmatrix reads in
+                                     // 8 different 4-bank groups (a 256 B pitch would be an 8-way conflict)
+constexpr int MAX_GROUP_ROWS = 8;
+#ifndef KC_UNROLL
+#define KC_UNROLL 4
+#endif    // groups a 128-k unit can touch (group sizes are multiples of 16)
+
+// ------------------------------------------------------------------------------------------------------------------
+// Tensor-core and async-copy primitives
+// ------------------------------------------------------------------------------------------------------------------
+
+__device__ __forceinline__ u32 smem_addr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+
+// 16-byte global -> shared copy that bypasses L1 (.cg: the weights are read once). When src_bytes < 16 the rest of
+// the 16 bytes is zero-filled and nothing past src_bytes is read (the K tail of x).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes = 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem),
+                 "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ uint4 lds128(const void* p) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(smem_addr(p)));
+    return v;
+}
+
+// Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i; the thread receives, of matrix i,
+// row lane/4, elements 2(lane%4) and 2(lane%4)+1 -- exactly an mma B fragment when the rows are tokens.
+__device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
+// Per activation type: the mma instruction, zero-point terms for dequant_int4, and f32 <-> 16-bit conversions.
+template <class T>
+struct Ops;
+
+template <>
+struct Ops<F16> {
+    // D = A(16x16, rows = output columns) * B(16x8, columns = tokens) + D, fp32 accumulate.
+    __device__ static __forceinline__ void mma(float (&d)[4], uint4 a, u32 b0, u32 b1) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%0, %1, %2, %3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
+    }
+    // Zero terms for a fragment word: pairs x, z are row g and are subtracted as 1024 + z (0x6400 is 1024.0 and
+    // its mantissa step is 1, so OR-ing z in is the addition); pairs y, w are row g + 8, high nibbles, and are the
+    // fma addend -(64 + z) (0xD400 is -64.0 with step 1/16, so z goes in 4 bits up). See F16::dequant_int4.
+    __device__ static __forceinline__ uint4 zero_terms(u32 z_row_g, u32 z_row_g8) {
+        const u32 lo = (0x6400u | z_row_g) * 0x10001u;
+        const u32 hi = (0xD400u | (z_row_g8 << 4)) * 0x10001u;
+        return make_uint4(lo, hi, lo, hi);
+    }
+    __device__ static __forceinline__ float to_f32(u16 v) { return __half2float(__ushort_as_half(v)); }
+    __device__ static __forceinline__ u16 from_f32(float v) { return __half_as_ushort(__float2half_rn(v)); }
+};
+
+template <>
+struct Ops<BF16> {
+    __device__ static __forceinline__ void mma(float (&d)[4], uint4 a, u32 b0, u32 b1) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%0, %1, %2, %3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
+    }
+    // Every pair is the fma addend -(128 + z): 0xC300 is -128.0 in bf16 with mantissa step 1.
+    __device__ static __forceinline__ uint4 zero_terms(u32 z_row_g, u32 z_row_g8) {
+        const u32 lo = (0xC300u | z_row_g) * 0x10001u;
+        const u32 hi = (0xC300u | z_row_g8) * 0x10001u;
+        return make_uint4(lo, hi, lo, hi);
+    }
+    __device__ static __forceinline__ float to_f32(u16 v) { return __uint_as_float((u32)v << 16); }
+    __device__ static __forceinline__ u16 from_f32(float v) {
+        return __bfloat16_as_ushort(__float2bfloat16_rn(v));
+    }
+};
+
+// ------------------------------------------------------------------------------------------------------------------
+// The kernel
+// ------------------------------------------------------------------------------------------------------------------
+
+// Problem description shared by the kernels (passed by value).
+struct Shape {
+    int M;           // tokens (rows of x and y), 1..MT*8
+    int N;           // output columns (y has N valid columns)
+    int K;           // input columns of x (valid k; the weight is zero-padded to KT * 128)
+    int KT;          // k tiles (units per n tile)
+    int NT;          // n tiles
+    int group;       // k per scale group in the repacked (act-order sorted) k space, a multiple of 16
+    int GP;          // scale/zero rows per n tile
+    int ctas;        // grid size C
+    long long x_stride;  // elements between rows of x
+    long long y_stride;  // elements between rows of y
+};
+
+template <class T, int MT, bool HAS_ZEROS, int WARPS, int STAGES>
+struct Linear {
+    static constexpr int THREADS = WARPS * 32;
+    static constexpr int N_CTA = WARPS * WARP_N;
+    static constexpr int M_ROWS = MT * 8;
+    // Bytes of one stage: weights, x rows, scale rows, zero rows (each a multiple of 16).
+    static constexpr int W_BYTES = N_CTA * K_TILE / 2;
+    static constexpr int X_BYTES = M_ROWS * X_PITCH * 2;
+    static constexpr int S_BYTES = MAX_GROUP_ROWS * N_CTA * 2;
+    static constexpr int Z_BYTES = HAS_ZEROS ? MAX_GROUP_ROWS * N_CTA / 2 : 0;
+    static constexpr int STAGE_BYTES = W_BYTES + X_BYTES + S_BYTES + Z_BYTES;
+    static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES;
+    // fp32 partial sums of one split tile, in accumulator-fragment order (see write_partial).
+    static constexpr int SLOT_FLOATS = N_CTA * M_ROWS;
+
+    struct Args {
+        const uint4* qweight;  // repacked codes, N_CTA * 4 uint4 per unit, units in (n_tile, k_tile) order
+        const u16* scales;     // [NT][GP][N_CTA] bits of T
+        const u8* zeros;       // [NT][GP][N_CTA / 2] two 4-bit zero codes per byte (low nibble = even column)
+        const u16* x;          // [M][x_stride] bits of T
+        const u16* bias;       // [N] bits of T, or null
+        u16* y;                // [M][y_stride] bits of T
+        float* partials;       // [2 * ctas][SLOT_FLOATS]
+        u32* counters;         // [NT], zero between launches (the last CTA of a tile resets its counter)
+    };
+
+    // CTA c streams units [unit_begin(c), unit_begin(c + 1)).
+    __device__ static __forceinline__ int unit_begin(int c, int units, int ctas) {
+        return (int)((long long)c * units / ctas);
+    }
+    // The CTA whose range holds unit u: the largest c with floor(c U / C) <= u.
+    __device__ static __forceinline__ int cta_of(int u, int units, int ctas) {
+        return (int)((((long long)u + 1) * ctas - 1) / units);
+    }
+
+    // Issues the cp.async copies of unit u = (nt, kt) into `stage`.
+    __device__ static __forceinline__ void load_stage(const Args& a, const Shape& s, char* stage, int u, int nt,
+                                                      int kt, int tid) {
+        // Weights: the unit is contiguous, N_CTA * 4 chunks of 16 B, THREADS consecutive chunks per pass.
+        const uint4* wsrc = a.qweight + (size_t)u * (N_CTA * 4) + tid;
+#pragma unroll
+        for (int j = 0; j < 4 * N_CTA / THREADS; ++j) cp_async16(stage + (tid + j * THREADS) * 16, wsrc + j * THREADS);
+        // x: 16 chunks of 8 elements per valid row; thread tid takes chunk tid % 16 of rows tid / 16 + i * (THREADS /
+        // 16). Chunks past K are zero-filled without reading.
+        const int k0 = kt * K_TILE;
+        {
+            const int j = tid & 15, k = k0 + j * 8;
+            const bool in = k < s.K;
+            char* xs = stage + W_BYTES + j * 16;
+#pragma unroll
+            for (int i = 0; i < (M_ROWS * 16 + THREADS - 1) / THREADS; ++i) {
+                const int m = (tid >> 4) + i * (THREADS / 16);
+                if (m < s.M) {
+                    const u16* src = in ? a.x + (size_t)m * s.x_stride + k : a.x;
+                    cp_async16(xs + m * (X_PITCH * 2), src, in ? 16 : 0);
+                }
+            }
+        }
+        // Scale (and zero) rows of the groups this unit touches.
+        const int g_lo = k0 / s.group, rows = (k0 + K_TILE - 1) / s.group - g_lo + 1;
+        const size_t row0 = (size_t)nt * s.GP + g_lo;
+        char* ss = stage + W_BYTES + X_BYTES;
+        constexpr int S_CHUNKS = N_CTA * 2 / 16;  // per row
+        for (int c = tid; c < rows * S_CHUNKS; c += THREADS)
+            cp_async16(ss + c * 16, a.scales + row0 * N_CTA + c * 8);  // rows are contiguous in both places
+        if (HAS_ZEROS) {
+            constexpr int Z_CHUNKS = N_CTA / 2 / 16;
+            for (int c = tid; c < rows * Z_CHUNKS; c += THREADS)
+                cp_async16(ss + S_BYTES + c * 16, a.zeros + row0 * (N_CTA / 2) + c * 16);
+        }
+    }
+
+    // Scale pairs and zero terms of this thread's four A rows (two tiles x rows g, g+8) for group row `row` of the
+    // stage.
+    __device__ static __forceinline__ void load_group(const char* stage, int row, int warp, int lane, uint4 (&sc)[2],
+                                                      uint4 (&zt)[2]) {
+        const u16* ss = reinterpret_cast<const u16*>(stage + W_BYTES + X_BYTES) + row * N_CTA;
+        const u8* zs = reinterpret_cast<const u8*>(stage + W_BYTES + X_BYTES + S_BYTES) + row * (N_CTA / 2);
+#pragma unroll
+        for (int t = 0; t < 2; ++t) {
+            const int n = warp * WARP_N + t * 16 + (lane >> 2);  // row g of tile t; row g + 8 is n + 8
+            const u32 s0 = ss[n], s8 = ss[n + 8];
+            sc[t] = make_uint4(s0 * 0x10001u, s8 * 0x10001u, s0 * 0x10001u, s8 * 0x10001u);
+            u32 z0 = 8, z8 = 8;  // symmetric: the zero is the midpoint
+            if (HAS_ZEROS) {
+                const int shift = (n & 1) * 4;  // n and n + 8 have the same parity
+                z0 = (zs[n >> 1] >> shift) & 15u;
+                z8 = (zs[(n + 8) >> 1] >> shift) & 15u;
+            }
+            zt[t] = Ops<T>::zero_terms(z0, z8);
+        }
+    }
+
+    // One unit: 8 k16 steps x 2 tiles x MT token tiles of mma.
+    __device__ static __forceinline__ void compute_stage(const char* stage, const Shape& s, int kt, int warp,
+                                                         int lane, float (&acc)[2][MT][4]) {
+        const char* ws = stage + warp * (4 * 512) + lane * 16;
+        const char* xs = stage + W_BYTES;
+        const int k0 = kt * K_TILE;
+        const int g_lo = k0 / s.group;
+        const int steps_per_group = s.group >> 4;
+        int next = ((g_lo + 1) * s.group - k0) >> 4;  // k16 step where the next group starts (>= 1)
+        int row = 0;
+        uint4 sc[2], zt[2];
+        load_group(stage, 0, warp, lane, sc, zt);
+#pragma unroll KC_UNROLL
+        for (int kc = 0; kc < 4; ++kc) {
+            const uint4 wq = lds128(ws + kc * 512);
+            // B fragments of tokens mt*8..mt*8+7 for both k16 steps of this 32-k chunk: lanes 0-7 address rows
+            // at k offset 0, lanes 8-15 at 8, 16-23 at 16, 24-31 at 24 -> regs (step 0 lo, hi, step 1 lo, hi).
+            u32 xb[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+                ldmatrix_x4(xb[mt], xs + ((mt * 8 + (lane & 7)) * X_PITCH + kc * 32 + (lane >> 3) * 8) * 2);
+#pragma unroll
+            for (int ks = 0; ks < 2; ++ks) {
+                const int step = kc * 2 + ks;
+                if (step > 0 && step == next) {  // warp-uniform: a group boundary inside the unit
+                    ++row;
+                    next += steps_per_group;
+                    load_group(stage, row, warp, lane, sc, zt);
+                }
+#pragma unroll
+                for (int t = 0; t < 2; ++t) {
+                    const u32 word = ks == 0 ? (t == 0 ? wq.x : wq.y) : (t == 0 ? wq.z : wq.w);
+                    const uint4 frag = T::dequant_int4(word, zt[t], sc[t]);
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt) Ops<T>::mma(acc[t][mt], frag, xb[mt][2 * ks], xb[mt][2 * ks + 1]);
+                }
+            }
+        }
+    }
+
+    // Accumulator element i of (tile t, token tile mt) is column n = warp*32 + t*16 + g + 8*(i/2), token
+    // m = mt*8 + 2*(lane%4) + i%2 (the mma C fragment with rows = columns of y).
+    __device__ static __forceinline__ void store_output(const Args& a, const Shape& s, int nt, int warp, int lane,
+                                                        const float (&v)[2][MT][4]) {
+        const int n0 = nt * N_CTA + warp * WARP_N + (lane >> 2);
+        float b[2][2];
+#pragma unroll
+        for (int t = 0; t < 2; ++t)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int n = n0 + t * 16 + h * 8;
+                b[t][h] = (a.bias && n < s.N) ? Ops<T>::to_f32(a.bias[n]) : 0.0f;
+            }
+        u16* y0 = a.y + (size_t)((lane & 3) * 2) * s.y_stride + n0;
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int m = mt * 8 + (lane & 3) * 2 + e;
+                u16* row = y0 + (size_t)(mt * 8 + e) * s.y_stride;
+#pragma unroll
+                for (int t = 0; t < 2; ++t)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h)
+                        if (m < s.M && n0 + t * 16 + h * 8 < s.N)
+                            row[t * 16 + h * 8] = Ops<T>::from_f32(v[t][mt][h * 2 + e] + b[t][h]);
+            }
+            // Keep the compiler from hoisting every row's address math above the first stores (register spills).
+            asm volatile("" ::: "memory");
+        }
+    }
+
+    __device__ static __forceinline__ float4* slot_ptr(const Args& a, int slot, int warp, int lane, int t, int mt) {
+        return reinterpret_cast<float4*>(a.partials + (long long)slot * SLOT_FLOATS) +
+               ((warp * 2 + t) * MT + mt) * 32 + lane;
+    }
+
+    // End of a segment that does not cover its whole tile: publish the partial, and if this CTA is the last of the
+    // tile to arrive, sum all partials in CTA order and write y.
+    __device__ static void fixup(const Args& a, const Shape& s, int units, int nt, int warp, int lane, int tid,
+                                 float (&acc)[2][MT][4]) {
+        __shared__ int s_last;
+        const int c = blockIdx.x;
+        const int c_first = cta_of(nt * s.KT, units, s.ctas);
+        const int c_last = cta_of(nt * s.KT + s.KT - 1, units, s.ctas);
+        // A CTA's first segment uses slot 2c, a later one slot 2c + 1 (a CTA has at most two split segments).
+        const int my_slot = (unit_begin(c, units, s.ctas) / s.KT == nt) ? 2 * c : 2 * c + 1;
+#pragma unroll
+        for (int t = 0; t < 2; ++t)
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+                __stcg(slot_ptr(a, my_slot, warp, lane, t, mt),
+                       make_float4(acc[t][mt][0], acc[t][mt][1], acc[t][mt][2], acc[t][mt][3]));
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) s_last = atomicAdd(a.counters + nt, 1u) == (u32)(c_last - c_first);
+        __syncthreads();
+        if (!s_last) return;
+        __threadfence();
+        // Sum from the slots only (this CTA's own partial too, just written), so the order is the CTA order and
+        // `acc` can hold the sum without a second register set.
+        for (int cc = c_first; cc <= c_last; ++cc) {
+            const int slot = (unit_begin(cc, units, s.ctas) / s.KT == nt) ? 2 * cc : 2 * cc + 1;
+#pragma unroll
+            for (int t = 0; t < 2; ++t)
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    const float4 p = __ldcg(slot_ptr(a, slot, warp, lane, t, mt));
+                    if (cc == c_first) {
+                        acc[t][mt][0] = p.x, acc[t][mt][1] = p.y, acc[t][mt][2] = p.z, acc[t][mt][3] = p.w;
+                    } else {
+                        acc[t][mt][0] += p.x, acc[t][mt][1] += p.y, acc[t][mt][2] += p.z, acc[t][mt][3] += p.w;
+                    }
+                }
+        }
+        store_output(a, s, nt, warp, lane, acc);
+        if (tid == 0) a.counters[nt] = 0;  // ready for the next launch (graph replays included)
+    }
+
+    __device__ static void run(const Args& a, const Shape& s) {
+        extern __shared__ __align__(128) char smem[];
+        const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+        const int units = s.NT * s.KT;
+        const int u_begin = unit_begin(blockIdx.x, units, s.ctas);
+        const int count = unit_begin(blockIdx.x + 1, units, s.ctas) - u_begin;
+
+        // x rows M..M_ROWS-1 are never loaded: zero them once so the unused mma columns see finite values.
+        if (s.M < M_ROWS) {
+            const int per_stage = (M_ROWS - s.M) * (X_PITCH / 8);
+            for (int i = tid; i < STAGES * per_stage; i += THREADS) {
+                const int st = i / per_stage, r = i - st * per_stage;
+                *reinterpret_cast<uint4*>(smem + st * STAGE_BYTES + W_BYTES + (s.M * X_PITCH + r * 8) * 2) =
+                    make_uint4(0, 0, 0, 0);
+            }
+        }
+
+        // Units advance as (nt, kt) pairs: one division here, none per stage.
+        int ld_nt = u_begin / s.KT, ld_kt = u_begin - ld_nt * s.KT;  // next unit to load
+        int nt = ld_nt, kt = ld_kt;                                  // unit being computed
+        const int seg0_kt = kt;                                      // first k tile of the first segment
+#pragma unroll 1
+        for (int st = 0; st < STAGES - 1; ++st) {
+            if (st < count) {
+                load_stage(a, s, smem + st * STAGE_BYTES, u_begin + st, ld_nt, ld_kt, tid);
+                if (++ld_kt == s.KT) ld_kt = 0, ++ld_nt;
+            }
+            cp_async_commit();
+        }
+
+        float acc[2][MT][4];
+#pragma unroll
+        for (int t = 0; t < 2; ++t)
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) acc[t][mt][i] = 0.0f;
+
+        int seg_first_kt = seg0_kt;
+        int buf = 0, ld_buf = STAGES - 1;
+#pragma unroll 1
+        for (int i = 0; i < count; ++i) {
+            cp_async_wait<STAGES - 2>();
+            __syncthreads();  // stage i visible to all; every warp is done with the buffer refilled next
+            if (i + STAGES - 1 < count) {
+                load_stage(a, s, smem + ld_buf * STAGE_BYTES, u_begin + i + STAGES - 1, ld_nt, ld_kt, tid);
+                if (++ld_kt == s.KT) ld_kt = 0, ++ld_nt;
+            }
+            cp_async_commit();
+            if (++ld_buf == STAGES) ld_buf = 0;
+
+            compute_stage(smem + buf * STAGE_BYTES, s, kt, warp, lane, acc);
+            if (++buf == STAGES) buf = 0;
+
+            if (kt == s.KT - 1 || i == count - 1) {  // segment end (CTA-uniform)
+                if (seg_first_kt == 0 && kt == s.KT - 1) {
+                    store_output(a, s, nt, warp, lane, acc);
+                } else {
+                    fixup(a, s, units, nt, warp, lane, tid, acc);
+                }
+#pragma unroll
+                for (int t = 0; t < 2; ++t)
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                        for (int j = 0; j < 4; ++j) acc[t][mt][j] = 0.0f;
+                seg_first_kt = 0;
+            }
+            if (++kt == s.KT) kt = 0, ++nt;
+        }
+        cp_async_wait<0>();
+    }
+};
+
+// x gathered through the act-order permutation and/or re-laid with a 16-byte aligned pitch and zero K padding:
+// out[m][k] = x[m][perm ? perm[k] : k] for k < K, 0 for K <= k < k_pad.
+__device__ __forceinline__ void stage_x(const unsigned short* x, long long x_stride, const u32* perm,
+                                        unsigned short* out, int M, int K, int k_pad) {
+    const long long total = (long long)M * k_pad;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        const int m = (int)(i / k_pad), k = (int)(i - (long long)m * k_pad);
+        out[i] = k < K ? x[m * x_stride + (perm ? perm[k] : k)] : (unsigned short)0;
+    }
+}
+
+}  // namespace w4a16
+}  // namespace lowbit
+
+// ------------------------------------------------------------------------------------------------------------------
+// Entry points of the variant selected by the host's #defines
+// ------------------------------------------------------------------------------------------------------------------
+#ifndef LB_DTYPE
+#define LB_DTYPE F16
+#define LB_MT 1
+#define LB_ZEROS 1
+#define LB_WARPS 8
+#define LB_STAGES 6
+#endif
+
+typedef lowbit::w4a16::Linear<lowbit::LB_DTYPE, LB_MT, LB_ZEROS != 0, LB_WARPS, LB_STAGES> LinearVariant;
+
+extern "C" __global__ void __launch_bounds__(LB_WARPS * 32, 1)
+    w4a16_linear(LinearVariant::Args args, lowbit::w4a16::Shape shape) {
+    LinearVariant::run(args, shape);
+}
+
+extern "C" __global__ void w4a16_stage_x(const unsigned short* x, long long x_stride, const unsigned int* perm,
+                                         unsigned short* out, int M, int K, int k_pad) {
+    lowbit::w4a16::stage_x(x, x_stride, perm, out, M, K, k_pad);
+}

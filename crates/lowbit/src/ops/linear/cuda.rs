@@ -1,0 +1,924 @@
+//! The W4A16 linear layer on a CUDA GPU for decode-sized batches (M = 1..64): `y[M, N] = x[M, K] · W^T (+ bias)`
+//! with f16 or bf16 activations, int4 weights (AWQ, GPTQ with or without act-order, compressed-tensors: anything
+//! that unpacks to a [`QuantMatrix`]) and fp32 accumulation on the tensor cores.
+//!
+//! ```no_run
+//! # use lowbit::{DType, cuda::CudaDevice, ops::linear::cuda::LinearW4A16Cuda};
+//! # fn main() -> lowbit::Result<()> {
+//! # let w: lowbit::QuantMatrix = unimplemented!();
+//! let dev = CudaDevice::new(0)?;
+//! let op = LinearW4A16Cuda::new(&dev, &w, DType::F16, 16)?; // repacks and uploads the weight once, M <= 16
+//! let mut ws = dev.alloc_zeros::<u8>(op.workspace_bytes())?;
+//! # let (x, mut y) = (dev.alloc_zeros::<half::f16>(16 * w.k)?, dev.alloc_zeros::<half::f16>(16 * w.n)?);
+//! op.run(dev.stream(), &x, 16, None, &mut y, &mut ws)?; // no allocation, no sync: graph-capturable
+//! # Ok(()) }
+//! ```
+//!
+//! What happens (kernel: `kernels/linear_w4a16.cu`, whose header comment explains the tricks):
+//! - [`repack`] turns the weight, once, into the kernel's private layout: act-order `g_idx` resolved into a
+//!   permutation of K (x is gathered through it on the device), K padded to a multiple of 128 and N to the tile
+//!   width with weights that dequantize to exactly 0, every 32-bit word holding one thread's mma A fragment in
+//!   the nibble order the lop3 conversion wants, and units of `N_CTA x 128` weights stored contiguously in the
+//!   order the CTAs stream them. [`RepackedW4::unpack`] inverts it exactly (tested).
+//! - One launch per call (two with act-order or unaligned x): a stream-K grid of one CTA per SM; tiles split
+//!   between CTAs are summed in a fixed order by the last CTA to finish, so results are deterministic and the same
+//!   for every M (row 0 of a batch is bit-identical to the single-row call).
+//!
+//! Numerics: each weight is `round((q - z) · s)` in the activation type (exactly what dequantization produces),
+//! products and sums are fp32, the bias is added in fp32, and the result is rounded once to the activation type.
+//! Scales are converted to the activation type when the weight is prepared (exact for f16 scales with f16
+//! activations and bf16 with bf16; otherwise rounded once, as every fused kernel does).
+
+use crate::cuda::{launch_error, CudaDevice, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
+use crate::cuda::{KernelSource, LaunchConfig};
+use crate::dtype::{DType, Float};
+use crate::error::{Error, Result};
+use crate::formats::QuantMatrix;
+use cudarc::driver::{sys, PushKernelArg};
+use half::{bf16, f16};
+use rayon::prelude::*;
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+
+/// The kernel source; the host prepends the `#define`s of one variant.
+const SOURCE: &str = include_str!("../../../kernels/linear_w4a16.cu");
+
+/// k per unit (`K_TILE` in the kernel).
+pub const K_TILE: usize = 128;
+/// Output columns per warp (`WARP_N`).
+const WARP_N: usize = 32;
+/// x row pitch in shared memory, elements (`X_PITCH`).
+const X_PITCH: usize = K_TILE + 8;
+/// Scale/zero rows a unit can touch (`MAX_GROUP_ROWS`): group sizes are multiples of 16.
+const MAX_GROUP_ROWS: usize = K_TILE / 16;
+/// Largest batch the kernel takes (8 token tiles of 8).
+pub const MAX_M: usize = 64;
+/// Nibble position of A-fragment element `i` in its word (the AWQ interleave, see the kernel header).
+const NIBBLE_OF: [usize; 8] = [0, 4, 1, 5, 2, 6, 3, 7];
+/// Code, zero and scale of padding: 8 - 8 = 0, times a zero scale.
+const PAD_CODE: u8 = 8;
+
+// ------------------------------------------------------------------------------------------------------------------
+// Host-side repack
+// ------------------------------------------------------------------------------------------------------------------
+
+/// Shape decisions for one weight, independent of M (so every batch size computes in the same order).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    /// Output features.
+    pub n: usize,
+    /// Input features.
+    pub k: usize,
+    /// Warps per CTA (each covers 32 output columns): 8, 4 or 2.
+    pub warps: usize,
+    /// Output columns per tile (`32 * warps`).
+    pub n_cta: usize,
+    /// N rounded up to a whole tile.
+    pub n_pad: usize,
+    /// K rounded up to a whole unit (128).
+    pub k_pad: usize,
+    /// k per scale group in the kernel's (sorted) k space; `k_pad` for per-channel weights.
+    pub group: usize,
+    /// Scale/zero rows per tile: `ceil(k_pad / group)`.
+    pub group_rows: usize,
+    /// Groups of the source weight (the rest of `group_rows` is padding).
+    pub groups: usize,
+}
+
+impl Plan {
+    /// Chooses the tile width and padding for an `n x k` weight with `groups` groups of `group_size`.
+    pub fn new(n: usize, k: usize, group_size: usize, groups: usize) -> Result<Plan> {
+        // The widest tile that divides N (192 and 576 take 64), else the widest that wastes at most 1/32 of the
+        // columns on padding.
+        const WIDTHS: [usize; 3] = [256, 128, 64];
+        let n_cta = WIDTHS
+            .into_iter()
+            .find(|&t| n % t == 0)
+            .or_else(|| WIDTHS.into_iter().find(|&t| n.next_multiple_of(t) - n <= n / 32))
+            .unwrap_or(64);
+        let k_pad = k.next_multiple_of(K_TILE);
+        let group = if groups == 1 { k_pad } else { group_size };
+        if group % 16 != 0 {
+            return Err(Error::Unsupported(format!(
+                "CUDA W4A16 linear: group size {group_size} (a multiple of 16, or one group per row, is required)"
+            )));
+        }
+        Ok(Plan {
+            n,
+            k,
+            warps: n_cta / WARP_N,
+            n_cta,
+            n_pad: n.next_multiple_of(n_cta),
+            k_pad,
+            group,
+            group_rows: k_pad.div_ceil(group),
+            groups,
+        })
+    }
+
+    /// Tiles along N.
+    pub fn n_tiles(&self) -> usize {
+        self.n_pad / self.n_cta
+    }
+
+    /// Units (tiles of `n_cta x 128`) along K.
+    pub fn k_tiles(&self) -> usize {
+        self.k_pad / K_TILE
+    }
+
+    /// 32-bit words per unit.
+    fn unit_words(&self) -> usize {
+        self.n_cta * K_TILE / 8
+    }
+}
+
+/// A weight in the kernel's layout (host memory), plus what is needed to restore the [`QuantMatrix`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct RepackedW4 {
+    /// Shape decisions.
+    pub plan: Plan,
+    /// The activation (and converted scale) dtype.
+    pub act: DType,
+    /// Codes, `unit_words` per unit, units in (n tile, k tile) order; see the kernel header for a word's content.
+    pub words: Vec<u32>,
+    /// `[n_tiles][group_rows][n_cta]` scale bits in `act`.
+    pub scales: Vec<u16>,
+    /// `[n_tiles][group_rows][n_cta / 2]`, two zero codes per byte (low nibble = even column); `None` = all 8.
+    pub zeros: Option<Vec<u8>>,
+    /// Act-order: source input of each position of the kernel's k order.
+    pub perm: Option<Vec<u32>>,
+    /// Round-trip facts: the source stored zeros (even if all 8), carried a g_idx (even if trivial), its scale dtype
+    /// and group size.
+    zeros_given: bool,
+    g_idx_given: bool,
+    scale_dtype: DType,
+    group_size: usize,
+}
+
+/// The act-order permutation of K: inputs sorted by group (stably). `None` when `g_idx` is absent or trivial.
+/// Fails unless every group then holds exactly `group_size` consecutive positions (true of GPTQ's desc_act).
+fn act_order(w: &QuantMatrix) -> Result<Option<Vec<u32>>> {
+    let Some(g_idx) = w.g_idx.as_ref().filter(|_| !w.has_trivial_g_idx()) else {
+        return Ok(None);
+    };
+    let mut perm: Vec<u32> = (0..w.k as u32).collect();
+    perm.sort_by_key(|&k| g_idx[k as usize]);
+    if let Some(p) = (0..w.k).find(|&p| g_idx[perm[p] as usize] as usize != p / w.group_size) {
+        return Err(Error::Unsupported(format!(
+            "CUDA W4A16 linear: g_idx must give every group exactly group_size = {} inputs (position {p} of the \
+             sorted order is in group {})",
+            w.group_size, g_idx[perm[p] as usize]
+        )));
+    }
+    Ok(Some(perm))
+}
+
+/// `value` in the bits of `act` (f16 or bf16).
+fn to_bits(act: DType, value: f32) -> u16 {
+    match act {
+        DType::Bf16 => bf16::from_f32(value).to_bits(),
+        _ => f16::from_f32(value).to_bits(),
+    }
+}
+
+fn from_bits(act: DType, bits: u16) -> f32 {
+    match act {
+        DType::Bf16 => bf16::from_bits(bits).to_f32(),
+        _ => f16::from_bits(bits).to_f32(),
+    }
+}
+
+/// Where A-fragment element `i` of word `j` of `lane` lives inside a unit: (column, k) offsets.
+/// Word `j` = k16 step `j / 2` of the lane's 32-k chunk, 16-row tile `j % 2` of the warp's 32 columns.
+#[inline]
+fn fragment_element(lane: usize, j: usize, i: usize) -> (usize, usize) {
+    let (g, t) = (lane / 4, lane % 4);
+    let n = (j % 2) * 16 + g + 8 * ((i >> 1) & 1);
+    let k = (j / 2) * 16 + 2 * t + (i & 1) + 8 * (i >> 2);
+    (n, k)
+}
+
+/// Converts a 4-bit [`QuantMatrix`] into the layout of the CUDA kernel for activations of dtype `act`.
+///
+/// Errors: bits other than 4, group sizes that are not multiples of 16 (per-channel is fine), act-order groups of
+/// unequal size, and scales outside the range of `act`.
+pub fn repack(w: &QuantMatrix, act: DType) -> Result<RepackedW4> {
+    w.validate()?;
+    if w.bits != 4 {
+        return Err(Error::Unsupported(format!(
+            "CUDA W4A16 linear: {}-bit weights (4-bit only)",
+            w.bits
+        )));
+    }
+    if !matches!(act, DType::F16 | DType::Bf16) {
+        return Err(Error::invalid("activation dtype", act, "must be f16 or bf16"));
+    }
+    let groups = w.groups();
+    let plan = Plan::new(w.n, w.k, w.group_size, groups)?;
+    let perm = act_order(w)?;
+    let source_k = |p: usize| perm.as_ref().map_or(p, |perm| perm[p] as usize);
+    let (n_tiles, k_tiles, n_cta, rows) = (plan.n_tiles(), plan.k_tiles(), plan.n_cta, plan.group_rows);
+    // Groups in sorted order: position p is in group p / group_size (act_order checked it), which is also what
+    // `group_of` says without g_idx, so zero/scale lookups below use the sorted group index directly.
+    let real_group = |p: usize| if groups == 1 { 0 } else { p / w.group_size };
+
+    // Scales and zeros per (tile, group row, column).
+    let mut scales = vec![0u16; n_tiles * rows * n_cta];
+    let has_zeros = !w.is_symmetric();
+    let mut zeros = has_zeros.then(|| vec![(PAD_CODE << 4) | PAD_CODE; n_tiles * rows * n_cta / 2]);
+    for nt in 0..n_tiles {
+        for r in 0..rows.min(groups) {
+            for c in 0..n_cta.min(w.n.saturating_sub(nt * n_cta)) {
+                let n = nt * n_cta + c;
+                let s = w.scales[n * groups + r];
+                let bits = to_bits(act, s);
+                if !from_bits(act, bits).is_finite() {
+                    return Err(Error::invalid(
+                        "scales",
+                        format!("{s} at row {n}, group {r}"),
+                        format!("must be within the range of {act} activations"),
+                    ));
+                }
+                let i = (nt * rows + r) * n_cta + c;
+                scales[i] = bits;
+                if let Some(z) = zeros.as_mut() {
+                    let shift = (c & 1) * 4;
+                    z[i / 2] = (z[i / 2] & !(0xF << shift)) | (w.zero(n, r) << shift);
+                }
+            }
+        }
+    }
+
+    // Codes, unit by unit.
+    let unit_words = plan.unit_words();
+    let mut words = vec![0u32; n_tiles * k_tiles * unit_words];
+    words
+        .par_chunks_exact_mut(unit_words)
+        .enumerate()
+        .for_each(|(u, unit)| {
+            let (nt, kt) = (u / k_tiles, u % k_tiles);
+            for (idx, word) in unit.iter_mut().enumerate() {
+                // idx = ((warp * 4 + kc) * 32 + lane) * 4 + j
+                let (j, lane, kc, warp) = (idx % 4, (idx / 4) % 32, (idx / 128) % 4, idx / 512);
+                let mut v = 0u32;
+                for (i, &nibble) in NIBBLE_OF.iter().enumerate() {
+                    let (dn, dk) = fragment_element(lane, j, i);
+                    let n = nt * n_cta + warp * WARP_N + dn;
+                    let p = kt * K_TILE + kc * 32 + dk;
+                    let code = if n >= w.n {
+                        PAD_CODE
+                    } else if p >= w.k {
+                        // K padding: the code equals its zero, so the weight is exactly 0 whatever the scale.
+                        if real_group(p) < groups {
+                            w.zero(n, real_group(p))
+                        } else {
+                            PAD_CODE
+                        }
+                    } else {
+                        w.codes[n * w.k + source_k(p)]
+                    };
+                    v |= u32::from(code) << (4 * nibble);
+                }
+                *word = v;
+            }
+        });
+
+    Ok(RepackedW4 {
+        plan,
+        act,
+        words,
+        scales,
+        zeros,
+        perm,
+        zeros_given: w.zeros.is_some(),
+        g_idx_given: w.g_idx.is_some(),
+        scale_dtype: w.scale_dtype,
+        group_size: w.group_size,
+    })
+}
+
+impl RepackedW4 {
+    /// The [`QuantMatrix`] this was made from (exact when its scales are representable in the activation dtype).
+    pub fn unpack(&self) -> QuantMatrix {
+        let p = &self.plan;
+        let (n_cta, rows, k_tiles) = (p.n_cta, p.group_rows, p.k_tiles());
+        let mut codes = vec![0u8; p.n * p.k];
+        let unit_words = p.unit_words();
+        for (u, unit) in self.words.chunks_exact(unit_words).enumerate() {
+            let (nt, kt) = (u / k_tiles, u % k_tiles);
+            for (idx, &word) in unit.iter().enumerate() {
+                let (j, lane, kc, warp) = (idx % 4, (idx / 4) % 32, (idx / 128) % 4, idx / 512);
+                for (i, &nibble) in NIBBLE_OF.iter().enumerate() {
+                    let (dn, dk) = fragment_element(lane, j, i);
+                    let n = nt * n_cta + warp * WARP_N + dn;
+                    let pos = kt * K_TILE + kc * 32 + dk;
+                    if n < p.n && pos < p.k {
+                        let k = self.perm.as_ref().map_or(pos, |perm| perm[pos] as usize);
+                        codes[n * p.k + k] = ((word >> (4 * nibble)) & 0xF) as u8;
+                    }
+                }
+            }
+        }
+        let mut scales = vec![0f32; p.n * p.groups];
+        let mut zeros = vec![PAD_CODE; p.n * p.groups];
+        for n in 0..p.n {
+            for g in 0..p.groups {
+                let i = ((n / n_cta) * rows + g) * n_cta + n % n_cta;
+                scales[n * p.groups + g] = from_bits(self.act, self.scales[i]);
+                if let Some(z) = &self.zeros {
+                    zeros[n * p.groups + g] = (z[i / 2] >> ((i & 1) * 4)) & 0xF;
+                }
+            }
+        }
+        let g_idx = self.g_idx_given.then(|| {
+            let mut g_idx: Vec<u32> = (0..p.k).map(|k| (k / self.group_size) as u32).collect();
+            if let Some(perm) = &self.perm {
+                for (pos, &k) in perm.iter().enumerate() {
+                    g_idx[k as usize] = (pos / self.group_size) as u32;
+                }
+            }
+            g_idx
+        });
+        QuantMatrix {
+            n: p.n,
+            k: p.k,
+            bits: 4,
+            group_size: self.group_size,
+            codes,
+            zeros: self.zeros_given.then_some(zeros),
+            scales,
+            scale_dtype: self.scale_dtype,
+            g_idx,
+        }
+    }
+
+    /// Bytes the kernel reads from the weight per call (codes, scales, zeros).
+    pub fn weight_bytes(&self) -> usize {
+        self.words.len() * 4 + self.scales.len() * 2 + self.zeros.as_ref().map_or(0, Vec::len)
+    }
+}
+
+// ------------------------------------------------------------------------------------------------------------------
+// Kernel variants
+// ------------------------------------------------------------------------------------------------------------------
+
+/// One compiled specialisation of the kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Variant {
+    /// Activation dtype.
+    pub act: DType,
+    /// Token tiles of 8 (1, 2, 4 or 8): batches up to `8 * mt` rows.
+    pub mt: usize,
+    /// Whether zero points are read (otherwise every zero is 8).
+    pub zeros: bool,
+    /// Warps per CTA.
+    pub warps: usize,
+    /// Pipeline stages.
+    pub stages: usize,
+}
+
+impl Variant {
+    /// Dynamic shared memory of one CTA (`Linear::SMEM_BYTES`).
+    pub fn smem_bytes(&self) -> usize {
+        let n_cta = self.warps * WARP_N;
+        let stage = n_cta * K_TILE / 2
+            + self.mt * 8 * X_PITCH * 2
+            + MAX_GROUP_ROWS * n_cta * 2
+            + if self.zeros { MAX_GROUP_ROWS * n_cta / 2 } else { 0 };
+        self.stages * stage
+    }
+
+    /// fp32 elements of one split-tile partial (`Linear::SLOT_FLOATS`).
+    fn slot_floats(&self) -> usize {
+        self.warps * WARP_N * self.mt * 8
+    }
+
+    /// Default pipeline depth for `mt` token tiles: as many stages as fit beside the larger x tiles.
+    pub fn default_stages(mt: usize) -> usize {
+        match mt {
+            1 | 2 => 8,
+            4 => 6,
+            _ => 5,
+        }
+    }
+
+    fn name(&self) -> String {
+        format!(
+            "linear_w4a16_{}_m{}_z{}_w{}_s{}",
+            self.act.name(),
+            self.mt,
+            u8::from(self.zeros),
+            self.warps,
+            self.stages
+        )
+    }
+
+    /// The kernel source of this variant, made once per process (the module cache keys on its `&'static` name).
+    fn source(&self) -> &'static KernelSource {
+        static SOURCES: OnceLock<Mutex<HashMap<Variant, &'static KernelSource>>> = OnceLock::new();
+        let mut map = SOURCES
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        map.entry(*self).or_insert_with(|| {
+            let defines = format!(
+                "#define LB_DTYPE {}\n#define LB_MT {}\n#define LB_ZEROS {}\n#define LB_WARPS {}\n#define LB_STAGES {}\n",
+                if self.act == DType::Bf16 { "BF16" } else { "F16" },
+                self.mt,
+                u8::from(self.zeros),
+                self.warps,
+                self.stages
+            );
+            // Leaked once per variant (a handful per process): KernelSource holds &'static strs.
+            Box::leak(Box::new(KernelSource {
+                name: Box::leak(self.name().into_boxed_str()),
+                source: Box::leak((defines + SOURCE).into_boxed_str()),
+            }))
+        })
+    }
+}
+
+/// Token tiles for a batch of `m` rows.
+fn token_tiles(m: usize) -> usize {
+    match m {
+        0..=8 => 1,
+        9..=16 => 2,
+        17..=32 => 4,
+        _ => 8,
+    }
+}
+
+/// Pointers of `Linear::Args` in the kernel, in field order.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct KernelArgs {
+    qweight: u64,
+    scales: u64,
+    zeros: u64,
+    x: u64,
+    bias: u64,
+    y: u64,
+    partials: u64,
+    counters: u64,
+}
+
+/// `lowbit::w4a16::Shape` in the kernel, in field order (8 ints, then 2 int64).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct KernelShape {
+    m: i32,
+    n: i32,
+    k: i32,
+    kt: i32,
+    nt: i32,
+    group: i32,
+    gp: i32,
+    ctas: i32,
+    x_stride: i64,
+    y_stride: i64,
+}
+
+// SAFETY: plain-old-data `#[repr(C)]` structs laid out like their CUDA counterparts (u64 pointers, i32, i64).
+unsafe impl DeviceRepr for KernelArgs {}
+unsafe impl DeviceRepr for KernelShape {}
+
+// ------------------------------------------------------------------------------------------------------------------
+// The operator
+// ------------------------------------------------------------------------------------------------------------------
+
+/// A W4A16 linear layer prepared on one GPU: the repacked weight in device memory and its loaded kernels.
+///
+/// `run` calls on one operator must be ordered (one stream at a time, as with a cuBLAS workspace): the split-tile
+/// counters live in the operator.
+pub struct LinearW4A16Cuda {
+    plan: Plan,
+    act: DType,
+    max_m: usize,
+    ctas: usize,
+    qweight: CudaSlice<u32>,
+    scales: CudaSlice<u16>,
+    zeros: Option<CudaSlice<u8>>,
+    perm: Option<CudaSlice<u32>>,
+    counters: CudaSlice<u32>,
+    /// Loaded kernels by token tiles.
+    kernels: Vec<(Variant, CudaFunction)>,
+    /// The x gather/realign kernel (same module as the first variant).
+    stage_x: CudaFunction,
+    weight_bytes: usize,
+}
+
+impl std::fmt::Debug for LinearW4A16Cuda {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LinearW4A16Cuda")
+            .field("plan", &self.plan)
+            .field("act", &self.act)
+            .field("max_m", &self.max_m)
+            .field("ctas", &self.ctas)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LinearW4A16Cuda {
+    /// Validates and repacks `w`, uploads it, and loads the kernels for batches of up to `max_m` (1..=64) rows of
+    /// `act` (f16 or bf16) activations.
+    pub fn new(device: &CudaDevice, w: &QuantMatrix, act: DType, max_m: usize) -> Result<Self> {
+        Self::with_stages(device, w, act, max_m, None)
+    }
+
+    /// As [`LinearW4A16Cuda::new`] with the pipeline depth forced (benchmarking).
+    #[doc(hidden)]
+    pub fn with_stages(
+        device: &CudaDevice,
+        w: &QuantMatrix,
+        act: DType,
+        max_m: usize,
+        stages: Option<usize>,
+    ) -> Result<Self> {
+        if !(1..=MAX_M).contains(&max_m) {
+            return Err(Error::invalid("max_m", max_m, format!("must be in 1..={MAX_M}")));
+        }
+        let packed = repack(w, act)?;
+        let plan = packed.plan.clone();
+        let units = plan.n_tiles() * plan.k_tiles();
+        if units > i32::MAX as usize || plan.k_pad > i32::MAX as usize || plan.n_pad > i32::MAX as usize {
+            return Err(Error::invalid(
+                "weight",
+                format!("[{}, {}]", w.n, w.k),
+                "too large for one launch",
+            ));
+        }
+        let ctas = (device.info().sm_count as usize).clamp(1, units);
+        let zeros = packed.zeros.is_some();
+        let mut kernels = Vec::new();
+        for mt in [1, 2, 4, 8].into_iter().filter(|&mt| mt == 1 || 8 * mt / 2 < max_m) {
+            let variant = Variant {
+                act,
+                mt,
+                zeros,
+                warps: plan.warps,
+                stages: stages.unwrap_or(Variant::default_stages(mt)),
+            };
+            let function = device.function(variant.source(), "w4a16_linear")?;
+            function
+                .set_attribute(
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    variant.smem_bytes() as i32,
+                )
+                .map_err(|e| crate::cuda::cuda_error(format!("shared memory of {}", variant.name()), e))?;
+            kernels.push((variant, function));
+        }
+        let stage_x = device.function(kernels[0].0.source(), "w4a16_stage_x")?;
+        let upload_err = |e| crate::cuda::cuda_error("upload of the repacked weight", e);
+        let stream = device.stream();
+        let weight_bytes = packed.weight_bytes();
+        Ok(Self {
+            ctas,
+            qweight: stream.clone_htod(&packed.words).map_err(upload_err)?,
+            scales: stream.clone_htod(&packed.scales).map_err(upload_err)?,
+            zeros: packed
+                .zeros
+                .as_ref()
+                .map(|z| stream.clone_htod(z))
+                .transpose()
+                .map_err(upload_err)?,
+            perm: packed
+                .perm
+                .as_ref()
+                .map(|p| stream.clone_htod(p))
+                .transpose()
+                .map_err(upload_err)?,
+            counters: stream.alloc_zeros(plan.n_tiles()).map_err(upload_err)?,
+            kernels,
+            stage_x,
+            weight_bytes,
+            plan,
+            act,
+            max_m,
+        })
+    }
+
+    /// The shape decisions.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// The activation dtype.
+    pub fn act(&self) -> DType {
+        self.act
+    }
+
+    /// Bytes of weight (codes, scales, zeros) read per call.
+    pub fn weight_bytes(&self) -> usize {
+        self.weight_bytes
+    }
+
+    /// CTAs per launch (one per SM, fewer for tiny weights).
+    pub fn ctas(&self) -> usize {
+        self.ctas
+    }
+
+    /// Bytes of x staged in the workspace (act-order gather / realignment), 256-byte rounded.
+    fn staged_x_bytes(&self) -> usize {
+        (self.max_m * self.plan.k_pad * 2).next_multiple_of(256)
+    }
+
+    /// Device scratch `run` needs for batches of up to `max_m` rows: split-tile partial sums and room to stage x.
+    pub fn workspace_bytes(&self) -> usize {
+        let widest = self.kernels.last().map_or(0, |(v, _)| v.slot_floats());
+        self.staged_x_bytes() + 2 * self.ctas * widest * 4
+    }
+
+    /// `y[m, N] = x[m, K] · W^T (+ bias)` with contiguous rows; see [`LinearW4A16Cuda::run_strided`].
+    pub fn run<T: Float + DeviceRepr>(
+        &self,
+        stream: &CudaStream,
+        x: &dyn DevicePtr<T>,
+        m: usize,
+        bias: Option<&dyn DevicePtr<T>>,
+        y: &mut dyn DevicePtrMut<T>,
+        workspace: &mut dyn DevicePtrMut<u8>,
+    ) -> Result<()> {
+        self.run_strided(stream, x, self.plan.k, m, bias, y, self.plan.n, workspace)
+    }
+
+    /// `y[m, N] = x[m, K] · W^T (+ bias)` on `stream`: row `i` of x starts at element `i * x_stride`, row `i` of y
+    /// at `i * y_stride`. Checks dtypes and buffer sizes on the host, then launches without allocating or
+    /// synchronising (graph-capturable). `T` must be the activation dtype given to `new`; `m <= max_m`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn run_strided<T: Float + DeviceRepr>(
+        &self,
+        stream: &CudaStream,
+        x: &dyn DevicePtr<T>,
+        x_stride: usize,
+        m: usize,
+        bias: Option<&dyn DevicePtr<T>>,
+        y: &mut dyn DevicePtrMut<T>,
+        y_stride: usize,
+        workspace: &mut dyn DevicePtrMut<u8>,
+    ) -> Result<()> {
+        let p = &self.plan;
+        if T::DTYPE != self.act {
+            return Err(Error::invalid(
+                "x",
+                T::DTYPE,
+                format!("dtype must be {} (the operator's)", self.act),
+            ));
+        }
+        if m > self.max_m {
+            return Err(Error::invalid(
+                "x",
+                format!("{m} rows"),
+                format!("at most max_m = {}", self.max_m),
+            ));
+        }
+        if m == 0 {
+            return Ok(());
+        }
+        if x_stride < p.k || y_stride < p.n {
+            return Err(Error::invalid(
+                "x/y row stride",
+                format!("{x_stride}/{y_stride}"),
+                format!("must be at least K = {} / N = {}", p.k, p.n),
+            ));
+        }
+        let rows_len = |stride: usize, width: usize| (m - 1) * stride + width;
+        let x_ptr = buffer(x.device_ptr(stream).0, x.len(), rows_len(x_stride, p.k), "x", 2)?;
+        let y_len = y.len();
+        let y_ptr = buffer(y.device_ptr_mut(stream).0, y_len, rows_len(y_stride, p.n), "y", 2)?;
+        let bias_ptr = match bias {
+            Some(b) => buffer(b.device_ptr(stream).0, b.len(), p.n, "bias", 2)?,
+            None => 0,
+        };
+        let ws_len = workspace.len();
+        let ws = buffer(
+            workspace.device_ptr_mut(stream).0,
+            ws_len,
+            self.workspace_bytes(),
+            "workspace",
+            256,
+        )?;
+
+        let mt = token_tiles(m);
+        let (variant, function) = self
+            .kernels
+            .iter()
+            .find(|(v, _)| v.mt == mt)
+            .ok_or_else(|| Error::invalid("x", format!("{m} rows"), "exceeds the operator's max_m"))?;
+
+        // x goes through the workspace when the kernel cannot read it in place: act-order gather, or rows that are
+        // not 16-byte aligned (the kernel's 16-byte cp.async).
+        let direct = self.perm.is_none() && x_ptr % 16 == 0 && x_stride % 8 == 0 && p.k % 8 == 0;
+        let (x_ptr, x_stride) = if direct {
+            (x_ptr, x_stride)
+        } else {
+            let staged = ws;
+            let total = (m * p.k_pad) as u64;
+            let blocks = total.div_ceil(256).min(4096) as u32;
+            let perm_ptr = self.perm.as_ref().map_or(0, |q| q.device_ptr(stream).0);
+            let mut b = stream.launch_builder(&self.stage_x);
+            let (xs, mi, ki, kp) = (x_stride as i64, m as i32, p.k as i32, p.k_pad as i32);
+            b.arg(&x_ptr)
+                .arg(&xs)
+                .arg(&perm_ptr)
+                .arg(&staged)
+                .arg(&mi)
+                .arg(&ki)
+                .arg(&kp);
+            let cfg = LaunchConfig {
+                grid_dim: (blocks, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: reads m rows of x (checked above) and perm[k] for k < K (perm has K entries); writes
+            // m * k_pad elements at the start of the workspace, which holds staged_x_bytes >= max_m * k_pad * 2.
+            unsafe { b.launch(cfg) }.map_err(launch_error("w4a16_stage_x"))?;
+            (staged, p.k_pad)
+        };
+
+        let args = KernelArgs {
+            qweight: self.qweight.device_ptr(stream).0,
+            scales: self.scales.device_ptr(stream).0,
+            zeros: self.zeros.as_ref().map_or(0, |z| z.device_ptr(stream).0),
+            x: x_ptr,
+            bias: bias_ptr,
+            y: y_ptr,
+            partials: ws + self.staged_x_bytes() as u64,
+            counters: self.counters.device_ptr(stream).0,
+        };
+        let shape = KernelShape {
+            m: m as i32,
+            n: p.n as i32,
+            k: p.k as i32,
+            kt: p.k_tiles() as i32,
+            nt: p.n_tiles() as i32,
+            group: p.group as i32,
+            gp: p.group_rows as i32,
+            ctas: self.ctas as i32,
+            x_stride: x_stride as i64,
+            y_stride: y_stride as i64,
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (self.ctas as u32, 1, 1),
+            block_dim: ((variant.warps * 32) as u32, 1, 1),
+            shared_mem_bytes: variant.smem_bytes() as u32,
+        };
+        let mut b = stream.launch_builder(function);
+        b.arg(&args).arg(&shape);
+        // SAFETY: every pointer was checked above to cover what the kernel touches for this shape and m: x rows
+        // (K valid columns; the kernel zero-fills past K without reading), y rows (N columns), bias (N), the
+        // workspace (partials of 2 * ctas slots), and the operator's own weight buffers and counters.
+        unsafe { b.launch(cfg) }.map_err(launch_error("w4a16_linear"))?;
+        Ok(())
+    }
+}
+
+/// Checks a device buffer: at least `need` elements and `align`-byte aligned; returns its address.
+fn buffer(ptr: u64, have: usize, need: usize, name: &str, align: u64) -> Result<u64> {
+    if have < need {
+        return Err(Error::invalid(
+            name,
+            format!("{have} elements"),
+            format!("needs at least {need}"),
+        ));
+    }
+    if ptr % align != 0 {
+        return Err(Error::invalid(
+            name,
+            format!("address {ptr:#x}"),
+            format!("must be {align}-byte aligned"),
+        ));
+    }
+    Ok(ptr)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// splitmix64: a tiny deterministic PRNG for test data.
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        }
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+    }
+
+    fn random_weight(rng: &mut Rng, n: usize, k: usize, g: usize, zeros: bool, act_order: bool) -> QuantMatrix {
+        let groups = k / g;
+        let codes = (0..n * k).map(|_| rng.below(16) as u8).collect();
+        // f16-exact scales (and bf16-exact: 8 significant bits).
+        let scales = (0..n * groups).map(|_| (1 + rng.below(255)) as f32 / 4096.0).collect();
+        let zeros = zeros.then(|| (0..n * groups).map(|_| rng.below(16) as u8).collect());
+        let g_idx = act_order.then(|| {
+            let mut g_idx: Vec<u32> = (0..k).map(|i| (i / g) as u32).collect();
+            for i in (1..k).rev() {
+                g_idx.swap(i, rng.below(i as u64 + 1) as usize);
+            }
+            g_idx
+        });
+        QuantMatrix {
+            n,
+            k,
+            bits: 4,
+            group_size: g,
+            codes,
+            zeros,
+            scales,
+            scale_dtype: DType::F16,
+            g_idx,
+        }
+    }
+
+    #[test]
+    fn repack_is_a_bijection() {
+        let mut rng = Rng(7);
+        for &(n, k, g) in &[
+            (64, 128, 32),
+            (192, 192, 64),
+            (576, 384, 128),
+            (256, 4160, 64),
+            (128, 100, 100),
+        ] {
+            for zeros in [false, true] {
+                for act_order in [false, true] {
+                    if act_order && g == k {
+                        continue;
+                    }
+                    for act in [DType::F16, DType::Bf16] {
+                        let w = random_weight(&mut rng, n, k, g, zeros, act_order);
+                        let packed = repack(&w, act).unwrap();
+                        assert_eq!(
+                            packed.unpack(),
+                            w,
+                            "n={n} k={k} g={g} zeros={zeros} act_order={act_order}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn padding_dequantizes_to_zero() {
+        // N = 100 pads to 128 columns and K = 100 to 128: every padded code equals its zero or has scale 0.
+        let mut rng = Rng(3);
+        let w = random_weight(&mut rng, 100, 96, 32, true, false);
+        let packed = repack(&w, DType::F16).unwrap();
+        let p = &packed.plan;
+        assert_eq!((p.n_pad, p.k_pad, p.group_rows), (128, 128, 4));
+        // Group row 3 covers k 96..128: all padding, scale 0.
+        for c in 0..p.n_cta {
+            assert_eq!(packed.scales[3 * p.n_cta + c], 0);
+        }
+        // Columns 100.. of every row have scale 0.
+        for r in 0..p.group_rows {
+            for c in 100..p.n_cta {
+                assert_eq!(packed.scales[r * p.n_cta + c], 0);
+            }
+        }
+    }
+
+    #[test]
+    fn word_holds_one_mma_fragment() {
+        // Lane 5 (g = 1, t = 1), word 0: rows {1, 9}, k {2, 3, 10, 11} in nibbles [a0 a2 a4 a6 a1 a3 a5 a7].
+        assert_eq!(fragment_element(5, 0, 0), (1, 2));
+        assert_eq!(fragment_element(5, 0, 1), (1, 3));
+        assert_eq!(fragment_element(5, 0, 2), (9, 2));
+        assert_eq!(fragment_element(5, 0, 7), (9, 11));
+        // Word 3: second 16-row tile, second k16 step.
+        assert_eq!(fragment_element(5, 3, 0), (17, 18));
+    }
+
+    #[test]
+    fn plan_picks_tiles() {
+        let p = Plan::new(28672, 8192, 128, 64).unwrap();
+        assert_eq!(
+            (p.n_cta, p.n_tiles(), p.k_tiles(), p.group, p.group_rows),
+            (256, 112, 64, 128, 64)
+        );
+        assert_eq!(Plan::new(192, 128, 32, 4).unwrap().n_cta, 64);
+        assert_eq!(Plan::new(576, 128, 32, 4).unwrap().n_cta, 64);
+        assert_eq!(Plan::new(4224, 128, 32, 4).unwrap().n_cta, 128);
+        // Per channel: one group spanning the padded K.
+        let p = Plan::new(64, 4160, 4160, 1).unwrap();
+        assert_eq!((p.k_pad, p.group, p.group_rows), (4224, 4224, 1));
+        assert!(matches!(Plan::new(64, 128, 8, 16), Err(Error::Unsupported(_))));
+    }
+
+    #[test]
+    fn uneven_act_order_is_rejected() {
+        let mut rng = Rng(11);
+        let mut w = random_weight(&mut rng, 64, 128, 32, true, true);
+        let g = w.g_idx.as_mut().unwrap();
+        let i = g.iter().position(|&x| x == 0).unwrap();
+        g[i] = 1; // group 0 now has 31 members, group 1 has 33
+        assert!(matches!(repack(&w, DType::F16), Err(Error::Unsupported(_))));
+    }
+}

@@ -1,0 +1,479 @@
+//! The CUDA W4A16 linear layer against the f64 reference on the same quantized weights.
+//!
+//! Every case draws a fresh random weight and activations (never zeros) and checks:
+//! - accuracy against `ops::linear::reference::linear`: the kernel rounds each dequantized weight once to the
+//!   activation type (2^-12 / 2^-9 relative for f16 / bf16), accumulates in fp32 and rounds the output once, so
+//!   mean |Δ| / mean |ref| must stay under 1e-3 (f16) and 8e-3 (bf16), and no output may be NaN/Inf;
+//! - batch invariance: rows of an M-row call equal the same rows of the 64-row call bit for bit (row 0 equals
+//!   M = 1), because the split of K never depends on M;
+//! - determinism: a repeated call gives identical bytes;
+//! - guard words around y and the workspace stay untouched, and every output element is written (y is poisoned
+//!   with NaN first).
+//!
+//! An exact-integer mode (small integer activations, power-of-two scales) requires bit equality with the
+//! reference rounded to the activation type. Without a GPU every test prints `skipped: <reason>` and passes.
+
+use half::{bf16, f16};
+use lowbit::cuda::{CudaDevice, CudaSlice, DevicePtr, DeviceRepr};
+use lowbit::ops::linear::cuda::{repack, LinearW4A16Cuda};
+use lowbit::ops::linear::reference;
+use lowbit::{DType, Error, Float, QuantMatrix};
+use std::sync::{Arc, OnceLock};
+
+/// One device for the whole test binary (kernels compile once).
+fn device() -> Option<Arc<CudaDevice>> {
+    static DEV: OnceLock<Result<Arc<CudaDevice>, String>> = OnceLock::new();
+    match DEV.get_or_init(|| CudaDevice::new(0).map_err(|e| e.to_string())) {
+        Ok(d) => Some(d.clone()),
+        Err(why) => {
+            println!("skipped: {why}");
+            None
+        }
+    }
+}
+
+/// SplitMix64.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
+        lo + (hi - lo) * ((self.next() >> 40) as f32 / (1u64 << 24) as f32)
+    }
+}
+
+/// How a case's numbers are drawn.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Data {
+    /// Activations uniform in ±`scale`, scales 2^-9..2^-5.
+    Random { x_scale: f32 },
+    /// Activations in -2..=2, scales 2^-5..2^-3: every sum is exact in fp32.
+    ExactInteger,
+}
+
+struct Case {
+    n: usize,
+    k: usize,
+    group: usize,
+    act: DType,
+    zeros: bool,
+    act_order: bool,
+    bias: bool,
+    data: Data,
+}
+
+fn quant(rng: &mut Rng, c: &Case) -> QuantMatrix {
+    let groups = c.k / c.group;
+    let codes = (0..c.n * c.k).map(|_| rng.below(16) as u8).collect();
+    let scales = (0..c.n * groups)
+        .map(|_| match c.data {
+            Data::Random { .. } => lowbit::dtype::round_to(c.act, 2f32.powf(rng.uniform(-9.0, -5.0))),
+            Data::ExactInteger => 2f32.powi(-3 - rng.below(3) as i32),
+        })
+        .collect();
+    let zeros = c
+        .zeros
+        .then(|| (0..c.n * groups).map(|_| rng.below(16) as u8).collect());
+    let g_idx = c.act_order.then(|| {
+        let mut g: Vec<u32> = (0..c.k).map(|i| (i / c.group) as u32).collect();
+        for i in (1..c.k).rev() {
+            g.swap(i, rng.below(i as u64 + 1) as usize);
+        }
+        g
+    });
+    QuantMatrix {
+        n: c.n,
+        k: c.k,
+        bits: 4,
+        group_size: c.group,
+        codes,
+        zeros,
+        scales,
+        scale_dtype: c.act,
+        g_idx,
+    }
+}
+
+/// Values of `len` activations (already representable in `act`).
+fn activations(rng: &mut Rng, len: usize, act: DType, data: Data) -> Vec<f32> {
+    (0..len)
+        .map(|_| match data {
+            Data::Random { x_scale } => lowbit::dtype::round_to(act, rng.uniform(-x_scale, x_scale)),
+            Data::ExactInteger => rng.below(5) as f32 - 2.0,
+        })
+        .collect()
+}
+
+const GUARD: usize = 64;
+
+/// A device buffer of `len` elements between two guard regions of known bits; `fill` is the inside's value.
+struct Guarded<T: DeviceRepr> {
+    buf: CudaSlice<T>,
+    len: usize,
+}
+
+impl<T: Float + DeviceRepr> Guarded<T> {
+    fn new(dev: &CudaDevice, len: usize, fill: T, guard: T) -> Self {
+        let mut host = vec![guard; len + 2 * GUARD];
+        host[GUARD..GUARD + len].fill(fill);
+        Guarded {
+            buf: dev.upload(&host).unwrap(),
+            len,
+        }
+    }
+    /// The inside, after checking the guards.
+    fn read(&self, dev: &CudaDevice, guard: T) -> Vec<T> {
+        let host = dev.download(&self.buf).unwrap();
+        assert!(
+            host[..GUARD].iter().all(|&g| g == guard),
+            "guard before the buffer was overwritten"
+        );
+        assert!(
+            host[GUARD + self.len..].iter().all(|&g| g == guard),
+            "guard after the buffer was overwritten"
+        );
+        host[GUARD..GUARD + self.len].to_vec()
+    }
+}
+
+/// Runs the operator on the first `m` rows and returns y as f32 (after the guard checks).
+fn run<T: Float + DeviceRepr>(
+    dev: &CudaDevice,
+    op: &LinearW4A16Cuda,
+    x: &[f32],
+    m: usize,
+    bias: Option<&[f32]>,
+) -> Vec<f32> {
+    let (n, k) = (op.plan().n, op.plan().k);
+    let xs: Vec<T> = x[..m * k].iter().map(|&v| T::from_f32(v)).collect();
+    let x_dev = dev.upload(&xs).unwrap();
+    let b_dev = bias.map(|b| {
+        dev.upload(&b.iter().map(|&v| T::from_f32(v)).collect::<Vec<T>>())
+            .unwrap()
+    });
+    let poison = T::from_f32(f32::NAN);
+    let guard = T::from_f32(-12345.0);
+    let mut y = Guarded::new(dev, m * n, poison, guard);
+    let ws_guard = 0xA5u8;
+    let mut ws = Guarded::<u8>::new_bytes(dev, op.workspace_bytes(), ws_guard);
+    {
+        let mut y_view = y.buf.slice_mut(GUARD..GUARD + m * n);
+        let mut ws_view = ws.buf.slice_mut(GUARD * 4..GUARD * 4 + ws.len);
+        op.run(
+            dev.stream(),
+            &x_dev,
+            m,
+            b_dev.as_ref().map(|b| b as &dyn DevicePtr<T>),
+            &mut y_view,
+            &mut ws_view,
+        )
+        .unwrap();
+    }
+    dev.synchronize().unwrap();
+    ws.check(dev, ws_guard);
+    y.read(dev, guard).iter().map(|v| v.to_f32()).collect()
+}
+
+impl Guarded<u8> {
+    /// A byte workspace: 256-byte aligned inside (GUARD * 4 bytes of guard each side), guards `guard`.
+    fn new_bytes(dev: &CudaDevice, len: usize, guard: u8) -> Self {
+        let host = vec![guard; len + 8 * GUARD];
+        Guarded {
+            buf: dev.upload(&host).unwrap(),
+            len,
+        }
+    }
+    fn check(&self, dev: &CudaDevice, guard: u8) {
+        let host = dev.download(&self.buf).unwrap();
+        assert!(
+            host[..4 * GUARD].iter().all(|&g| g == guard),
+            "guard before the workspace was overwritten"
+        );
+        assert!(
+            host[4 * GUARD + self.len..].iter().all(|&g| g == guard),
+            "guard after the workspace was overwritten"
+        );
+    }
+}
+
+fn rounded(act: DType, v: f64) -> f32 {
+    lowbit::dtype::round_to(act, v as f32)
+}
+
+/// mean |Δ| / mean |ref| and the worst element, failing on NaN/Inf.
+fn error(got: &[f32], want: &[f64], label: &str) -> (f64, f64, usize) {
+    let (mut diff, mut refs, mut max_abs, mut worst) = (0f64, 0f64, 0f64, 0);
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        assert!(g.is_finite(), "{label}: non-finite output {g} at {i} (reference {w})");
+        let d = (f64::from(g) - w).abs();
+        diff += d;
+        refs += w.abs();
+        if d > max_abs {
+            max_abs = d;
+            worst = i;
+        }
+    }
+    (diff / refs.max(f64::MIN_POSITIVE), max_abs, worst)
+}
+
+/// All batch sizes of one weight: accuracy per M, batch invariance against the 64-row call, determinism.
+fn check_case<T: Float + DeviceRepr>(dev: &CudaDevice, rng: &mut Rng, c: &Case) {
+    const MS: [usize; 12] = [1, 2, 3, 7, 8, 13, 16, 17, 31, 32, 33, 64];
+    let w = quant(rng, c);
+    let x = activations(rng, 64 * c.k, c.act, c.data);
+    let bias = c
+        .bias
+        .then(|| activations(rng, c.n, c.act, Data::Random { x_scale: 1.0 }));
+    let want = reference::linear(&x, 64, &w, bias.as_deref());
+    let op = LinearW4A16Cuda::new(dev, &w, c.act, 64).unwrap();
+    let label = format!(
+        "N={} K={} G={} {} zeros={} act_order={} bias={} {:?} (n_cta {})",
+        c.n,
+        c.k,
+        c.group,
+        c.act,
+        c.zeros,
+        c.act_order,
+        c.bias,
+        c.data,
+        op.plan().n_cta
+    );
+    let full = run::<T>(dev, &op, &x, 64, bias.as_deref());
+    let again = run::<T>(dev, &op, &x, 64, bias.as_deref());
+    assert!(
+        full.iter().zip(&again).all(|(a, b)| a.to_bits() == b.to_bits()),
+        "{label}: repeated run differs"
+    );
+    let tolerance = if c.act == DType::F16 { 1e-3 } else { 8e-3 };
+    for m in MS {
+        let got = if m == 64 {
+            full.clone()
+        } else {
+            run::<T>(dev, &op, &x, m, bias.as_deref())
+        };
+        let rows = m * c.n;
+        let first_diff = got
+            .iter()
+            .zip(&full[..rows])
+            .position(|(a, b)| a.to_bits() != b.to_bits());
+        assert!(
+            first_diff.is_none(),
+            "{label}: M={m} differs from the 64-row call at {first_diff:?}"
+        );
+        match c.data {
+            Data::ExactInteger => {
+                for (i, (&g, &r)) in got.iter().zip(&want[..rows]).enumerate() {
+                    assert_eq!(
+                        g.to_bits(),
+                        rounded(c.act, r).to_bits(),
+                        "{label}: M={m} element {i}: {g} vs {r}"
+                    );
+                }
+            }
+            Data::Random { .. } => {
+                let (rel, max_abs, worst) = error(&got, &want[..rows], &label);
+                assert!(
+                    rel <= tolerance,
+                    "{label}: M={m} mean rel error {rel:.2e} > {tolerance:.0e} (max |Δ| {max_abs:.3e} at {worst})"
+                );
+            }
+        }
+    }
+    println!("ok {label}");
+}
+
+fn check<T: Float + DeviceRepr>(dev: &CudaDevice, rng: &mut Rng, c: &Case) {
+    check_case::<T>(dev, rng, c)
+}
+
+fn dispatch(dev: &CudaDevice, rng: &mut Rng, c: &Case) {
+    match c.act {
+        DType::Bf16 => check::<bf16>(dev, rng, c),
+        _ => check::<f16>(dev, rng, c),
+    }
+}
+
+#[test]
+fn matches_reference_across_shapes_and_batches() {
+    let Some(dev) = device() else { return };
+    let mut rng = Rng(0x11ea_4a16);
+    let mut index = 0usize;
+    for n in [64, 192, 576, 4096] {
+        for k in [128, 192, 384, 4160, 4096] {
+            for (i, group) in [32, 64, 128, k].into_iter().enumerate() {
+                if k % group != 0 || (i == 3 && k == 128) {
+                    continue; // not a divisor, or per-channel already covered by G = 128
+                }
+                // Rotate the remaining axes through the cases so each value meets many shapes.
+                index += 1;
+                let case = Case {
+                    n,
+                    k,
+                    group,
+                    act: if index % 2 == 0 { DType::F16 } else { DType::Bf16 },
+                    zeros: index % 3 != 0,
+                    act_order: group < k && index % 4 == 1,
+                    bias: index % 5 < 3,
+                    data: Data::Random {
+                        x_scale: if index % 3 == 2 { 100.0 } else { 1.0 },
+                    },
+                };
+                dispatch(&dev, &mut rng, &case);
+            }
+        }
+    }
+}
+
+#[test]
+fn exact_integer_mode_is_bit_exact() {
+    let Some(dev) = device() else { return };
+    let mut rng = Rng(0xe4ac7);
+    for (n, k, group, act, zeros, act_order) in [
+        (192, 4160, 64, DType::F16, true, false),
+        (4096, 384, 128, DType::Bf16, true, true),
+        (576, 192, 192, DType::F16, false, false),
+        (64, 4096, 32, DType::Bf16, false, true),
+    ] {
+        let case = Case {
+            n,
+            k,
+            group,
+            act,
+            zeros,
+            act_order,
+            bias: false,
+            data: Data::ExactInteger,
+        };
+        dispatch(&dev, &mut rng, &case);
+    }
+}
+
+#[test]
+fn strided_and_unaligned_activation_rows() {
+    let Some(dev) = device() else { return };
+    let mut rng = Rng(5);
+    let c = Case {
+        n: 576,
+        k: 384,
+        group: 64,
+        act: DType::F16,
+        zeros: true,
+        act_order: false,
+        bias: true,
+        data: Data::Random { x_scale: 1.0 },
+    };
+    let w = quant(&mut rng, &c);
+    let op = LinearW4A16Cuda::new(&dev, &w, DType::F16, 16).unwrap();
+    let m = 13;
+    let x = activations(&mut rng, m * c.k, c.act, c.data);
+    let bias = activations(&mut rng, c.n, c.act, c.data);
+    let want = reference::linear(&x, m, &w, Some(&bias));
+    let b_dev = dev
+        .upload(&bias.iter().map(|&v| f16::from_f32(v)).collect::<Vec<_>>())
+        .unwrap();
+    // x_stride K + 8 (aligned, read in place) and K + 3 (unaligned rows, staged); y_stride N + 5.
+    for x_stride in [c.k + 8, c.k + 3] {
+        let mut xs = vec![f16::from_f32(7.0); m * x_stride];
+        for r in 0..m {
+            for i in 0..c.k {
+                xs[r * x_stride + i] = f16::from_f32(x[r * c.k + i]);
+            }
+        }
+        let x_dev = dev.upload(&xs).unwrap();
+        let y_stride = c.n + 5;
+        let mut y = dev.upload(&vec![f16::from_f32(f32::NAN); m * y_stride]).unwrap();
+        let mut ws = dev.alloc_zeros::<u8>(op.workspace_bytes()).unwrap();
+        op.run_strided(
+            dev.stream(),
+            &x_dev,
+            x_stride,
+            m,
+            Some(&b_dev),
+            &mut y,
+            y_stride,
+            &mut ws,
+        )
+        .unwrap();
+        let host = dev.download(&y).unwrap();
+        let got: Vec<f32> = (0..m)
+            .flat_map(|r| host[r * y_stride..r * y_stride + c.n].iter().map(|v| v.to_f32()))
+            .collect();
+        let (rel, _, _) = error(&got, &want, "strided");
+        assert!(rel <= 1e-3, "x_stride {x_stride}: mean rel error {rel:.2e}");
+        // The gaps between y rows are untouched.
+        for r in 0..m - 1 {
+            assert!(host[r * y_stride + c.n..(r + 1) * y_stride].iter().all(|v| v.is_nan()));
+        }
+    }
+}
+
+#[test]
+fn bad_inputs_give_typed_errors() {
+    // Host-side rules (no GPU needed).
+    let mut rng = Rng(9);
+    let c = Case {
+        n: 64,
+        k: 128,
+        group: 32,
+        act: DType::F16,
+        zeros: true,
+        act_order: false,
+        bias: false,
+        data: Data::Random { x_scale: 1.0 },
+    };
+    let mut w = quant(&mut rng, &c);
+    assert!(matches!(repack(&w, DType::F32), Err(Error::Invalid { .. })));
+    w.group_size = 8;
+    w.scales = vec![0.01; 64 * 16];
+    w.zeros = Some(vec![8; 64 * 16]);
+    assert!(matches!(repack(&w, DType::F16), Err(Error::Unsupported(_))));
+    let mut big = quant(&mut rng, &c);
+    big.scales[0] = 1e6; // overflows f16
+    assert!(matches!(repack(&big, DType::F16), Err(Error::Invalid { .. })));
+
+    let Some(dev) = device() else { return };
+    let w = quant(&mut rng, &c);
+    let op = LinearW4A16Cuda::new(&dev, &w, DType::F16, 8).unwrap();
+    let x = dev.alloc_zeros::<f16>(8 * 128).unwrap();
+    let xb = dev.alloc_zeros::<bf16>(8 * 128).unwrap();
+    let mut y = dev.alloc_zeros::<f16>(8 * 64).unwrap();
+    let mut yb = dev.alloc_zeros::<bf16>(8 * 64).unwrap();
+    let mut ws = dev.alloc_zeros::<u8>(op.workspace_bytes()).unwrap();
+    let mut small_ws = dev.alloc_zeros::<u8>(16).unwrap();
+    let s = dev.stream();
+    assert!(
+        matches!(op.run(s, &xb, 1, None, &mut yb, &mut ws), Err(Error::Invalid { .. })),
+        "dtype"
+    );
+    assert!(
+        matches!(op.run(s, &x, 9, None, &mut y, &mut ws), Err(Error::Invalid { .. })),
+        "m > max_m"
+    );
+    let short = dev.alloc_zeros::<f16>(100).unwrap();
+    assert!(
+        matches!(op.run(s, &short, 1, None, &mut y, &mut ws), Err(Error::Invalid { .. })),
+        "short x"
+    );
+    assert!(
+        matches!(
+            op.run(s, &x, 8, None, &mut y, &mut small_ws),
+            Err(Error::Invalid { .. })
+        ),
+        "workspace"
+    );
+    assert!(
+        matches!(
+            LinearW4A16Cuda::new(&dev, &w, DType::F16, 65),
+            Err(Error::Invalid { .. })
+        ),
+        "max_m"
+    );
+}
