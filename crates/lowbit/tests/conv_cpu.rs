@@ -265,9 +265,41 @@ fn larger_shapes() {
                 ..base
             },
         },
+        // K = 40·25 = 1000 in chunks of 256 columns, blocks of 200 columns straddling the chunks.
+        Case {
+            batch: 2,
+            ci: 40,
+            co: 20,
+            hw: (12, 11),
+            kernel: (5, 5),
+            blocks: 5,
+            bits: BlockBits::Int4,
+            params: Conv2dParams {
+                stride: (2, 1),
+                padding: (2, 3),
+                dilation: (1, 2),
+                ..base
+            },
+        },
+        // Depthwise with channel multiplier 3, dilated, "same" padding (the direct path).
+        Case {
+            batch: 1,
+            ci: 8,
+            co: 24,
+            hw: (13, 10),
+            kernel: (3, 3),
+            blocks: 1,
+            bits: BlockBits::Int8,
+            params: Conv2dParams {
+                padding: same_padding((3, 3), (2, 2)),
+                dilation: (2, 2),
+                groups: 8,
+                ..base
+            },
+        },
     ];
     for case in &cases {
-        // Tolerance: f32 accumulation over ≤ 576 taps.
+        // Tolerance: f32 accumulation over ≤ 1000 taps.
         check_case::<f32>(&mut rng, case, 1e-5, 1e-5);
     }
 }

@@ -1,26 +1,31 @@
 //! The CPU convolution: implicit GEMM over tiles, dequantizing weights inside each tile.
 //!
 //! Per batch item and group the convolution is a GEMM `out[co, p] = Σ_k W[co, k] · X[k, p]` with
-//! `k = (ci, ky, kx)` and `p = (oy, ox)`. Work is split into tiles of output channels × output pixels; a tile
-//! packs its slice of `X` (im2col of just those pixels; a plain copy for 1×1 stride-1 unpadded convolutions, where
-//! `X` is the input itself), then for each micro-panel of `MR` output channels dequantizes that panel's int4/int8
-//! codes to f32 (`q · scale + offset`) and runs an `MR × NR` register-blocked micro-kernel over all of `K`.
-//! The dense f32 weight never exists as a whole; at most `MR · K` of it at a time per thread.
+//! `k = (ci, ky, kx)` and `p = (oy, ox)`. Work is split into tiles of output channels × output pixels. A tile walks
+//! `K` in chunks of `KC`: it packs that chunk of `X` for its pixels (im2col of just those; a plain copy for 1×1
+//! stride-1 unpadded convolutions, where `X` is the input itself), dequantizes the same chunk of its output
+//! channels' int4/int8 codes to f32 (`q · scale + offset`), and runs an `MR × NR` register-blocked micro-kernel
+//! over every (channel panel, pixel panel) pair. The dense f32 weight never exists as a whole; at most
+//! `channels × KC` of it per thread.
+//!
+//! Convolutions with one input channel per group (depthwise, or `Ci = 1`) have `K = Kh·Kw` only, too short for a
+//! GEMM; they run a direct kernel instead, one output plane at a time.
 
 use super::{check_bias, Conv2dParams, ConvGeometry};
 use crate::dtype::Float;
 use crate::error::Result;
 use crate::formats::block::{check_len, BlockQuantWeight, BlockShape};
 use rayon::prelude::*;
+use std::ops::Range;
 
 /// Output channels per micro-tile.
 const MR: usize = 6;
 /// Output pixels per micro-tile (two AVX registers of f32).
 const NR: usize = 16;
-/// Budget for one packed input tile (`K × pixels` f32, 256 KiB), so it stays in L2 while every panel reads it.
-const INPUT_TILE_FLOATS: usize = 64 * 1024;
-/// Upper bound on the pixels of a tile, so even tiny `K` leaves tiles for every thread.
-const MAX_TILE_PIXELS: usize = 256;
+/// Columns of `K` per packed chunk: a `KC × NR` input panel (16 KiB) stays in L1 while the micro-kernel runs.
+const KC: usize = 256;
+/// Output pixels per tile: the packed input chunk is `KC × TILE_PIXELS` f32 (128 KiB, L2).
+const TILE_PIXELS: usize = 128;
 
 /// A convolution prepared for the CPU: weights repacked once into micro-panels, bias and parameters checked.
 #[derive(Debug, Clone)]
@@ -92,10 +97,20 @@ impl Conv2dCpu {
         let geo = ConvGeometry::new(input, &self.shape, &self.params)?;
         check_len("input", x.len(), input.iter().product(), "B · Ci · H · W")?;
         check_len("output", out.len(), geo.output.iter().product(), "B · Co · OH · OW")?;
-        let plan = TilePlan::new(&geo, self.shape.cols());
+        if geo.channels_per_group() == 1 {
+            self.forward_direct(&geo, x, out);
+        } else {
+            self.forward_gemm(&geo, x, out);
+        }
+        Ok(geo.output)
+    }
+
+    /// The implicit-GEMM path (see the module docs).
+    fn forward_gemm<T: Float>(&self, geo: &ConvGeometry, x: &[T], out: &mut [T]) {
+        let plan = TilePlan::new(geo);
         let pixels = geo.out_pixels();
         let (groups, co_g) = (geo.groups, geo.out_channels_per_group());
-        let group_input = geo.channels_per_group() * input[2] * input[3];
+        let group_input = geo.channels_per_group() * geo.input[2] * geo.input[3];
 
         // Each (batch, group) owns a contiguous run of output rows, and each channel chunk of it a contiguous
         // sub-run, so both levels split `out` safely; pixel tiles inside a chunk are computed in parallel and
@@ -114,7 +129,7 @@ impl Conv2dCpu {
                             .into_par_iter()
                             .map(|t| {
                                 let p = t * plan.tile_pixels..((t + 1) * plan.tile_pixels).min(pixels);
-                                self.tile(&geo, x_group, g, rows.clone(), p)
+                                self.gemm_tile(geo, x_group, g, rows.clone(), p)
                             })
                             .collect();
                         for (t, tile) in tiles.iter().enumerate() {
@@ -128,73 +143,151 @@ impl Conv2dCpu {
                         }
                     });
             });
-        Ok(geo.output)
     }
 
     /// One output tile of group `g`: output channels `rows` (local to the group, starting on a panel boundary)
     /// × output pixels `pixels`; returns it row-major in f32 with bias and activation applied.
-    fn tile<T: Float>(
+    fn gemm_tile<T: Float>(
         &self,
         geo: &ConvGeometry,
         x_group: &[T],
         g: usize,
-        rows: std::ops::Range<usize>,
-        pixels: std::ops::Range<usize>,
+        rows: Range<usize>,
+        pixels: Range<usize>,
     ) -> Vec<f32> {
         let cols = self.shape.cols();
         let width = pixels.len();
-        let mut packed_x = vec![0f32; width.div_ceil(NR) * cols * NR];
-        pack_input_tile(geo, x_group, pixels.start, width, &mut packed_x);
-        let mut panel_weights = vec![0f32; cols * MR];
-        let mut tile = vec![0f32; rows.len() * width];
+        let panels = rows.start / MR..rows.end.div_ceil(MR);
+        let pixel_panels = width.div_ceil(NR);
+        let mut acc = vec![[[0f32; NR]; MR]; panels.len() * pixel_panels];
+        let mut packed_x = vec![0f32; pixel_panels * KC * NR];
+        let mut packed_w = vec![0f32; panels.len() * KC * MR];
+        for k0 in (0..cols).step_by(KC) {
+            let ks = k0..(k0 + KC).min(cols);
+            pack_input_chunk(geo, x_group, ks.clone(), pixels.clone(), &mut packed_x);
+            for (i, panel) in panels.clone().enumerate() {
+                let dst = &mut packed_w[i * KC * MR..][..ks.len() * MR];
+                self.dequantize_panel(g * self.panels_per_group + panel, ks.clone(), dst);
+            }
+            for (i, w_panel) in packed_w.chunks_exact(KC * MR).enumerate() {
+                for (s, x_panel) in packed_x.chunks_exact(KC * NR).enumerate() {
+                    let a = &w_panel[..ks.len() * MR];
+                    microkernel(a, &x_panel[..ks.len() * NR], &mut acc[i * pixel_panels + s]);
+                }
+            }
+        }
+        // Epilogue: bias, activation clamp, row-major.
         let (lo, hi) = self.params.activation.bounds();
         let co_g = geo.out_channels_per_group();
-        for panel in rows.start / MR..rows.end.div_ceil(MR) {
-            self.dequantize_panel(g * self.panels_per_group + panel, &mut panel_weights);
-            for (s, x_panel) in packed_x.chunks_exact(cols * NR).enumerate() {
-                let acc = microkernel(&panel_weights, x_panel);
-                for (lane, acc_row) in acc.iter().enumerate() {
-                    let local = panel * MR + lane;
-                    if local >= rows.end {
-                        break;
-                    }
-                    let bias = self.bias[g * co_g + local];
-                    let out_row = &mut tile[(local - rows.start) * width..][..width];
-                    for (o, &v) in out_row.iter_mut().skip(s * NR).zip(acc_row) {
-                        *o = clamp_keep_nan(v + bias, lo, hi);
-                    }
-                }
+        let mut tile = vec![0f32; rows.len() * width];
+        for (r, tile_row) in tile.chunks_exact_mut(width).enumerate() {
+            let local = rows.start + r;
+            let (i, lane) = (local / MR - panels.start, local % MR);
+            let bias = self.bias[g * co_g + local];
+            for (p, o) in tile_row.iter_mut().enumerate() {
+                *o = clamp_keep_nan(acc[i * pixel_panels + p / NR][lane][p % NR] + bias, lo, hi);
             }
         }
         tile
     }
 
-    /// Dequantizes micro-panel `panel` into `out` (`[K][MR]` f32): `q · scale + offset` with each block's
-    /// parameters, exactly as [`BlockQuantWeight::dequantize`] computes them.
-    fn dequantize_panel(&self, panel: usize, out: &mut [f32]) {
+    /// Dequantizes columns `ks` of micro-panel `panel` into `out` (`[ks.len()][MR]` f32): `q · scale + offset`
+    /// with each column's block parameters, exactly as [`BlockQuantWeight::dequantize`] computes them.
+    fn dequantize_panel(&self, panel: usize, ks: Range<usize>, out: &mut [f32]) {
         let (cols, blocks) = (self.shape.cols(), self.shape.blocks());
         let codes = &self.panel_codes[panel * cols * MR..(panel + 1) * cols * MR];
-        for b in 0..blocks {
+        let block_cols = self.shape.block_cols();
+        for b in ks.start / block_cols..ks.end.div_ceil(block_cols).min(blocks) {
+            let span = self.shape.block_col_range(b);
+            let span = span.start.max(ks.start)..span.end.min(ks.end);
             let p = (panel * blocks + b) * MR;
             let scales: &[f32; MR] = self.panel_scales[p..p + MR].try_into().expect("MR lanes");
             let offsets: &[f32; MR] = self.panel_offsets[p..p + MR].try_into().expect("MR lanes");
-            let range = self.shape.block_col_range(b);
-            let (dst, src) = (
-                &mut out[range.start * MR..range.end * MR],
-                &codes[range.start * MR..range.end * MR],
-            );
-            for (w, q) in dst.chunks_exact_mut(MR).zip(src.chunks_exact(MR)) {
+            let dst = &mut out[(span.start - ks.start) * MR..(span.end - ks.start) * MR];
+            for (w, q) in dst
+                .chunks_exact_mut(MR)
+                .zip(codes[span.start * MR..span.end * MR].chunks_exact(MR))
+            {
                 for lane in 0..MR {
                     w[lane] = q[lane] as f32 * scales[lane] + offsets[lane];
                 }
             }
         }
     }
+
+    /// The direct path for one input channel per group: each output plane `(b, co)` accumulates
+    /// `w[co, ky, kx] · x[b, g, iy, ix]` tap by tap along output rows (contiguous at stride 1).
+    fn forward_direct<T: Float>(&self, geo: &ConvGeometry, x: &[T], out: &mut [T]) {
+        let [_, ci, h, w] = geo.input;
+        let [_, co, out_h, out_w] = geo.output;
+        let (kh, kw) = geo.kernel;
+        let co_g = geo.out_channels_per_group();
+        let (lo, hi) = self.params.activation.bounds();
+        out.par_chunks_mut(out_h * out_w)
+            .enumerate()
+            .for_each(|(plane, out_plane)| {
+                let (b, c) = (plane / co, plane % co);
+                let input_plane: Vec<f32> = x[(b * ci + c / co_g) * h * w..][..h * w]
+                    .iter()
+                    .map(|v| v.to_f32())
+                    .collect();
+                // One input channel per group means one block per output channel and panels of this layout:
+                let (panel, lane) = ((c / co_g) * self.panels_per_group + c % co_g / MR, c % co_g % MR);
+                let (scale, offset) = (
+                    self.panel_scales[panel * MR + lane],
+                    self.panel_offsets[panel * MR + lane],
+                );
+                let taps: Vec<f32> = (0..kh * kw)
+                    .map(|t| self.panel_codes[(panel * kh * kw + t) * MR + lane] as f32 * scale + offset)
+                    .collect();
+                let mut row = vec![0f32; out_w];
+                for (oy, out_row) in out_plane.chunks_exact_mut(out_w).enumerate() {
+                    row.fill(self.bias[c]);
+                    for ky in 0..kh {
+                        let iy = (oy * geo.stride.0 + ky * geo.dilation.0) as isize - geo.padding.0 as isize;
+                        if !(0..h as isize).contains(&iy) {
+                            continue;
+                        }
+                        let in_row = &input_plane[iy as usize * w..][..w];
+                        for kx in 0..kw {
+                            let shift = (kx * geo.dilation.1) as isize - geo.padding.1 as isize;
+                            let valid = valid_outputs(shift, geo.stride.1, w, out_w);
+                            if valid.is_empty() {
+                                continue;
+                            }
+                            let tap = taps[ky * kw + kx];
+                            let first_ix = (valid.start * geo.stride.1) as isize + shift;
+                            let inputs = in_row[first_ix.max(0) as usize..].iter().step_by(geo.stride.1);
+                            for (o, &v) in row[valid].iter_mut().zip(inputs) {
+                                *o += tap * v;
+                            }
+                        }
+                    }
+                    for (o, &v) in out_row.iter_mut().zip(&row) {
+                        *o = T::from_f32(clamp_keep_nan(v, lo, hi));
+                    }
+                }
+            });
+    }
 }
 
-/// How one convolution is cut into tiles.
+/// The output columns `ox` whose input column `ox · stride + shift` lies in `0..w`.
+fn valid_outputs(shift: isize, stride: usize, w: usize, out_w: usize) -> Range<usize> {
+    let stride = stride as isize;
+    // First ox with ox·stride + shift ≥ 0, and one past the last with ox·stride + shift ≤ w − 1.
+    let first = if shift >= 0 { 0 } else { (-shift + stride - 1) / stride };
+    let end = if w as isize - 1 - shift < 0 {
+        0
+    } else {
+        (w as isize - 1 - shift) / stride + 1
+    };
+    let (first, end) = (first as usize, (end as usize).min(out_w));
+    first.min(end)..end
+}
+
+/// How one GEMM-path convolution is cut into tiles.
 struct TilePlan {
-    /// Output pixels per tile (a multiple of `NR` unless the image is smaller).
+    /// Output pixels per tile.
     tile_pixels: usize,
     pixel_tiles: usize,
     /// Output channels per chunk of a group (a multiple of `MR`, or the whole group).
@@ -202,17 +295,15 @@ struct TilePlan {
 }
 
 impl TilePlan {
-    fn new(geo: &ConvGeometry, cols: usize) -> Self {
+    fn new(geo: &ConvGeometry) -> Self {
         let pixels = geo.out_pixels();
-        let tile_pixels = (INPUT_TILE_FLOATS / cols / NR * NR)
-            .clamp(NR, MAX_TILE_PIXELS)
-            .min(pixels);
+        let tile_pixels = TILE_PIXELS.min(pixels);
         let pixel_tiles = pixels.div_ceil(tile_pixels);
         // Split output channels only when batch × groups × pixel tiles leaves threads idle (small images, GEMV):
         // every channel chunk re-packs its input tiles.
         let co_g = geo.out_channels_per_group();
         let tasks = geo.output[0] * geo.groups * pixel_tiles;
-        let wanted = 4 * rayon::current_num_threads();
+        let wanted = 2 * rayon::current_num_threads();
         let splits = wanted.div_ceil(tasks).clamp(1, co_g.div_ceil(MR));
         Self {
             tile_pixels,
@@ -222,42 +313,46 @@ impl TilePlan {
     }
 }
 
-/// Packs the im2col slice of output pixels `p0 .. p0 + width` of one (batch, group) input `x_group`
-/// (`[Ci/groups, H, W]`) into `packed`: `[⌈width/NR⌉][K][NR]` f32, taps outside the input zero. `packed` must
-/// arrive zeroed (the lanes past `width` stay zero).
-fn pack_input_tile<T: Float>(geo: &ConvGeometry, x_group: &[T], p0: usize, width: usize, packed: &mut [f32]) {
+/// Packs rows `ks` of the im2col matrix, for output pixels `pixels`, of one (batch, group) input `x_group`
+/// (`[Ci/groups, H, W]`) into `packed`: `[⌈pixels/NR⌉][KC][NR]` f32, taps outside the input zero. Lanes past the
+/// last pixel are never written, so they stay zero from allocation.
+fn pack_input_chunk<T: Float>(
+    geo: &ConvGeometry,
+    x_group: &[T],
+    ks: Range<usize>,
+    pixels: Range<usize>,
+    packed: &mut [f32],
+) {
     let [_, _, h, w] = geo.input;
     let out_w = geo.output[3];
     let (kh, kw) = geo.kernel;
-    let cols = geo.channels_per_group() * kh * kw;
-    let slot = |k: usize, j: usize| (j / NR * cols + k) * NR + j % NR;
-    for (c, plane) in x_group.chunks_exact(h * w).enumerate() {
+    let slot = |k: usize, j: usize| (j / NR * KC + k - ks.start) * NR + j % NR;
+    for k in ks.clone() {
+        let (c, ky, kx) = (k / (kh * kw), k % (kh * kw) / kw, k % kw);
+        let plane = &x_group[c * h * w..(c + 1) * h * w];
         if geo.is_pointwise() {
             // 1×1, stride 1, no padding: the GEMM's right-hand side is the input itself.
-            for (j, v) in plane[p0..p0 + width].iter().enumerate() {
-                packed[slot(c, j)] = v.to_f32();
+            for (j, v) in plane[pixels.clone()].iter().enumerate() {
+                packed[slot(k, j)] = v.to_f32();
             }
             continue;
         }
-        for ky in 0..kh {
-            for kx in 0..kw {
-                let k = (c * kh + ky) * kw + kx;
-                let (dy, dx) = (
-                    (ky * geo.dilation.0) as isize - geo.padding.0 as isize,
-                    (kx * geo.dilation.1) as isize - geo.padding.1 as isize,
-                );
-                let (mut oy, mut ox) = (p0 / out_w, p0 % out_w);
-                for j in 0..width {
-                    let iy = (oy * geo.stride.0) as isize + dy;
-                    let ix = (ox * geo.stride.1) as isize + dx;
-                    if (0..h as isize).contains(&iy) && (0..w as isize).contains(&ix) {
-                        packed[slot(k, j)] = plane[iy as usize * w + ix as usize].to_f32();
-                    }
-                    ox += 1;
-                    if ox == out_w {
-                        (oy, ox) = (oy + 1, 0);
-                    }
-                }
+        let (dy, dx) = (
+            (ky * geo.dilation.0) as isize - geo.padding.0 as isize,
+            (kx * geo.dilation.1) as isize - geo.padding.1 as isize,
+        );
+        let (mut oy, mut ox) = (pixels.start / out_w, pixels.start % out_w);
+        for j in 0..pixels.len() {
+            let iy = (oy * geo.stride.0) as isize + dy;
+            let ix = (ox * geo.stride.1) as isize + dx;
+            packed[slot(k, j)] = if (0..h as isize).contains(&iy) && (0..w as isize).contains(&ix) {
+                plane[iy as usize * w + ix as usize].to_f32()
+            } else {
+                0.0
+            };
+            ox += 1;
+            if ox == out_w {
+                (oy, ox) = (oy + 1, 0);
             }
         }
     }
@@ -275,27 +370,28 @@ pub(crate) fn clamp_keep_nan(v: f32, lo: f32, hi: f32) -> f32 {
     }
 }
 
-/// `acc[i][j] = Σ_k a[k][i] · b[k][j]` for `a` `[K][MR]` and `b` `[K][NR]`, accumulators in registers.
-fn microkernel(a: &[f32], b: &[f32]) -> [[f32; NR]; MR] {
+/// `acc[i][j] += Σ_k a[k][i] · b[k][j]` for `a` `[K][MR]` and `b` `[K][NR]`, accumulators in registers.
+fn microkernel(a: &[f32], b: &[f32], acc: &mut [[f32; NR]; MR]) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
         // SAFETY: the CPU supports the features `microkernel_avx2` is compiled for (checked just above).
-        return unsafe { microkernel_avx2(a, b) };
+        unsafe { microkernel_avx2(a, b, acc) };
+        return;
     }
-    microkernel_body::<false>(a, b)
+    microkernel_body::<false>(a, b, acc)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn microkernel_avx2(a: &[f32], b: &[f32]) -> [[f32; NR]; MR] {
-    microkernel_body::<true>(a, b)
+unsafe fn microkernel_avx2(a: &[f32], b: &[f32], acc: &mut [[f32; NR]; MR]) {
+    microkernel_body::<true>(a, b, acc)
 }
 
 /// The micro-kernel, compiled once per instruction set; `FUSED` uses fused multiply-add (only where the CPU has it,
 /// otherwise `mul_add` would be a slow library call).
 #[inline(always)]
-fn microkernel_body<const FUSED: bool>(a: &[f32], b: &[f32]) -> [[f32; NR]; MR] {
-    let mut acc = [[0f32; NR]; MR];
+fn microkernel_body<const FUSED: bool>(a: &[f32], b: &[f32], acc_out: &mut [[f32; NR]; MR]) {
+    let mut acc = *acc_out;
     for (a_k, b_k) in a.chunks_exact(MR).zip(b.chunks_exact(NR)) {
         let a_k: &[f32; MR] = a_k.try_into().expect("MR lanes");
         let b_k: &[f32; NR] = b_k.try_into().expect("NR lanes");
@@ -309,5 +405,5 @@ fn microkernel_body<const FUSED: bool>(a: &[f32], b: &[f32]) -> [[f32; NR]; MR] 
             }
         }
     }
-    acc
+    *acc_out = acc;
 }
