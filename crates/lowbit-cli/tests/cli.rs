@@ -715,3 +715,37 @@ fn demo_runs_small_on_cpu() {
         assert!(text.contains(needle), "{needle:?} not in:\n{text}");
     }
 }
+
+/// The README's Rust API examples, verbatim in substance: they must keep compiling and running.
+#[test]
+fn readme_api_examples_run() {
+    use lowbit::formats::awq::AwqWeight;
+    use lowbit::ops::linear::LinearCpu;
+    use lowbit::quantize::{quantize_rtn, RtnConfig};
+
+    fn example() -> lowbit::Result<Vec<f32>> {
+        let (n, k) = (256, 512);
+        let weight: Vec<f32> = (0..n * k).map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 5e4).collect();
+        let q = quantize_rtn(&weight, n, k, &RtnConfig::autoawq(128))?;
+        let awq_tensors = AwqWeight::from_quant(&q)?.to_tensors("layer");
+        assert_eq!(awq_tensors.len(), 3);
+        let linear = LinearCpu::new(&q)?;
+        let m = 2;
+        let x = vec![0.5f32; m * k];
+        let mut y = vec![0f32; m * n];
+        linear.forward(&x, m, k, None, &mut y)?;
+        Ok(y)
+    }
+    fn load(path: &str) -> lowbit::Result<Vec<(String, LinearCpu)>> {
+        let ckpt = Checkpoint::open(path)?;
+        let mut layers = Vec::new();
+        for layer in ckpt.quantized_layers()? {
+            let q = ckpt.load_layer(&layer)?;
+            layers.push((layer.prefix.clone(), LinearCpu::new(&q)?));
+        }
+        Ok(layers)
+    }
+    let y = example().unwrap();
+    assert!(y.iter().all(|v| v.is_finite()) && y.iter().any(|&v| v != 0.0));
+    assert_eq!(load(FIXTURE).unwrap().len(), 7);
+}
