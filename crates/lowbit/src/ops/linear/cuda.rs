@@ -534,16 +534,26 @@ impl LinearW4A16Cuda {
         max_m: usize,
         stages: Option<usize>,
     ) -> Result<Self> {
+        Self::from_repacked(device, &repack(w, act)?, max_m, stages)
+    }
+
+    /// Uploads an already repacked weight (repack once, upload to several devices or copies) and loads the
+    /// kernels for batches of up to `max_m` rows; `stages` forces the pipeline depth (benchmarking).
+    pub fn from_repacked(
+        device: &CudaDevice,
+        packed: &RepackedW4,
+        max_m: usize,
+        stages: Option<usize>,
+    ) -> Result<Self> {
         if !(1..=MAX_M).contains(&max_m) {
             return Err(Error::invalid("max_m", max_m, format!("must be in 1..={MAX_M}")));
         }
-        let packed = repack(w, act)?;
-        let plan = packed.plan.clone();
+        let (plan, act) = (packed.plan.clone(), packed.act);
         let units = plan.n_tiles() * plan.k_tiles();
         if units > i32::MAX as usize || plan.k_pad > i32::MAX as usize || plan.n_pad > i32::MAX as usize {
             return Err(Error::invalid(
                 "weight",
-                format!("[{}, {}]", w.n, w.k),
+                format!("[{}, {}]", plan.n, plan.k),
                 "too large for one launch",
             ));
         }
@@ -570,7 +580,6 @@ impl LinearW4A16Cuda {
         let stage_x = device.function(kernels[0].0.source(), "w4a16_stage_x")?;
         let upload_err = |e| crate::cuda::cuda_error("upload of the repacked weight", e);
         let stream = device.stream();
-        let weight_bytes = packed.weight_bytes();
         Ok(Self {
             ctas,
             qweight: stream.clone_htod(&packed.words).map_err(upload_err)?,
@@ -590,7 +599,7 @@ impl LinearW4A16Cuda {
             counters: stream.alloc_zeros(plan.n_tiles()).map_err(upload_err)?,
             kernels,
             stage_x,
-            weight_bytes,
+            weight_bytes: packed.weight_bytes(),
             plan,
             act,
             max_m,
@@ -772,6 +781,114 @@ impl LinearW4A16Cuda {
     }
 }
 
+/// Dense `y[M, N] = x[M, K] · W^T` through cuBLAS (f16/bf16 operands, fp32 accumulation), `W` a row-major `[N, K]`
+/// matrix: the baseline the W4A16 kernel is measured against (`lowbit bench --op linear`), and what a model would
+/// run with unquantized weights.
+pub struct CublasLinear {
+    blas: cudarc::cublas::CudaBlas,
+    n: usize,
+    k: usize,
+}
+
+impl CublasLinear {
+    /// A cuBLAS handle bound to `stream` for an `n x k` weight.
+    pub fn new(stream: std::sync::Arc<CudaStream>, n: usize, k: usize) -> Result<Self> {
+        if !crate::cuda::cublas_present() {
+            return Err(Error::CudaUnavailable("cuBLAS (libcublas.so.13) not found".into()));
+        }
+        let blas = cudarc::cublas::CudaBlas::new(stream).map_err(|e| Error::Cuda {
+            context: "cublasCreate".into(),
+            message: format!("{e:?}"),
+        })?;
+        Ok(Self { blas, n, k })
+    }
+
+    /// `y = x · W^T` for `m` rows (contiguous), on the handle's stream.
+    pub fn run<T: DenseElement>(
+        &self,
+        w: &CudaSlice<T>,
+        x: &CudaSlice<T>,
+        m: usize,
+        y: &mut CudaSlice<T>,
+    ) -> Result<()> {
+        use cudarc::cublas::{sys::cublasOperation_t as Op, GemmConfig};
+        let (n, k) = (self.n, self.k);
+        let check = |name: &str, have: usize, need: usize| {
+            if have < need {
+                Err(Error::invalid(
+                    name,
+                    format!("{have} elements"),
+                    format!("needs at least {need}"),
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        check("w", w.len(), n * k)?;
+        check("x", x.len(), m * k)?;
+        check("y", y.len(), m * n)?;
+        // Column-major view: y^T [N, M] = W [N, K] (the row-major [N, K] read transposed) · x^T [K, M].
+        let cfg = GemmConfig {
+            transa: Op::CUBLAS_OP_T,
+            transb: Op::CUBLAS_OP_N,
+            m: n as i32,
+            n: m as i32,
+            k: k as i32,
+            alpha: T::from_f32(1.0),
+            lda: k as i32,
+            ldb: k as i32,
+            beta: T::from_f32(0.0),
+            ldc: n as i32,
+        };
+        // SAFETY: the three buffers were checked to hold the elements the GEMM reads and writes.
+        unsafe { T::gemm(&self.blas, cfg, w, x, y) }.map_err(|e| Error::Cuda {
+            context: "cublasGemmEx".into(),
+            message: format!("{e:?}"),
+        })
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for half::f16 {}
+    impl Sealed for half::bf16 {}
+}
+
+/// The element types [`CublasLinear`] multiplies: f16 and bf16.
+pub trait DenseElement: Float + DeviceRepr + sealed::Sealed {
+    /// cuBLAS GEMM for this type.
+    ///
+    /// # Safety
+    /// The buffers must hold what `cfg` describes.
+    #[doc(hidden)]
+    unsafe fn gemm(
+        blas: &cudarc::cublas::CudaBlas,
+        cfg: cudarc::cublas::GemmConfig<Self>,
+        a: &CudaSlice<Self>,
+        b: &CudaSlice<Self>,
+        c: &mut CudaSlice<Self>,
+    ) -> std::result::Result<(), cudarc::cublas::result::CublasError>;
+}
+
+macro_rules! dense_element {
+    ($t:ty) => {
+        impl DenseElement for $t {
+            unsafe fn gemm(
+                blas: &cudarc::cublas::CudaBlas,
+                cfg: cudarc::cublas::GemmConfig<Self>,
+                a: &CudaSlice<Self>,
+                b: &CudaSlice<Self>,
+                c: &mut CudaSlice<Self>,
+            ) -> std::result::Result<(), cudarc::cublas::result::CublasError> {
+                // SAFETY: forwarded from the caller.
+                unsafe { cudarc::cublas::Gemm::gemm(blas, cfg, a, b, c) }
+            }
+        }
+    };
+}
+dense_element!(f16);
+dense_element!(bf16);
+
 /// Checks a device buffer: at least `need` elements and `align`-byte aligned; returns its address.
 fn buffer(ptr: u64, have: usize, need: usize, name: &str, align: u64) -> Result<u64> {
     if have < need {
@@ -910,6 +1027,43 @@ mod tests {
         let p = Plan::new(64, 4160, 4160, 1).unwrap();
         assert_eq!((p.k_pad, p.group, p.group_rows), (4224, 4224, 1));
         assert!(matches!(Plan::new(64, 128, 8, 16), Err(Error::Unsupported(_))));
+    }
+
+    /// Every launched variant compiles for Hopper without register spills (NVRTC only, no GPU needed).
+    #[test]
+    fn kernel_variants_compile_without_spills() {
+        if !crate::cuda::nvrtc_present() || crate::cuda::include_dir().is_none() {
+            println!("skipped: NVRTC or cuda_fp16.h not found");
+            return;
+        }
+        for act in [DType::F16, DType::Bf16] {
+            for mt in [1, 2, 4, 8] {
+                for (zeros, warps) in [(true, 8), (false, 2)] {
+                    let v = Variant {
+                        act,
+                        mt,
+                        zeros,
+                        warps,
+                        stages: Variant::default_stages(mt),
+                    };
+                    let compiled = crate::cuda::compile(v.source(), "sm_90a").unwrap();
+                    let report: Vec<&str> = compiled.log.lines().filter(|l| l.contains("spill")).collect();
+                    assert!(
+                        report
+                            .iter()
+                            .all(|l| l.contains(" 0 bytes spill stores, 0 bytes spill loads")),
+                        "{}: {report:?}",
+                        v.name()
+                    );
+                    assert!(
+                        v.smem_bytes() <= 227 * 1024,
+                        "{}: {} bytes of shared memory",
+                        v.name(),
+                        v.smem_bytes()
+                    );
+                }
+            }
+        }
     }
 
     #[test]

@@ -1,0 +1,283 @@
+//! CUDA `lowbit bench --op linear`: the W4A16 decode kernel against cuBLAS on the same shapes, in the same run.
+//!
+//! Implementations (records' `impl`): `lowbit` ([`LinearW4A16Cuda::run`], launches back to back), `lowbit_graph`
+//! (the same calls captured once into a CUDA graph and replayed: no launch gaps), and `cublas_fp16` /
+//! `cublas_bf16` (dense `x · W^T` with the unquantized weight, fp32 accumulation).
+//!
+//! Default problem: K × N ∈ {4096 × 4096, 4096 × 14336, 14336 × 4096, 8192 × 28672} × M ∈ {1, 4, 16, 64}, group
+//! `--group` (128), zero points unless `--symmetric`, f16 unless `--dtype`. Every weight (and, for cuBLAS, every
+//! dense weight) is rotated among as many copies as it takes to exceed 2 × L2, so each launch reads device memory.
+//! Timing: warm-up, then 7 batches of ~20 ms of launches between CUDA events; the median batch is reported.
+//! `bytes` is what the call must move at least: codes, scales and zeros (or the dense weight), x and y.
+//!
+//! `LOWBIT_BENCH_VARIANTS=1` adds `lowbit_s{N}` records: the kernel with N pipeline stages instead of the default.
+
+use super::{BenchArgs, BenchRecord, Shape, Sink};
+use half::{bf16, f16};
+use lowbit::cuda::{capture_graph, CudaDevice, CudaSlice, CudaStream, Device, StreamTimer, ValidAsZeroBits};
+use lowbit::ops::linear::cuda::{repack, CublasLinear, DenseElement, LinearW4A16Cuda};
+use lowbit::{DType, Error, QuantMatrix, Result};
+use std::sync::Arc;
+
+/// The (K, N) shapes of the speed targets.
+const SHAPES: [(usize, usize); 4] = [(4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672)];
+/// Batch sizes timed per shape.
+const MS: [usize; 4] = [1, 4, 16, 64];
+const BATCHES: usize = 7;
+/// Target duration of one timed batch.
+const BATCH_MS: f64 = 20.0;
+/// Calls captured per graph (cycling through the rotation sets).
+const GRAPH_CALLS: usize = 32;
+
+/// Benchmarks the linear op on the GPU `args.device` names.
+pub fn run(args: &BenchArgs, sink: &mut Sink) -> Result<()> {
+    let spec = if args.device == "auto" {
+        "cuda"
+    } else {
+        args.device.as_str()
+    };
+    let Device::Cuda(dev) = Device::from_spec(spec)? else {
+        return Err(Error::CudaUnavailable("no GPU selected".into()));
+    };
+    if args.wbits != 4 {
+        return Err(Error::Unsupported(format!(
+            "bench --op linear --wbits {} on CUDA (4 only)",
+            args.wbits
+        )));
+    }
+    // (K, N) -> the batch sizes asked for it, in order.
+    let mut problems: Vec<((usize, usize), Vec<usize>)> = Vec::new();
+    if args.shape.is_empty() {
+        problems = SHAPES.iter().map(|&kn| (kn, MS.to_vec())).collect();
+    } else {
+        for s in args.shapes()? {
+            match problems.iter_mut().find(|(kn, _)| *kn == (s.k, s.n)) {
+                Some((_, ms)) => ms.push(s.m),
+                None => problems.push(((s.k, s.n), vec![s.m])),
+            }
+        }
+    }
+    let dtypes = args.dtypes(&[DType::F16])?;
+    let variants: Vec<usize> = if std::env::var("LOWBIT_BENCH_VARIANTS").is_ok_and(|v| v == "1") {
+        vec![4, 6]
+    } else {
+        Vec::new()
+    };
+    let count: usize = problems.iter().map(|(_, ms)| ms.len()).sum();
+    sink.expect(count * dtypes.len() * (3 + variants.len()));
+    for ((k, n), ms) in &problems {
+        for &dtype in &dtypes {
+            match dtype {
+                DType::F16 => bench_shape::<f16>(&dev, args, *k, *n, ms, &variants, sink)?,
+                DType::Bf16 => bench_shape::<bf16>(&dev, args, *k, *n, ms, &variants, sink)?,
+                other => return Err(Error::invalid("--dtype", other, "CUDA linear takes f16 or bf16")),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A random int4 weight: codes and zeros over every nibble, f16/bf16-exact scales of realistic size.
+fn random_weight(rng: &mut SplitMix, n: usize, k: usize, group: usize, zeros: bool, dtype: DType) -> QuantMatrix {
+    let groups = k / group;
+    let mut codes = vec![0u8; n * k];
+    for chunk in codes.chunks_mut(16) {
+        let mut bits = rng.next();
+        for c in chunk {
+            *c = (bits & 15) as u8;
+            bits >>= 4;
+        }
+    }
+    QuantMatrix {
+        n,
+        k,
+        bits: 4,
+        group_size: group,
+        codes,
+        zeros: zeros.then(|| (0..n * groups).map(|_| (rng.next() & 15) as u8).collect()),
+        scales: (0..n * groups)
+            .map(|_| lowbit::dtype::round_to(dtype, rng.scale()))
+            .collect(),
+        scale_dtype: dtype,
+        g_idx: None,
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn bench_shape<T: DenseElement + ValidAsZeroBits>(
+    dev: &Arc<CudaDevice>,
+    args: &BenchArgs,
+    k: usize,
+    n: usize,
+    ms: &[usize],
+    stage_variants: &[usize],
+    sink: &mut Sink,
+) -> Result<()> {
+    let dtype = T::DTYPE;
+    let group = args.group_for(k)?;
+    let stream = dev.stream().clone();
+    let name = dev.info().name.clone();
+    let mut rng = SplitMix(0x11ea ^ (k * 131 + n) as u64);
+    sink.status(format!("linear {k}x{n} {dtype}: preparing weights"));
+    let w = random_weight(&mut rng, n, k, group, !args.symmetric, dtype);
+    let packed = repack(&w, dtype)?;
+    let max_m = ms.iter().copied().max().unwrap_or(1).min(64);
+
+    // Rotation: enough copies of the packed weight (and of the dense weight) to exceed 2 x L2.
+    let l2 = dev.info().l2_bytes;
+    let copies = |bytes: usize| (2 * l2 / bytes.max(1) + 1).max(2);
+    let sets = copies(packed.weight_bytes());
+    let ops: Vec<LinearW4A16Cuda> = (0..sets)
+        .map(|_| LinearW4A16Cuda::from_repacked(dev, &packed, max_m, None))
+        .collect::<Result<_>>()?;
+    let mut variant_ops: Vec<(usize, Vec<LinearW4A16Cuda>)> = Vec::new();
+    for &stages in stage_variants {
+        let v = (0..sets)
+            .map(|_| LinearW4A16Cuda::from_repacked(dev, &packed, max_m, Some(stages)))
+            .collect::<Result<_>>()?;
+        variant_ops.push((stages, v));
+    }
+    let dense = dense_weight::<T>(&w);
+    let dense_sets = copies(dense.len() * 2);
+    let dense_w: Vec<CudaSlice<T>> = (0..dense_sets).map(|_| dev.upload(&dense)).collect::<Result<_>>()?;
+    drop(dense);
+    let blas = CublasLinear::new(stream.clone(), n, k)?;
+    let mut ws = dev.alloc_zeros::<u8>(ops[0].workspace_bytes())?;
+
+    for &m in ms {
+        if m == 0 || m > 64 {
+            return Err(Error::invalid(
+                "--shape",
+                format!("M = {m}"),
+                "CUDA linear takes M in 1..=64",
+            ));
+        }
+        let xs: Vec<CudaSlice<T>> = (0..sets.max(dense_sets))
+            .map(|_| {
+                let x: Vec<T> = (0..m * k).map(|_| T::from_f32(rng.uniform())).collect();
+                dev.upload(&x)
+            })
+            .collect::<Result<_>>()?;
+        let mut ys: Vec<CudaSlice<T>> = (0..sets.max(dense_sets))
+            .map(|_| dev.alloc_zeros(m * n))
+            .collect::<Result<_>>()?;
+        let shape = Shape { m, k, n };
+        let quant_bytes = packed_bytes(&w) + (m * k + m * n) * 2;
+        let dense_bytes = (n * k + m * k + m * n) * 2;
+        let record = |implementation: &str, bytes: usize, us: f64| {
+            let mut r = BenchRecord::new("linear", implementation, &name, dtype, shape, bytes as u64, us);
+            r.wbits = Some(4);
+            r.group = Some(if group == k { -1 } else { group as i64 });
+            r
+        };
+
+        sink.status(format!("linear lowbit {m}x{k}x{n} {dtype}"));
+        let ours = median_of_batches(dev, &stream, sets, |i| {
+            ops[i].run(&stream, &xs[i], m, None, &mut ys[i], &mut ws)
+        })?;
+        sink.push(record("lowbit", quant_bytes, ours))?;
+
+        for (stages, v) in &variant_ops {
+            sink.status(format!("linear lowbit_s{stages} {m}x{k}x{n} {dtype}"));
+            let us = median_of_batches(dev, &stream, sets, |i| {
+                v[i].run(&stream, &xs[i], m, None, &mut ys[i], &mut ws)
+            })?;
+            sink.push(record(&format!("lowbit_s{stages}"), quant_bytes, us))?;
+        }
+
+        sink.status(format!("linear lowbit_graph {m}x{k}x{n} {dtype}"));
+        dev.synchronize()?;
+        let graph = capture_graph(&stream, || {
+            for c in 0..GRAPH_CALLS {
+                let i = c % sets;
+                ops[i].run(&stream, &xs[i], m, None, &mut ys[i], &mut ws)?;
+            }
+            Ok(())
+        })?;
+        let replay = median_of_batches(dev, &stream, 1, |_| {
+            graph.launch().map_err(|e| Error::Cuda {
+                context: "cuGraphLaunch".into(),
+                message: format!("{e:?}"),
+            })
+        })?;
+        sink.push(record("lowbit_graph", quant_bytes, replay / GRAPH_CALLS as f64))?;
+
+        let baseline = if dtype == DType::Bf16 {
+            "cublas_bf16"
+        } else {
+            "cublas_fp16"
+        };
+        sink.status(format!("linear {baseline} {m}x{k}x{n}"));
+        let theirs = median_of_batches(dev, &stream, dense_sets, |i| {
+            blas.run(&dense_w[i], &xs[i], m, &mut ys[i])
+        })?;
+        sink.push(record(baseline, dense_bytes, theirs))?;
+    }
+    Ok(())
+}
+
+/// `W` as a dense `[N, K]` matrix of `T`: what cuBLAS multiplies (each element `(q - z) · s`, rounded once).
+fn dense_weight<T: DenseElement>(w: &QuantMatrix) -> Vec<T> {
+    use rayon::prelude::*;
+    let groups = w.groups();
+    let mut dense = vec![T::from_f32(0.0); w.n * w.k];
+    dense.par_chunks_mut(w.k).enumerate().for_each(|(n, row)| {
+        for (k, v) in row.iter_mut().enumerate() {
+            let g = w.group_of(k);
+            let q = f32::from(w.codes[n * w.k + k]) - f32::from(w.zero(n, g));
+            *v = T::from_f32(q * w.scales[n * groups + g]);
+        }
+    });
+    dense
+}
+
+/// Bytes of an int4 weight at its checkpoint size: codes, 16-bit scales, 4-bit zeros.
+fn packed_bytes(w: &QuantMatrix) -> usize {
+    let groups = w.groups();
+    w.n * w.k / 2 + w.n * groups * 2 + if w.zeros.is_some() { w.n * groups / 2 } else { 0 }
+}
+
+/// Median µs per call of `launch(set)`: warm-up, then `BATCHES` batches of ~`BATCH_MS` between CUDA events.
+fn median_of_batches(
+    dev: &CudaDevice,
+    stream: &Arc<CudaStream>,
+    sets: usize,
+    mut launch: impl FnMut(usize) -> Result<()>,
+) -> Result<f64> {
+    let mut timed = |reps: usize| -> Result<f64> {
+        let timer = StreamTimer::new(dev)?;
+        timer.start(stream)?;
+        for i in 0..reps {
+            launch(i % sets)?;
+        }
+        Ok(timer.stop_ms(stream)? * 1e3 / reps as f64)
+    };
+    let probe = timed(20)?; // warm-up: module load, clocks
+    let reps = ((BATCH_MS * 1e3 / probe.max(0.5)) as usize).clamp(10, 20_000);
+    let mut samples: Vec<f64> = (0..BATCHES).map(|_| timed(reps)).collect::<Result<_>>()?;
+    dev.synchronize()?;
+    samples.sort_by(f64::total_cmp);
+    Ok(samples[BATCHES / 2])
+}
+
+/// SplitMix64: codes, zeros, activations in [-1, 1), scales in [2^-9, 2^-5).
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32
+    }
+    fn uniform(&mut self) -> f32 {
+        2.0 * self.unit() - 1.0
+    }
+    fn scale(&mut self) -> f32 {
+        2f32.powf(-9.0 + 4.0 * self.unit())
+    }
+}
