@@ -4,7 +4,7 @@
 //! format conversion are all exact operations. Failure tests check the CLI contract: a non-zero exit, exactly one
 //! stderr line `lowbit: error: ...` naming the problem, and nothing left behind in the output directory.
 
-use lowbit::checkpoint::{write_safetensors, Checkpoint, OutTensor, StDtype};
+use lowbit::checkpoint::{write_safetensors, Checkpoint, OutTensor, StDtype, TensorData};
 use serde_json::{json, Value};
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
@@ -314,6 +314,15 @@ fn inspect_reports_format_group_size_and_bytes() {
     }
 }
 
+/// An fp16 tensor of small non-zero deterministic values.
+fn dense_f16(shape: Vec<usize>, seed: usize) -> OutTensor<'static> {
+    let numel = shape.iter().product::<usize>();
+    let values: Vec<f32> = (0..numel)
+        .map(|i| ((i * 37 + seed) % 101) as f32 / 997.0 - 0.05)
+        .collect();
+    lowbit::Tensor::from_f32(shape, &values, lowbit::DType::F16).into()
+}
+
 /// A model directory: config.json, model.safetensors with three linear layers of group 128, a bias, an embedding
 /// and a LayerNorm weight, and a tokenizer file.
 fn model_dir(dir: &TempDir) -> PathBuf {
@@ -329,18 +338,9 @@ fn model_dir(dir: &TempDir) -> PathBuf {
             )
         })
         .collect();
-    let f16 = |shape: Vec<usize>, seed: u16| OutTensor {
-        dtype: StDtype::F16,
-        shape: shape.clone(),
-        data: Cow::Owned(
-            (0..shape.iter().product::<usize>() as u16)
-                .flat_map(|i| (0x3000 + (i ^ seed) % 0x800).to_le_bytes())
-                .collect(),
-        ),
-    };
-    tensors.push(("layers.awq_rand_k256_n128_g128.bias".into(), f16(vec![128], 3)));
-    tensors.push(("embeddings.word_embeddings.weight".into(), f16(vec![64, 384], 5)));
-    tensors.push(("layers.norm.weight".into(), f16(vec![384], 7)));
+    tensors.push(("layers.awq_rand_k256_n128_g128.bias".into(), dense_f16(vec![128], 3)));
+    tensors.push(("embeddings.word_embeddings.weight".into(), dense_f16(vec![64, 384], 5)));
+    tensors.push(("layers.norm.weight".into(), dense_f16(vec![384], 7)));
     write_safetensors(&model.join("model.safetensors"), &tensors, None, false).unwrap();
     let config = json!({"architectures": ["BertModel"], "hidden_size": 384, "torch_dtype": "float16"});
     std::fs::write(
@@ -549,9 +549,9 @@ fn bad_layers_fail_cleanly_and_leave_no_partial_output() {
         .map(|n| (n.clone(), fixture.raw(n).unwrap().into()))
         .collect();
     let scales = &mut tensors[5].1;
-    let mut data = scales.data.to_vec();
+    let mut data = scales.bytes().unwrap().to_vec();
     data[6..8].copy_from_slice(&half::f16::NAN.to_le_bytes());
-    scales.data = Cow::Owned(data);
+    scales.data = TensorData::Bytes(Cow::Owned(data));
     let input = dir.path("nan.safetensors");
     write_safetensors(&input, &tensors, None, false).unwrap();
     for args in [
@@ -571,15 +571,7 @@ fn bad_layers_fail_cleanly_and_leave_no_partial_output() {
 fn quantize_shape_rules_fail_cleanly() {
     let dir = TempDir::new("shapes");
     let out = dir.path("out.safetensors");
-    let f16 = |n: usize, k: usize| OutTensor {
-        dtype: StDtype::F16,
-        shape: vec![n, k],
-        data: Cow::Owned(
-            (0..n * k)
-                .flat_map(|i| half::f16::from_f32(((i * 37 % 101) as f32 - 50.0) / 997.0).to_le_bytes())
-                .collect(),
-        ),
-    };
+    let f16 = |n: usize, k: usize| dense_f16(vec![n, k], 11);
     write_safetensors(
         &dir.path("k100.safetensors"),
         &[("proj.weight".to_string(), f16(64, 100))],

@@ -2,7 +2,7 @@
 
 use super::{progress, write_output};
 use crate::OutputArgs;
-use lowbit::checkpoint::{check_output, Checkpoint, OutTensor};
+use lowbit::checkpoint::{check_output, dtype_to_st, Checkpoint, OutTensor};
 use lowbit::ops::dequantize::{dequantize_to_tensor, Layout};
 use lowbit::{DType, Error, Result};
 use std::collections::HashSet;
@@ -45,10 +45,10 @@ pub fn run(a: DequantizeArgs) -> Result<()> {
         .flat_map(|l| l.tensors.iter().map(String::as_str))
         .collect();
 
+    // Dense weights are computed as the writer reaches them, so outputs larger than memory stream through.
     let bar = progress(layers.len(), "dequantize");
     let mut out: Vec<(String, OutTensor<'_>)> = Vec::new();
     for layer in &layers {
-        bar.set_message(layer.prefix.clone());
         let name = layer.tensor_name("weight");
         if ckpt.contains(&name) && !consumed.contains(name.as_str()) {
             return Err(Error::invalid(
@@ -57,15 +57,21 @@ pub fn run(a: DequantizeArgs) -> Result<()> {
                 "a quantized layer must not also have a dense weight",
             ));
         }
-        let q = ckpt.load_layer(layer)?;
-        out.push((name, dequantize_to_tensor(&q, Layout::Nk, dtype)?.into()));
-        bar.inc(1);
+        let (ckpt, bar) = (&ckpt, &bar);
+        let dense = OutTensor::deferred(dtype_to_st(dtype), vec![layer.n, layer.k], move || {
+            bar.set_message(layer.prefix.clone());
+            let q = ckpt.load_layer(layer)?;
+            let weight = dequantize_to_tensor(&q, Layout::Nk, dtype)?;
+            bar.inc(1);
+            Ok(weight.data)
+        });
+        out.push((name, dense));
     }
-    bar.finish_and_clear();
     for name in ckpt.names().filter(|n| !consumed.contains(n)) {
         out.push((name.to_string(), ckpt.raw(name)?.into()));
     }
     write_output(&ckpt, &a.out, &out, None)?;
+    bar.finish_and_clear();
     println!(
         "wrote {}: {} layers dequantized to {dtype} [out, in], {} tensors copied",
         a.out.output.display(),

@@ -51,7 +51,7 @@ fn t(dtype: StDtype, shape: &[usize], seed: u64) -> OutTensor<'static> {
     OutTensor {
         dtype,
         shape: shape.to_vec(),
-        data: Cow::Owned(bytes(seed, len)),
+        data: TensorData::Bytes(Cow::Owned(bytes(seed, len))),
     }
 }
 
@@ -84,7 +84,7 @@ fn file_round_trip_keeps_every_byte_and_dtype() {
         let raw = ckpt.raw(name).unwrap();
         assert_eq!(
             (raw.dtype, raw.shape, raw.data),
-            (want.dtype, &want.shape[..], &want.data[..]),
+            (want.dtype, &want.shape[..], want.bytes().unwrap()),
             "{name}"
         );
     }
@@ -96,7 +96,7 @@ fn file_round_trip_keeps_every_byte_and_dtype() {
     // The safetensors crate reads what we wrote.
     let data = std::fs::read(&path).unwrap();
     let st = safetensors::SafeTensors::deserialize(&data).unwrap();
-    assert_eq!(st.tensor("a.bias").unwrap().data(), &tensors[1].1.data[..]);
+    assert_eq!(st.tensor("a.bias").unwrap().data(), tensors[1].1.bytes().unwrap());
 }
 
 #[test]
@@ -119,7 +119,7 @@ fn failed_write_leaves_nothing() {
     let dir = TempDir::new("fail");
     let path = dir.0.join("x.safetensors");
     let mut bad = sample();
-    bad[1].1.data = Cow::Owned(vec![0; 3]); // 3 bytes for 8 f32s
+    bad[1].1.data = TensorData::Bytes(Cow::Owned(vec![0; 3])); // 3 bytes for 8 f32s
     let e = write_safetensors(&path, &bad, None, false).unwrap_err().to_string();
     assert!(e.contains("a.bias") && e.contains("3 bytes"), "{e}");
     let dup = vec![
@@ -245,7 +245,7 @@ fn sharded_directory_via_index() {
     let ckpt = Checkpoint::open(&dir.0).unwrap();
     assert_eq!(ckpt.files().len(), 2);
     for (name, want) in &all {
-        assert_eq!(ckpt.raw(name).unwrap().data, &want.data[..], "{name}");
+        assert_eq!(ckpt.raw(name).unwrap().data, want.bytes().unwrap(), "{name}");
     }
 
     weight_map.insert("ghost".into(), "model-00001-of-00002.safetensors".into());
@@ -359,7 +359,7 @@ fn detects_awq_gptq_and_compressed_tensors_layers() {
         ("l.weight_shape", I64, &[2]),
     ];
     let mut out: Vec<_> = ct.iter().map(|(n, d, s)| (n.to_string(), t(*d, s, 7))).collect();
-    out[3].1.data = Cow::Owned([64i64, 256].iter().flat_map(|v| v.to_le_bytes()).collect());
+    out[3].1.data = TensorData::Bytes(Cow::Owned([64i64, 256].iter().flat_map(|v| v.to_le_bytes()).collect()));
     let path = dir.0.join("ct.safetensors");
     write_safetensors(&path, &out, None, false).unwrap();
     let l = &Checkpoint::open(&path).unwrap().quantized_layers().unwrap()[0];
@@ -471,4 +471,65 @@ fn int8_layers_round_trip_through_a_file() {
         (Format::Int8, g, true)
     );
     assert_eq!(ckpt.load_layer(&layers[0]).unwrap(), q);
+}
+
+#[test]
+fn deferred_tensors_stream_and_their_errors_leave_nothing() {
+    let dir = TempDir::new("deferred");
+    let path = dir.0.join("d.safetensors");
+    let produced = std::cell::Cell::new(0);
+    let lazy = |seed: u64| {
+        let produced = &produced;
+        OutTensor::deferred(StDtype::F16, vec![4, 8], move || {
+            produced.set(produced.get() + 1);
+            Ok(bytes(seed, 64))
+        })
+    };
+    let tensors = vec![
+        ("x".to_string(), lazy(1)),
+        ("y".to_string(), t(StDtype::U8, &[3], 2)),
+        ("z".to_string(), lazy(3)),
+    ];
+    write_safetensors(&path, &tensors, None, false).unwrap();
+    assert_eq!(produced.get(), 2);
+    let ckpt = Checkpoint::open(&path).unwrap();
+    assert_eq!(ckpt.raw("z").unwrap().data, &bytes(3, 64)[..]);
+
+    // A producer that fails, or returns the wrong length, aborts the write: no output, no temporary.
+    let failing = OutTensor::deferred(StDtype::F16, vec![4], || {
+        Err(Error::invalid("w.scales", "NaN", "finite"))
+    });
+    let short = OutTensor::deferred(StDtype::F16, vec![4], || Ok(vec![0; 6]));
+    for (bad, want) in [(failing, "w.scales"), (short, "6 bytes")] {
+        let out = dir.0.join("bad.safetensors");
+        let tensors = vec![("a".to_string(), t(StDtype::U8, &[3], 2)), ("b".to_string(), bad)];
+        let e = write_safetensors(&out, &tensors, None, false).unwrap_err().to_string();
+        assert!(e.contains(want), "{e}");
+        assert_eq!(dir.entries(), ["d.safetensors"]);
+    }
+}
+
+#[test]
+fn single_file_carries_its_quantization_config_in_metadata() {
+    let dir = TempDir::new("metaqc");
+    let path = dir.0.join("q.safetensors");
+    let qc = QuantConfig::gptq_json(4, Some(64), false, "gptq_v2");
+    let meta: HashMap<String, String> = [(METADATA_QUANT_KEY.to_string(), qc.to_string())].into();
+    let tensors: Vec<(String, OutTensor<'static>)> = vec![
+        ("l.qweight".into(), t(StDtype::I32, &[32, 64], 1)),
+        ("l.qzeros".into(), t(StDtype::I32, &[4, 8], 2)),
+        ("l.scales".into(), t(StDtype::F16, &[4, 64], 3)),
+    ];
+    write_safetensors(&path, &tensors, Some(&meta), false).unwrap();
+    let ckpt = Checkpoint::open(&path).unwrap();
+    let q = ckpt.quant_config().unwrap();
+    assert_eq!(
+        (q.method.clone(), q.checkpoint_format.as_deref(), q.zero_point),
+        (QuantMethod::Gptq, Some("gptq_v2"), true)
+    );
+    assert_eq!(ckpt.gptq_version().unwrap(), crate::formats::gptq::GptqVersion::V2);
+    let bad: HashMap<String, String> = [(METADATA_QUANT_KEY.to_string(), "{not json".to_string())].into();
+    write_safetensors(&path, &tensors, Some(&bad), true).unwrap();
+    let e = Checkpoint::open(&path).unwrap_err().to_string();
+    assert!(e.contains("q.safetensors") && e.contains("quantization_config"), "{e}");
 }

@@ -13,12 +13,57 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// A tensor to write: any safetensors dtype, bytes owned or borrowed (from an input's mapping).
-#[derive(Debug, Clone)]
+/// A tensor to write: any safetensors dtype; its bytes owned, borrowed (from an input's mapping), or computed when
+/// the writer reaches it.
+#[derive(Debug)]
 pub struct OutTensor<'a> {
     pub dtype: StDtype,
     pub shape: Vec<usize>,
-    pub data: Cow<'a, [u8]>,
+    pub data: TensorData<'a>,
+}
+
+/// The bytes of an [`OutTensor`].
+pub enum TensorData<'a> {
+    /// Bytes at hand.
+    Bytes(Cow<'a, [u8]>),
+    /// Bytes computed when the writer gets to this tensor and dropped once written, so an output larger than memory
+    /// (dequantized weights) streams through. An error aborts the write and leaves no output.
+    Deferred(Box<dyn Fn() -> Result<Vec<u8>> + 'a>),
+}
+
+impl std::fmt::Debug for TensorData<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TensorData::Bytes(b) => write!(f, "Bytes({} bytes)", b.len()),
+            TensorData::Deferred(_) => f.write_str("Deferred"),
+        }
+    }
+}
+
+impl<'a> OutTensor<'a> {
+    /// A tensor whose bytes `produce` computes when the writer reaches it.
+    pub fn deferred(dtype: StDtype, shape: Vec<usize>, produce: impl Fn() -> Result<Vec<u8>> + 'a) -> Self {
+        OutTensor {
+            dtype,
+            shape,
+            data: TensorData::Deferred(Box::new(produce)),
+        }
+    }
+
+    /// The bytes, unless they are deferred.
+    pub fn bytes(&self) -> Option<&[u8]> {
+        match &self.data {
+            TensorData::Bytes(b) => Some(b),
+            TensorData::Deferred(_) => None,
+        }
+    }
+
+    /// The byte length its dtype and shape call for (`None` on overflow or for a sub-byte remainder).
+    pub fn expected_len(&self) -> Option<usize> {
+        let numel = self.shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d))?;
+        let bits = numel.checked_mul(self.dtype.bitsize())?;
+        (bits % 8 == 0).then_some(bits / 8)
+    }
 }
 
 impl From<Tensor> for OutTensor<'static> {
@@ -26,7 +71,7 @@ impl From<Tensor> for OutTensor<'static> {
         OutTensor {
             dtype: super::dtype_to_st(t.dtype),
             shape: t.shape,
-            data: Cow::Owned(t.data),
+            data: TensorData::Bytes(Cow::Owned(t.data)),
         }
     }
 }
@@ -36,7 +81,7 @@ impl<'a> From<RawTensor<'a>> for OutTensor<'a> {
         OutTensor {
             dtype: t.dtype,
             shape: t.shape.to_vec(),
-            data: Cow::Borrowed(t.data),
+            data: TensorData::Bytes(Cow::Borrowed(t.data)),
         }
     }
 }
@@ -46,7 +91,7 @@ impl<'a> From<&TensorRef<'a>> for OutTensor<'a> {
         OutTensor {
             dtype: super::dtype_to_st(t.dtype),
             shape: t.shape.clone(),
-            data: Cow::Borrowed(t.data),
+            data: TensorData::Bytes(Cow::Borrowed(t.data)),
         }
     }
 }
@@ -165,27 +210,47 @@ fn sync_dir(dir: &Path) {
     }
 }
 
-/// Checks names are unique and each tensor's bytes match its dtype and shape.
-fn validate(tensors: &[(String, OutTensor<'_>)]) -> Result<()> {
-    let mut seen = std::collections::HashSet::new();
-    for (name, t) in tensors {
-        if !seen.insert(name.as_str()) {
-            return Err(Error::invalid(
-                name,
-                "a second tensor of this name",
-                "tensor names must be unique",
-            ));
-        }
-        let bits = t.shape.iter().product::<usize>() * t.dtype.bitsize();
-        if bits % 8 != 0 || bits / 8 != t.data.len() {
-            return Err(Error::invalid(
-                name,
-                format!("{} bytes for shape {:?} {:?}", t.data.len(), t.shape, t.dtype),
-                "data length must equal product(shape) * dtype size",
-            ));
-        }
+/// The byte length of `t`'s data as its dtype and shape require, or an error naming the tensor.
+fn checked_len(name: &str, t: &OutTensor<'_>, have: Option<usize>) -> Result<usize> {
+    match (t.expected_len(), have) {
+        (Some(want), Some(have)) if want == have => Ok(want),
+        (Some(want), None) => Ok(want),
+        (want, have) => Err(Error::invalid(
+            name,
+            format!(
+                "{} bytes for shape {:?} {:?}",
+                have.map_or("?".into(), |h| h.to_string()),
+                t.shape,
+                t.dtype
+            ),
+            format!(
+                "data length must equal product(shape) * dtype size{}",
+                want.map_or(String::new(), |w| format!(" = {w}"))
+            ),
+        )),
     }
-    Ok(())
+}
+
+/// Checks names are unique and each tensor's bytes at hand match its dtype and shape; returns every byte length.
+fn validate(tensors: &[(String, OutTensor<'_>)]) -> Result<Vec<usize>> {
+    let mut seen = std::collections::HashSet::new();
+    tensors
+        .iter()
+        .map(|(name, t)| {
+            if !seen.insert(name.as_str()) {
+                return Err(Error::invalid(
+                    name,
+                    "a second tensor of this name",
+                    "tensor names must be unique",
+                ));
+            }
+            let have = match &t.data {
+                TensorData::Bytes(b) => Some(b.len()),
+                TensorData::Deferred(_) => None,
+            };
+            checked_len(name, t, have)
+        })
+        .collect()
 }
 
 /// Writes a safetensors file to `path` (not atomically: callers write into a staged temporary) and fsyncs it.
@@ -197,9 +262,13 @@ fn write_safetensors_at(
     tensors: &[(String, OutTensor<'_>)],
     metadata: Option<&HashMap<String, String>>,
 ) -> Result<()> {
-    validate(tensors)?;
-    let mut order: Vec<&(String, OutTensor<'_>)> = tensors.iter().collect();
-    order.sort_by(|(ln, l), (rn, r)| r.dtype.cmp(&l.dtype).then(ln.cmp(rn)));
+    let lens = validate(tensors)?;
+    let mut order: Vec<(&String, &OutTensor<'_>, usize)> = tensors
+        .iter()
+        .zip(lens)
+        .map(|((name, t), len)| (name, t, len))
+        .collect();
+    order.sort_by(|(ln, l, _), (rn, r, _)| r.dtype.cmp(&l.dtype).then(ln.cmp(rn)));
 
     let mut header = serde_json::Map::new();
     if let Some(meta) = metadata.filter(|m| !m.is_empty()) {
@@ -210,10 +279,10 @@ fn write_safetensors_at(
         );
     }
     let mut offset = 0usize;
-    for (name, t) in &order {
-        let end = offset + t.data.len();
+    for (name, t, len) in &order {
+        let end = offset + len;
         header.insert(
-            name.clone(),
+            name.to_string(),
             serde_json::json!({"dtype": t.dtype, "shape": t.shape, "data_offsets": [offset, end]}),
         );
         offset = end;
@@ -227,8 +296,15 @@ fn write_safetensors_at(
     let mut w = BufWriter::with_capacity(1 << 20, file);
     w.write_all(&(header.len() as u64).to_le_bytes()).map_err(io)?;
     w.write_all(&header).map_err(io)?;
-    for (_, t) in &order {
-        w.write_all(&t.data).map_err(io)?;
+    for (name, t, _) in &order {
+        match &t.data {
+            TensorData::Bytes(b) => w.write_all(b).map_err(io)?,
+            TensorData::Deferred(produce) => {
+                let bytes = produce()?;
+                checked_len(name, t, Some(bytes.len()))?;
+                w.write_all(&bytes).map_err(io)?;
+            }
+        }
     }
     let file = w.into_inner().map_err(|e| Error::io(report, e.into_error()))?;
     file.sync_all().map_err(io)
