@@ -34,6 +34,24 @@ pub use cudarc::driver::{
 use crate::error::{Error, Result};
 use std::sync::Arc;
 
+pub use cudarc::driver::CudaGraph;
+
+/// Captures the work `record` enqueues on `stream` into an instantiated CUDA graph (relaxed capture mode, so
+/// modules may still be loaded meanwhile). Replay it with `graph.launch()`; it runs on `stream`.
+pub fn capture_graph(stream: &Arc<CudaStream>, record: impl FnOnce() -> Result<()>) -> Result<CudaGraph> {
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    stream
+        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+        .map_err(driver_error("cuStreamBeginCapture"))?;
+    let recorded = record();
+    // End the capture even when recording failed, so the stream is usable again.
+    let graph = stream.end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
+    recorded?;
+    graph
+        .map_err(driver_error("cuStreamEndCapture"))?
+        .ok_or_else(|| Error::CudaUnavailable("stream capture produced no graph".into()))
+}
+
 /// Where an operation runs: the CPU, or one CUDA GPU.
 #[derive(Debug, Clone)]
 pub enum Device {
