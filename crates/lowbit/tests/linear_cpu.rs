@@ -286,7 +286,7 @@ fn exact_integer_mode_is_bit_equal() {
 #[test]
 fn batch_rows_equal_single_row_results() {
     let mut rng = Rng(0x33);
-    for (i, &m) in [2usize, 3, 4, 7, 64, 97, 129].iter().enumerate() {
+    for (i, &m) in [2usize, 3, 4, 7, 16, 17, 64, 97, 129].iter().enumerate() {
         let spec = WeightSpec {
             n: 200, // not a multiple of the 16-column tile
             k: 384,

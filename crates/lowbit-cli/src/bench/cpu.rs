@@ -1,1 +1,238 @@
 //! CPU side of `lowbit bench`.
+//!
+//! - `linear`: [`LinearCpu`] (impl `lowbit`) against the `gemm` crate's f32 GEMM on the same weight dequantized to
+//!   dense f32 (impl `dense_f32`), both on all cores through rayon.
+//! - `dequant`: `ops::dequantize::cpu::dequantize` (impl `lowbit`, `[N, K]` output) against a parallel copy of half
+//!   the bytes it moves (impl `memcpy`, so the copy reads and writes the same total). Records have `M = 0`.
+
+use super::{time_us, BenchArgs, BenchRecord, Shape, Sink};
+use lowbit::ops::dequantize::{cpu::dequantize, Layout};
+use lowbit::ops::linear::{reference, LinearCpu};
+use lowbit::{DType, Error, Float, QuantMatrix, Result};
+use rayon::prelude::*;
+
+/// Benchmarks every op the CPU has that `args` asks for.
+pub fn run(args: &BenchArgs, sink: &mut Sink) -> Result<()> {
+    if let Some(op) = args.op.as_deref().filter(|op| !["linear", "dequant"].contains(op)) {
+        return Err(Error::Unsupported(format!(
+            "bench --op {op} on the CPU (CPU benches: linear, dequant)"
+        )));
+    }
+    if args.wbits != 4 && args.wbits != 8 {
+        return Err(Error::invalid("--wbits", args.wbits, "must be 4 or 8"));
+    }
+    let device = cpu_model();
+    let shapes = args.shapes()?;
+    let linear_dtypes = args.dtypes(&[DType::F32])?;
+    let dequant_dtypes = args.dtypes(&[DType::F16])?;
+    let mut dequant_shapes: Vec<Shape> = Vec::new();
+    for s in &shapes {
+        let s = Shape { m: 0, ..*s };
+        if !dequant_shapes.contains(&s) {
+            dequant_shapes.push(s);
+        }
+    }
+    if args.wants("linear") {
+        sink.expect(shapes.len() * (1 + linear_dtypes.len()));
+    }
+    if args.wants("dequant") {
+        sink.expect(dequant_shapes.len() * (1 + dequant_dtypes.len()));
+    }
+    if args.wants("linear") {
+        for &shape in &shapes {
+            bench_linear(args, shape, &linear_dtypes, &device, sink)?;
+        }
+    }
+    if args.wants("dequant") {
+        for &shape in &dequant_shapes {
+            bench_dequant(args, shape, &dequant_dtypes, &device, sink)?;
+        }
+    }
+    Ok(())
+}
+
+fn bench_linear(args: &BenchArgs, shape: Shape, dtypes: &[DType], device: &str, sink: &mut Sink) -> Result<()> {
+    let Shape { m, k, n } = shape;
+    let w = random_weight(args, k, n)?;
+    let lin = LinearCpu::new(&w)?;
+    let mut rng = SplitMix(0xBE7C4);
+    let x: Vec<f32> = (0..m * k).map(|_| rng.signed_unit()).collect();
+
+    sink.status(format!("linear dense_f32 {m}x{k}x{n}"));
+    let dense: Vec<f32> = reference::dequantized(&w).into_iter().map(|v| v as f32).collect();
+    let mut y = vec![0.0f32; m * n];
+    let us = time_us(|| dense_f32_linear(&x, &dense, shape, &mut y));
+    drop(dense);
+    let bytes = 4 * (n * k + m * k + m * n) as u64;
+    sink.push(BenchRecord::new(
+        "linear",
+        "dense_f32",
+        device,
+        DType::F32,
+        shape,
+        bytes,
+        us,
+    ))?;
+
+    for &dtype in dtypes {
+        sink.status(format!("linear lowbit {dtype} {m}x{k}x{n}"));
+        let us = match dtype {
+            DType::F32 => time_linear::<f32>(&lin, &x, m),
+            DType::F16 => time_linear::<half::f16>(&lin, &x, m),
+            _ => time_linear::<half::bf16>(&lin, &x, m),
+        }?;
+        let bytes = weight_bytes(&w) + (dtype.size() * (m * k + m * n)) as u64;
+        let mut record = BenchRecord::new("linear", "lowbit", device, dtype, shape, bytes, us);
+        record.wbits = Some(w.bits);
+        record.group = Some(BenchArgs::group_field(w.group_size, w.k));
+        sink.push(record)?;
+    }
+    Ok(())
+}
+
+fn time_linear<T: Float>(lin: &LinearCpu, x: &[f32], m: usize) -> Result<f64> {
+    let x: Vec<T> = x.iter().map(|&v| T::from_f32(v)).collect();
+    let mut y = vec![T::default(); m * lin.n()];
+    lin.forward(&x, m, lin.k(), None, &mut y)?;
+    Ok(time_us(|| {
+        lin.forward(&x, m, lin.k(), None, &mut y)
+            .expect("arguments checked above")
+    }))
+}
+
+/// `y[M, N] = x[M, K] · W^T` with the `gemm` crate, `W` dense `[N, K]` f32 (nn.Linear layout), on all threads.
+fn dense_f32_linear(x: &[f32], w: &[f32], Shape { m, k, n }: Shape, y: &mut [f32]) {
+    assert!(
+        x.len() == m * k && w.len() == n * k && y.len() == m * n,
+        "dense_f32_linear: shapes"
+    );
+    // SAFETY: the three buffers hold exactly [M, K], [N, K] and [M, N] (checked above); strides describe them:
+    // y row-major (column stride 1, row stride N), x row-major, and W^T[k, n] = w[n * K + k].
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            y.as_mut_ptr(),
+            1,
+            n as isize,
+            false,
+            x.as_ptr(),
+            1,
+            k as isize,
+            w.as_ptr(),
+            k as isize,
+            1,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::Rayon(0),
+        )
+    }
+}
+
+fn bench_dequant(args: &BenchArgs, shape: Shape, dtypes: &[DType], device: &str, sink: &mut Sink) -> Result<()> {
+    let w = random_weight(args, shape.k, shape.n)?;
+    for &dtype in dtypes {
+        let bytes = weight_bytes(&w) + (dtype.size() * w.n * w.k) as u64;
+
+        sink.status(format!("dequant memcpy {}x{}", shape.k, shape.n));
+        let src = vec![0x5Au8; bytes as usize / 2];
+        let mut dst = vec![0u8; src.len()];
+        let us = time_us(|| parallel_copy(&src, &mut dst));
+        sink.push(BenchRecord::new("dequant", "memcpy", device, dtype, shape, bytes, us))?;
+
+        sink.status(format!("dequant lowbit {dtype} {}x{}", shape.k, shape.n));
+        let us = match dtype {
+            DType::F32 => time_dequant::<f32>(&w),
+            DType::F16 => time_dequant::<half::f16>(&w),
+            _ => time_dequant::<half::bf16>(&w),
+        }?;
+        let mut record = BenchRecord::new("dequant", "lowbit", device, dtype, shape, bytes, us);
+        record.wbits = Some(w.bits);
+        record.group = Some(BenchArgs::group_field(w.group_size, w.k));
+        sink.push(record)?;
+    }
+    Ok(())
+}
+
+fn time_dequant<T: Float>(w: &QuantMatrix) -> Result<f64> {
+    let mut out = vec![T::default(); w.n * w.k];
+    dequantize(w, Layout::Nk, &mut out)?;
+    Ok(time_us(|| {
+        dequantize(w, Layout::Nk, &mut out).expect("arguments checked above")
+    }))
+}
+
+/// `dst = src` on all threads, in 1 MiB pieces.
+fn parallel_copy(src: &[u8], dst: &mut [u8]) {
+    const PIECE: usize = 1 << 20;
+    dst.par_chunks_mut(PIECE)
+        .zip(src.par_chunks(PIECE))
+        .for_each(|(d, s)| d.copy_from_slice(s));
+}
+
+/// Bytes of the quantized weight as a checkpoint holds it: packed codes, f16 scales and packed zeros.
+fn weight_bytes(w: &QuantMatrix) -> u64 {
+    let groups = w.groups();
+    let codes = w.n * w.k * usize::from(w.bits) / 8;
+    let scales = 2 * w.n * groups;
+    let zeros = w.zeros.as_ref().map_or(0, |_| w.n * groups * usize::from(w.bits) / 8);
+    (codes + scales + zeros) as u64
+}
+
+/// A random `[N, K]` weight with the bits, group and zero points of `args` and f16-valued scales.
+fn random_weight(args: &BenchArgs, k: usize, n: usize) -> Result<QuantMatrix> {
+    let group_size = args.group_for(k)?;
+    let groups = k / group_size;
+    let levels = 1u64 << args.wbits;
+    let mut rng = SplitMix(0x5EED ^ (k * 31 + n) as u64);
+    let w = QuantMatrix {
+        n,
+        k,
+        bits: args.wbits,
+        group_size,
+        codes: (0..n * k).map(|_| (rng.next() % levels) as u8).collect(),
+        zeros: (!args.symmetric).then(|| (0..n * groups).map(|_| (rng.next() % levels) as u8).collect()),
+        scales: (0..n * groups)
+            .map(|_| half::f16::from_f32(0.002 + 0.01 * rng.signed_unit().abs()).to_f32())
+            .collect(),
+        scale_dtype: DType::F16,
+        g_idx: None,
+    };
+    w.validate()?;
+    Ok(w)
+}
+
+/// The CPU model from /proc/cpuinfo ("model name"), or "unknown CPU".
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into())
+}
+
+/// splitmix64, for reproducible bench inputs without a `rand` dependency.
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [-1, 1).
+    fn signed_unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+}

@@ -16,7 +16,7 @@
 //!
 //! Two ways to feed that loop, chosen by batch size (they give identical bits):
 //! - **Decode as you go** (`M <= FUSED_MAX_ROWS`, decode/GEMV): the inner loop decodes the codes of up to four tiles
-//!   and FMAs them into one or a few rows; work is split over column tiles.
+//!   and FMAs them into up to four rows; work is split over (rows ×) column tiles.
 //! - **Decode once per row chunk** (GEMM): a block of two tiles is decoded into a small f32 tile in L1 and reused by
 //!   a register-blocked 6×16 micro-kernel over every row of the chunk; work is split over (rows × columns).
 //!
@@ -39,7 +39,11 @@ const LANES: usize = 8;
 /// of two tiles (2 × 128 × 16 × 4 B = 16 KiB) stays in L1 beside the activations it meets.
 const BLOCK_K: usize = 128;
 /// Batches of at most this many rows decode the codes inside the FMA loop; larger ones decode each block once.
-const FUSED_MAX_ROWS: usize = 3;
+/// (Measured: decode-as-you-go 4 rows at a time matches the decoded-tile path's FMA rate up to about here, while
+/// decoding into a tile costs a store per weight that few rows cannot repay.)
+const FUSED_MAX_ROWS: usize = 16;
+/// Rows per decode-as-you-go kernel: 4 rows × 2 vectors = 8 accumulators, beside the decode temporaries.
+const FUSED_ROWS_PER_KERNEL: usize = 4;
 /// Tiles decoded together in the GEMM path (and the widest tile count its micro-kernels cover).
 const DECODE_TILES: usize = 2;
 /// Most rows a micro-kernel covers: 6 rows × 2 vectors = 12 accumulators of the 16 AVX2 registers.
@@ -352,51 +356,58 @@ impl LinearCpu {
         let tile_bytes = self.k * per_k;
         let scale_tile_stride = self.groups * TILE_N;
         let nblocks = self.blocks.len();
-        let mut decoded = vec![AlignedRow::default(); if fused { 0 } else { DECODE_TILES * BLOCK_K }];
-        for (b, blk) in self.blocks.iter().enumerate() {
-            // Pointers for the kernel covering task rows from `row` and task tiles from `tile` in this block. Each
-            // comes from a slice running to the end of its buffer, which holds every row/tile the kernel reaches.
-            let job = |row: usize, tile: usize, acc: &mut [f32]| {
-                let scale_at = (tiles.start + tile) * scale_tile_stride + blk.group * TILE_N;
-                BlockJob {
-                    x: acts.data[(rows.start + row) * acts.stride + blk.start..].as_ptr(),
-                    x_stride: acts.stride,
-                    x_sum: acts.block_sums[(rows.start + row) * nblocks + b..].as_ptr(),
-                    x_sum_stride: nblocks,
-                    len: blk.len,
-                    scales: self.scales[scale_at..].as_ptr(),
-                    scaled_zeros: self.scaled_zeros[scale_at..].as_ptr(),
-                    scale_tile_stride,
-                    y: acc[row * cols + tile * TILE_N..].as_mut_ptr(),
-                    y_stride: cols,
-                }
-            };
-            let codes = |tile: usize| self.codes[(tiles.start + tile) * tile_bytes + blk.start * per_k..].as_ptr();
-            if fused {
-                for rs in chunks(0..rows.len(), FUSED_MAX_ROWS) {
-                    for ts in kernel_tiles(0..tiles.len(), tiles_per_kernel(rs.len())) {
-                        let job = job(rs.start, ts.start, &mut acc);
+        // Pointers for the kernel covering block `b`, task rows from `row` and task tiles from `tile`. Each comes
+        // from a slice running to the end of its buffer, which holds every row/tile the kernel reaches.
+        let job = |b: usize, row: usize, tile: usize, acc: &mut [f32]| {
+            let blk = &self.blocks[b];
+            let scale_at = (tiles.start + tile) * scale_tile_stride + blk.group * TILE_N;
+            BlockJob {
+                x: acts.data[(rows.start + row) * acts.stride + blk.start..].as_ptr(),
+                x_stride: acts.stride,
+                x_sum: acts.block_sums[(rows.start + row) * nblocks + b..].as_ptr(),
+                x_sum_stride: nblocks,
+                len: blk.len,
+                scales: self.scales[scale_at..].as_ptr(),
+                scaled_zeros: self.scaled_zeros[scale_at..].as_ptr(),
+                scale_tile_stride,
+                y: acc[row * cols + tile * TILE_N..].as_mut_ptr(),
+                y_stride: cols,
+            }
+        };
+        let codes = |b: usize, tile: usize| {
+            self.codes[(tiles.start + tile) * tile_bytes + self.blocks[b].start * per_k..].as_ptr()
+        };
+        if fused {
+            // Tiles outer, K inner: consecutive kernel calls continue the same code streams.
+            for rs in chunks(0..rows.len(), FUSED_ROWS_PER_KERNEL) {
+                for ts in kernel_tiles(0..tiles.len(), tiles_per_kernel(rs.len())) {
+                    for b in 0..nblocks {
+                        let job = job(b, rs.start, ts.start, &mut acc);
                         // SAFETY: `job` and `codes` point into buffers holding these rows, tiles and inputs.
-                        unsafe { B::packed(self.bits, rs.len(), ts.len(), &job, codes(ts.start), tile_bytes) };
+                        unsafe { B::packed(self.bits, rs.len(), ts.len(), &job, codes(b, ts.start), tile_bytes) };
                     }
                 }
-            } else {
-                for decode_ts in chunks(0..tiles.len(), DECODE_TILES) {
+            }
+        } else {
+            // K outer: a block's activations stay in cache while every tile of the task meets them.
+            let mut decoded = vec![AlignedRow::default(); DECODE_TILES * BLOCK_K];
+            for (b, blk) in self.blocks.iter().enumerate() {
+                for dts in chunks(0..tiles.len(), DECODE_TILES) {
                     let decoded_rows = decoded.as_mut_ptr().cast::<f32>();
                     // SAFETY: `decoded` holds DECODE_TILES × BLOCK_K rows; the codes hold these tiles and inputs.
                     unsafe {
                         B::decode(
                             self.bits,
-                            codes(decode_ts.start),
+                            codes(b, dts.start),
                             tile_bytes,
-                            decode_ts.len(),
+                            dts.len(),
                             blk.len,
                             decoded_rows,
                         )
                     };
                     for rs in chunks(0..rows.len(), MAX_ROWS_PER_KERNEL) {
-                        for ts in kernel_tiles(0..decode_ts.len(), tiles_per_kernel(rs.len())) {
-                            let job = job(rs.start, decode_ts.start + ts.start, &mut acc);
+                        for ts in kernel_tiles(0..dts.len(), tiles_per_kernel(rs.len())) {
+                            let job = job(b, rs.start, dts.start + ts.start, &mut acc);
                             let rows_ptr = decoded[ts.start * BLOCK_K..].as_ptr().cast::<f32>();
                             // SAFETY: as above; `rows_ptr` holds the decoded rows of these tiles.
                             unsafe { B::decoded(rs.len(), ts.len(), &job, rows_ptr, BLOCK_K * TILE_N) };
@@ -467,11 +478,11 @@ fn chunks(range: Range<usize>, size: usize) -> impl Iterator<Item = Range<usize>
 }
 
 /// How many tiles a micro-kernel of `rows` rows covers: enough independent accumulators to hide FMA latency,
-/// few enough to stay in registers.
+/// few enough to stay in the 16 registers (3 rows × 2 tiles spills once decode temporaries are counted).
 fn tiles_per_kernel(rows: usize) -> usize {
     match rows {
         1 => 4,
-        2 | 3 => 2,
+        2 => 2,
         _ => 1,
     }
 }
@@ -667,7 +678,6 @@ macro_rules! dispatch_kernel {
             (2, 1) => block_kernel::<$lanes, _, 2, 1>($job, $w),
             (2, 2) => block_kernel::<$lanes, _, 2, 2>($job, $w),
             (3, 1) => block_kernel::<$lanes, _, 3, 1>($job, $w),
-            (3, 2) => block_kernel::<$lanes, _, 3, 2>($job, $w),
             (4, 1) => block_kernel::<$lanes, _, 4, 1>($job, $w),
             (5, 1) => block_kernel::<$lanes, _, 5, 1>($job, $w),
             (6, 1) => block_kernel::<$lanes, _, 6, 1>($job, $w),
