@@ -216,6 +216,9 @@ fn block_w8a8_matches_reference() {
     // Other block sizes, and half-precision activations/outputs.
     check_block_case::<f32>(&mut rng, 5, 40, 300, 32, ActivationQuant::Asymmetric);
     check_block_case::<f32>(&mut rng, 9, 24, 1000, 128, ActivationQuant::Asymmetric);
+    // Odd block lengths (packed with a zero pad code) and a last block of one column; N not a multiple of 16.
+    check_block_case::<f32>(&mut rng, 6, 19, 231, 77, ActivationQuant::Asymmetric);
+    check_block_case::<f32>(&mut rng, 4, 33, 100, 33, ActivationQuant::Symmetric);
     check_block_case::<f16>(&mut rng, 7, 128, 3884, 64, ActivationQuant::Asymmetric);
     check_block_case::<bf16>(&mut rng, 33, 128, 256, 64, ActivationQuant::Symmetric);
 }

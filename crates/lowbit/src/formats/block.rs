@@ -69,7 +69,24 @@ pub fn offset_form_params(min: f32, max: f32, bits: BlockBits) -> (f32, f32) {
 /// f32 arithmetic, rounding half away from zero (C `roundf`, as MNN's kernels).
 #[inline(always)]
 pub fn quantize_offset_form(value: f32, scale: f32, offset: f32, q_min: f32, q_max: f32) -> i8 {
-    ((value - offset) / scale).round().clamp(q_min, q_max) as i8
+    // Clamping one step wider first changes no result but bounds `x`, so the rounding below is exact and cheap.
+    let x = ((value - offset) / scale).clamp(q_min - 1.0, q_max + 1.0);
+    round_half_away_from_zero(x).clamp(q_min, q_max) as i8
+}
+
+/// `x.round()` for `|x| < 2^23`, without the libm call `f32::round` becomes on CPUs without SSE4.1: truncate, then
+/// step away from zero when the (exact) fraction is at least one half. NaN gives 0.
+#[inline(always)]
+fn round_half_away_from_zero(x: f32) -> f32 {
+    let t = x as i32 as f32;
+    let frac = x - t;
+    if frac >= 0.5 {
+        t + 1.0
+    } else if frac <= -0.5 {
+        t - 1.0
+    } else {
+        t
+    }
 }
 
 /// Geometry of a [`BlockQuantWeight`]: rows, input channels, kernel size and channels per block.
@@ -483,6 +500,25 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn rounding_matches_roundf() {
+        // Neighbours by one ulp (away from / towards zero).
+        let ulp = |x: f32, d: i32| f32::from_bits((x.to_bits() as i32 + d) as u32);
+        let mut v = -130.0f32;
+        while v <= 130.0 {
+            let h = v + 0.5;
+            for x in [v, ulp(v, 1), ulp(v, -1), h, ulp(h, 1), ulp(h, -1)]
+                .into_iter()
+                .filter(|x| x.is_finite())
+            {
+                assert_eq!(round_half_away_from_zero(x), x.round(), "{x}");
+            }
+            v += 0.25;
+        }
+        assert_eq!(round_half_away_from_zero(0.49999997), 0.0);
+        assert_eq!(round_half_away_from_zero(-0.5), -1.0);
     }
 
     #[test]

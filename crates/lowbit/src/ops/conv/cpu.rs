@@ -16,6 +16,8 @@ use crate::dtype::Float;
 use crate::error::Result;
 use crate::formats::block::{check_len, BlockQuantWeight, BlockShape};
 use rayon::prelude::*;
+use std::any::TypeId;
+use std::borrow::Cow;
 use std::ops::Range;
 
 /// Output channels per micro-tile.
@@ -97,16 +99,18 @@ impl Conv2dCpu {
         let geo = ConvGeometry::new(input, &self.shape, &self.params)?;
         check_len("input", x.len(), input.iter().product(), "B · Ci · H · W")?;
         check_len("output", out.len(), geo.output.iter().product(), "B · Co · OH · OW")?;
+        // Kernels read f32; f16/bf16 inputs are widened once here rather than at every tap of every tile.
+        let x = widen(x);
         if geo.channels_per_group() == 1 {
-            self.forward_direct(&geo, x, out);
+            self.forward_direct(&geo, &x, out);
         } else {
-            self.forward_gemm(&geo, x, out);
+            self.forward_gemm(&geo, &x, out);
         }
         Ok(geo.output)
     }
 
     /// The implicit-GEMM path (see the module docs).
-    fn forward_gemm<T: Float>(&self, geo: &ConvGeometry, x: &[T], out: &mut [T]) {
+    fn forward_gemm<T: Float>(&self, geo: &ConvGeometry, x: &[f32], out: &mut [T]) {
         let plan = TilePlan::new(geo);
         let pixels = geo.out_pixels();
         let (groups, co_g) = (geo.groups, geo.out_channels_per_group());
@@ -147,10 +151,10 @@ impl Conv2dCpu {
 
     /// One output tile of group `g`: output channels `rows` (local to the group, starting on a panel boundary)
     /// × output pixels `pixels`; returns it row-major in f32 with bias and activation applied.
-    fn gemm_tile<T: Float>(
+    fn gemm_tile(
         &self,
         geo: &ConvGeometry,
-        x_group: &[T],
+        x_group: &[f32],
         g: usize,
         rows: Range<usize>,
         pixels: Range<usize>,
@@ -217,7 +221,7 @@ impl Conv2dCpu {
 
     /// The direct path for one input channel per group: each output plane `(b, co)` accumulates
     /// `w[co, ky, kx] · x[b, g, iy, ix]` tap by tap along output rows (contiguous at stride 1).
-    fn forward_direct<T: Float>(&self, geo: &ConvGeometry, x: &[T], out: &mut [T]) {
+    fn forward_direct<T: Float>(&self, geo: &ConvGeometry, x: &[f32], out: &mut [T]) {
         let [_, ci, h, w] = geo.input;
         let [_, co, out_h, out_w] = geo.output;
         let (kh, kw) = geo.kernel;
@@ -285,6 +289,16 @@ fn valid_outputs(shift: isize, stride: usize, w: usize, out_w: usize) -> Range<u
     first.min(end)..end
 }
 
+/// `x` as f32: borrowed when `T` is f32, widened (in parallel) otherwise.
+fn widen<T: Float>(x: &[T]) -> Cow<'_, [f32]> {
+    if TypeId::of::<T>() == TypeId::of::<f32>() {
+        // SAFETY: `T` is `f32` (same TypeId), so this is the same slice with its own type.
+        Cow::Borrowed(unsafe { std::slice::from_raw_parts(x.as_ptr().cast::<f32>(), x.len()) })
+    } else {
+        Cow::Owned(x.par_iter().map(|v| v.to_f32()).collect())
+    }
+}
+
 /// How one GEMM-path convolution is cut into tiles.
 struct TilePlan {
     /// Output pixels per tile.
@@ -316,44 +330,48 @@ impl TilePlan {
 /// Packs rows `ks` of the im2col matrix, for output pixels `pixels`, of one (batch, group) input `x_group`
 /// (`[Ci/groups, H, W]`) into `packed`: `[⌈pixels/NR⌉][KC][NR]` f32, taps outside the input zero. Lanes past the
 /// last pixel are never written, so they stay zero from allocation.
-fn pack_input_chunk<T: Float>(
-    geo: &ConvGeometry,
-    x_group: &[T],
-    ks: Range<usize>,
-    pixels: Range<usize>,
-    packed: &mut [f32],
-) {
+fn pack_input_chunk(geo: &ConvGeometry, x_group: &[f32], ks: Range<usize>, pixels: Range<usize>, packed: &mut [f32]) {
     let [_, _, h, w] = geo.input;
     let out_w = geo.output[3];
     let (kh, kw) = geo.kernel;
-    let slot = |k: usize, j: usize| (j / NR * KC + k - ks.start) * NR + j % NR;
     for k in ks.clone() {
+        let mut put = |j: usize, v: f32| packed[(j / NR * KC + k - ks.start) * NR + j % NR] = v;
         let (c, ky, kx) = (k / (kh * kw), k % (kh * kw) / kw, k % kw);
         let plane = &x_group[c * h * w..(c + 1) * h * w];
         if geo.is_pointwise() {
             // 1×1, stride 1, no padding: the GEMM's right-hand side is the input itself.
-            for (j, v) in plane[pixels.clone()].iter().enumerate() {
-                packed[slot(k, j)] = v.to_f32();
+            for (j, &v) in plane[pixels.clone()].iter().enumerate() {
+                put(j, v);
             }
             continue;
         }
-        let (dy, dx) = (
-            (ky * geo.dilation.0) as isize - geo.padding.0 as isize,
-            (kx * geo.dilation.1) as isize - geo.padding.1 as isize,
-        );
-        let (mut oy, mut ox) = (pixels.start / out_w, pixels.start % out_w);
-        for j in 0..pixels.len() {
+        let dy = (ky * geo.dilation.0) as isize - geo.padding.0 as isize;
+        let dx = (kx * geo.dilation.1) as isize - geo.padding.1 as isize;
+        // Output columns whose input column is inside the image; the same for every output row.
+        let valid = valid_outputs(dx, geo.stride.1, w, out_w);
+        // Walk the pixels one output row segment at a time: zeros, a strided run of the input row, zeros.
+        let mut p = pixels.start;
+        while p < pixels.end {
+            let (oy, ox0) = (p / out_w, p % out_w);
+            let segment = ox0..(out_w).min(ox0 + pixels.end - p);
+            let j0 = p - pixels.start;
             let iy = (oy * geo.stride.0) as isize + dy;
-            let ix = (ox * geo.stride.1) as isize + dx;
-            packed[slot(k, j)] = if (0..h as isize).contains(&iy) && (0..w as isize).contains(&ix) {
-                plane[iy as usize * w + ix as usize].to_f32()
+            if (0..h as isize).contains(&iy) {
+                let row = &plane[iy as usize * w..(iy as usize + 1) * w];
+                for ox in segment.clone() {
+                    let v = if valid.contains(&ox) {
+                        row[((ox * geo.stride.1) as isize + dx) as usize]
+                    } else {
+                        0.0
+                    };
+                    put(j0 + ox - ox0, v);
+                }
             } else {
-                0.0
-            };
-            ox += 1;
-            if ox == out_w {
-                (oy, ox) = (oy + 1, 0);
+                for ox in segment.clone() {
+                    put(j0 + ox - ox0, 0.0);
+                }
             }
+            p += segment.len();
         }
     }
 }
@@ -406,4 +424,28 @@ fn microkernel_body<const FUSED: bool>(a: &[f32], b: &[f32], acc_out: &mut [[f32
         }
     }
     *acc_out = acc;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The portable micro-kernel and the FMA one agree exactly on small integers (every sum exact either way).
+    #[test]
+    fn micro_kernels_agree_on_exact_data() {
+        let k = 37;
+        let a: Vec<f32> = (0..k * MR).map(|i| (i % 7) as f32 - 3.0).collect();
+        let b: Vec<f32> = (0..k * NR).map(|i| (i % 5) as f32 - 2.0).collect();
+        let mut portable = [[1f32; NR]; MR];
+        microkernel_body::<false>(&a, &b, &mut portable);
+        for i in 0..MR {
+            for j in 0..NR {
+                let want: f32 = 1.0 + (0..k).map(|kk| a[kk * MR + i] * b[kk * NR + j]).sum::<f32>();
+                assert_eq!(portable[i][j], want);
+            }
+        }
+        let mut dispatched = [[1f32; NR]; MR];
+        microkernel(&a, &b, &mut dispatched);
+        assert_eq!(dispatched, portable);
+    }
 }

@@ -1,9 +1,12 @@
 //! W8A8 on the CPU: the online activation quantizer (rayon over rows) and the two int8 GEMMs.
 //!
-//! Both GEMMs run the same integer core. The output `[M, N]` is cut into tiles of up to `TILE_ROWS × TILE_COLS`
-//! (in parallel); a tile walks K one block at a time, so the block's slice of its activation rows and weight rows
-//! stays in L1 while every `MR × NR` micro-tile of int32 block dots is computed (i8 × i8 products widened to i32,
-//! which compilers turn into `pmaddwd`-style multiply-adds) and handed to the scheme's combination.
+//! Both GEMMs run the same integer core. Weights are packed once into panels of `NR` output columns with each K
+//! block padded to an even length and consecutive codes paired (`[panel][block][pair][NR][2]`); activations are
+//! packed per call into pairs of i16 in one i32 (`[M][block][pair]`). Each pair step is then one 16-bit
+//! multiply-add into int32 lanes per (row, 8 columns) — `vpmaddwd` on AVX2, portable autovectorisable code
+//! elsewhere — and a block's int32 dots are exact. The output `[M, N]` is cut into tiles (in parallel); a tile
+//! walks K one block at a time, so that block's slice of its activation rows and weight panels stays in L1, and
+//! hands every `MR × NR` micro-tile of block dots to the scheme's combination.
 
 use super::{
     check_activation_shape, check_bias, check_smoothquant_activations, check_smoothquant_weight, check_weight_for,
@@ -17,12 +20,12 @@ use std::ops::Range;
 
 /// Activation rows per micro-tile.
 const MR: usize = 4;
-/// Weight rows (output columns) per micro-tile.
-const NR: usize = 4;
+/// Output columns per weight panel and micro-tile (two AVX2 registers of int32).
+const NR: usize = 16;
 /// Output rows per parallel tile.
-const TILE_ROWS: usize = 32;
-/// Output columns per parallel tile (fewer when that leaves threads idle).
-const TILE_COLS: usize = 64;
+const TILE_ROWS: usize = 64;
+/// Weight panels per parallel tile (fewer when that leaves threads idle).
+const TILE_PANELS: usize = 4;
 
 /// The online activation quantizer (see [`super::quantize_activations`]), parallel over rows.
 pub fn quantize_activations<T: Float>(
@@ -69,19 +72,15 @@ pub fn quantize_activations<T: Float>(
 }
 
 /// Per-block W8A8 prepared for the CPU: int8 (or int4) offset-form weights `[N, K]` with the activations' K
-/// blocks, their per-(column, block) code sums precomputed.
+/// blocks, packed into panels, with the per-(column, block) code sums folded into `offset_terms`.
 #[derive(Debug, Clone)]
 pub struct BlockW8a8Cpu {
-    n: usize,
-    k: usize,
-    block_size: usize,
-    /// `[N, K]`.
-    codes: Vec<i8>,
-    /// `[N, blocks]`.
+    weight: PackedWeight,
+    /// `[panels][blocks][NR]` (zero for padding columns).
     scales: Vec<f32>,
-    /// `[N, blocks]`.
+    /// `[panels][blocks][NR]`.
     offsets: Vec<f32>,
-    /// `[N, blocks]`: `sB · Σ b_q + bs · oB`, the weight-only factor of the `oA` terms.
+    /// `[panels][blocks][NR]`: `sB · Σ b_q + bs · oB`, the weight-only factor of the `oA` terms.
     offset_terms: Vec<f32>,
     bias: Option<Vec<f32>>,
 }
@@ -98,22 +97,23 @@ impl BlockW8a8Cpu {
             "blocks longer than 65536 could overflow the int32 block dot",
         )?;
         check_bias(bias, shape.rows)?;
-        let (n, k, block_size, blocks) = (shape.rows, shape.channels, shape.block_channels, shape.blocks());
-        let mut offset_terms = Vec::with_capacity(n * blocks);
-        for (r, row) in weight.codes().chunks_exact(k).enumerate() {
-            for (b, block) in row.chunks(block_size).enumerate() {
-                let p = r * blocks + b;
-                let code_sum: i32 = block.iter().map(|&q| q as i32).sum();
-                offset_terms.push(weight.scales()[p] * code_sum as f32 + block.len() as f32 * weight.offsets()[p]);
+        let (n, k, block, blocks) = (shape.rows, shape.channels, shape.block_channels, shape.blocks());
+        let packed = PackedWeight::new(weight.codes(), n, k, block);
+        let params = packed.panels * blocks * NR;
+        let (mut scales, mut offsets, mut offset_terms) = (vec![0f32; params], vec![0f32; params], vec![0f32; params]);
+        for (c, row) in weight.codes().chunks_exact(k).enumerate() {
+            for (b, block_codes) in row.chunks(block).enumerate() {
+                let (src, dst) = (c * blocks + b, (c / NR * blocks + b) * NR + c % NR);
+                let code_sum: i32 = block_codes.iter().map(|&q| q as i32).sum();
+                let (scale, offset) = (weight.scales()[src], weight.offsets()[src]);
+                (scales[dst], offsets[dst]) = (scale, offset);
+                offset_terms[dst] = scale * code_sum as f32 + block_codes.len() as f32 * offset;
             }
         }
         Ok(Self {
-            n,
-            k,
-            block_size,
-            codes: weight.codes().to_vec(),
-            scales: weight.scales().to_vec(),
-            offsets: weight.offsets().to_vec(),
+            weight: packed,
+            scales,
+            offsets,
             offset_terms,
             bias: bias.map(<[f32]>::to_vec),
         })
@@ -121,72 +121,64 @@ impl BlockW8a8Cpu {
 
     /// Output features `N`.
     pub fn n(&self) -> usize {
-        self.n
+        self.weight.n
     }
 
     /// `C [M, N]` for activations quantized with this weight's K blocks.
     pub fn forward<T: Float>(&self, a: &QuantizedActivations) -> Result<Vec<T>> {
-        let mut out = vec![T::default(); a.m * self.n];
+        let mut out = vec![T::default(); a.m * self.weight.n];
         self.forward_into(a, &mut out)?;
         Ok(out)
     }
 
     /// Like [`BlockW8a8Cpu::forward`], writing into `out` (`[M, N]`).
     pub fn forward_into<T: Float>(&self, a: &QuantizedActivations, out: &mut [T]) -> Result<()> {
-        self.check_activations(a)?;
-        check_len("output", out.len(), a.m * self.n, "M · N")?;
-        let blocks = a.blocks();
-        let gemm = Int8Gemm {
-            a: &a.codes,
-            b: &self.codes,
-            k: self.k,
-            block: self.block_size,
-        };
-        par_tiles(a.m, self.n, out, |rows, cols| {
-            // Per block: acc += sA·(sB·dot + oB·Σa) + oA·(sB·Σb + bs·oB), f32.
-            let acc = gemm.tile(
+        let w = &self.weight;
+        check_activations_for(a, w.k)?;
+        ensure(
+            a.block_size == w.block,
+            "block_size",
+            format!("activations {} vs weight {}", a.block_size, w.block),
+            "weight and activation K blocks must be equal",
+        )?;
+        check_len("output", out.len(), a.m * w.n, "M · N")?;
+        let pairs = w.pack_activations(&a.codes, a.m);
+        let blocks = w.blocks;
+        par_tiles(a.m, w.n, out, |rows, panels| {
+            let acc = w.tile(
+                &pairs,
                 rows.clone(),
-                cols.clone(),
-                |acc: &mut [[f32; NR]; MR], r, c, blk, dots| {
-                    let pa = r.map(|r| r * blocks + blk);
-                    let pb = c.map(|c| c * blocks + blk);
-                    for i in 0..MR {
-                        let (sa, oa, sum_a) = (a.scales[pa[i]], a.offsets[pa[i]], a.code_sums[pa[i]] as f32);
+                panels.clone(),
+                |acc: &mut [[f32; NR]; MR], r, panel, blk, dots| {
+                    // acc += sA·(sB·dot + oB·Σa) + oA·(sB·Σb + bs·oB), f32, across the panel's columns.
+                    let p = (panel * blocks + blk) * NR;
+                    let (sb, ob, ot) = (
+                        &self.scales[p..p + NR],
+                        &self.offsets[p..p + NR],
+                        &self.offset_terms[p..p + NR],
+                    );
+                    for ((acc_row, dot_row), &r) in acc.iter_mut().zip(dots).zip(&r) {
+                        let pa = r * blocks + blk;
+                        let (sa, oa, sum_a) = (a.scales[pa], a.offsets[pa], a.code_sums[pa] as f32);
                         for j in 0..NR {
-                            let (sb, ob) = (self.scales[pb[j]], self.offsets[pb[j]]);
-                            acc[i][j] += sa * (sb * dots[i][j] as f32 + ob * sum_a) + oa * self.offset_terms[pb[j]];
+                            acc_row[j] += sa * (sb[j] * dot_row[j] as f32 + ob[j] * sum_a) + oa * ot[j];
                         }
                     }
                 },
             );
-            unpack_tile(&acc, rows, cols, |_, c, v| v + self.bias.as_ref().map_or(0.0, |b| b[c]))
+            unpack_tile(&acc, rows, panels, w.n, |_, c, v| {
+                v + self.bias.as_ref().map_or(0.0, |b| b[c])
+            })
         });
         Ok(())
-    }
-
-    fn check_activations(&self, a: &QuantizedActivations) -> Result<()> {
-        ensure(
-            a.k == self.k,
-            "activations",
-            format!("shape [{}, {}]", a.m, a.k),
-            &format!("activation K must equal the weight's K = {}", self.k),
-        )?;
-        ensure(
-            a.block_size == self.block_size,
-            "block_size",
-            format!("activations {} vs weight {}", a.block_size, self.block_size),
-            "weight and activation K blocks must be equal",
-        )
     }
 }
 
 /// SmoothQuant W8A8 prepared for the CPU: int8 weights `[N, K]` with one symmetric scale per output channel.
 #[derive(Debug, Clone)]
 pub struct SmoothQuantCpu {
-    n: usize,
-    k: usize,
-    /// `[N, K]`.
-    codes: Vec<i8>,
+    /// Packed with int32 chunks of at most [`MAX_EXACT_BLOCK`] as its K blocks; chunks are summed in int64.
+    weight: PackedWeight,
     /// `[N]`.
     channel_scales: Vec<f32>,
     bias: Option<Vec<f32>>,
@@ -200,10 +192,9 @@ impl SmoothQuantCpu {
         check_smoothquant_weight(weight)?;
         check_weight_for(weight, shape.channels, shape.channels, "SmoothQuant")?;
         check_bias(bias, shape.rows)?;
+        let (n, k) = (shape.rows, shape.channels);
         Ok(Self {
-            n: shape.rows,
-            k: shape.channels,
-            codes: weight.codes().to_vec(),
+            weight: PackedWeight::new(weight.codes(), n, k, k.min(MAX_EXACT_BLOCK)),
             channel_scales: weight.scales().to_vec(),
             bias: bias.map(<[f32]>::to_vec),
         })
@@ -211,38 +202,29 @@ impl SmoothQuantCpu {
 
     /// Output features `N`.
     pub fn n(&self) -> usize {
-        self.n
+        self.weight.n
     }
 
     /// `y [M, N]` for per-token activations (one symmetric block per row, see
     /// [`QuantizedActivations::per_token`] or [`ActivationQuant::Symmetric`] with `block_size = K`).
     pub fn forward<T: Float>(&self, a: &QuantizedActivations) -> Result<Vec<T>> {
-        let mut out = vec![T::default(); a.m * self.n];
+        let mut out = vec![T::default(); a.m * self.weight.n];
         self.forward_into(a, &mut out)?;
         Ok(out)
     }
 
     /// Like [`SmoothQuantCpu::forward`], writing into `out` (`[M, N]`).
     pub fn forward_into<T: Float>(&self, a: &QuantizedActivations, out: &mut [T]) -> Result<()> {
+        let w = &self.weight;
         check_smoothquant_activations(a)?;
-        ensure(
-            a.k == self.k,
-            "activations",
-            format!("shape [{}, {}]", a.m, a.k),
-            &format!("activation K must equal the weight's K = {}", self.k),
-        )?;
-        check_len("output", out.len(), a.m * self.n, "M · N")?;
-        // The integer dot runs in int32 chunks of at most MAX_EXACT_BLOCK, summed exactly in int64.
-        let gemm = Int8Gemm {
-            a: &a.codes,
-            b: &self.codes,
-            k: self.k,
-            block: self.k.min(MAX_EXACT_BLOCK),
-        };
-        par_tiles(a.m, self.n, out, |rows, cols| {
-            let acc = gemm.tile(
+        check_activations_for(a, w.k)?;
+        check_len("output", out.len(), a.m * w.n, "M · N")?;
+        let pairs = w.pack_activations(&a.codes, a.m);
+        par_tiles(a.m, w.n, out, |rows, panels| {
+            let acc = w.tile(
+                &pairs,
                 rows.clone(),
-                cols.clone(),
+                panels.clone(),
                 |acc: &mut [[i64; NR]; MR], _, _, _, dots| {
                     for (acc_row, dot_row) in acc.iter_mut().zip(dots) {
                         for (acc, &dot) in acc_row.iter_mut().zip(dot_row) {
@@ -252,7 +234,7 @@ impl SmoothQuantCpu {
                 },
             );
             // One rounding: the exact dot times the two f32 scales (exact in f64), plus bias, rounded to f32.
-            unpack_tile(&acc, rows, cols, |r, c, dot| {
+            unpack_tile(&acc, rows, panels, w.n, |r, c, dot| {
                 let y = dot as f64 * a.scales[r] as f64 * self.channel_scales[c] as f64;
                 (y + self.bias.as_ref().map_or(0.0, |b| b[c] as f64)) as f32
             })
@@ -261,36 +243,137 @@ impl SmoothQuantCpu {
     }
 }
 
-/// The int8 GEMM core: `a` `[M, K]` and `b` `[N, K]` codes, int32 dots per K block of `block` columns.
-struct Int8Gemm<'a> {
-    a: &'a [i8],
-    b: &'a [i8],
-    k: usize,
-    block: usize,
+/// Fails unless the activations have the weight's K.
+fn check_activations_for(a: &QuantizedActivations, k: usize) -> Result<()> {
+    ensure(
+        a.k == k,
+        "activations",
+        format!("shape [{}, {}]", a.m, a.k),
+        &format!("activation K must equal the weight's K = {k}"),
+    )
 }
 
-impl Int8Gemm<'_> {
-    /// The accumulators of output rows `rows` × columns `cols`, as micro-tiles
-    /// `[⌈rows/MR⌉ · ⌈cols/NR⌉]` of `MR × NR`. For each K block and micro-tile, `combine(acc, rows, cols, block,
-    /// dots)` adds the block's int32 dots; rows/columns past the tile's end repeat its last one (their results are
-    /// dropped by [`unpack_tile`]).
+/// Int8 weight codes `[N, K]` packed for the micro-kernel: panels of `NR` output columns, each K block padded to
+/// an even length (`padded_block`) with zero codes, consecutive codes of a column side by side:
+/// `[panel][block][padded_block / 2][NR][2]`. Columns past `N` are zero.
+#[derive(Debug, Clone)]
+struct PackedWeight {
+    n: usize,
+    k: usize,
+    /// K columns per block (the int32 dot's span); the last block may be shorter.
+    block: usize,
+    blocks: usize,
+    padded_block: usize,
+    panels: usize,
+    codes: Vec<i8>,
+}
+
+impl PackedWeight {
+    fn new(codes: &[i8], n: usize, k: usize, block: usize) -> Self {
+        let (blocks, padded_block, panels) = (k.div_ceil(block), block.next_multiple_of(2), n.div_ceil(NR));
+        let mut packed = vec![0i8; panels * blocks * padded_block * NR];
+        for (c, row) in codes.chunks_exact(k).enumerate() {
+            for (i, &q) in row.iter().enumerate() {
+                let (b, kb) = (i / block, i % block);
+                packed[(((c / NR * blocks + b) * padded_block + kb) / 2 * NR + c % NR) * 2 + kb % 2] = q;
+            }
+        }
+        Self {
+            n,
+            k,
+            block,
+            blocks,
+            padded_block,
+            panels,
+            codes: packed,
+        }
+    }
+
+    /// The packed codes of one (panel, block): `[padded_block / 2][NR][2]`.
+    fn panel_block(&self, panel: usize, blk: usize) -> &[i8] {
+        let len = self.padded_block * NR;
+        &self.codes[(panel * self.blocks + blk) * len..][..len]
+    }
+
+    /// Activation codes `[M, K]` as the micro-kernel reads them: per row and block, `padded_block / 2` pairs of
+    /// consecutive codes, each pair two i16 in one i32 (first code in the low half), zero-padded.
+    fn pack_activations(&self, codes: &[i8], m: usize) -> Vec<i32> {
+        let row_pairs = self.blocks * self.padded_block / 2;
+        let mut pairs = vec![0i32; m * row_pairs];
+        pairs
+            .par_chunks_mut(row_pairs)
+            .zip(codes.par_chunks(self.k))
+            .for_each(|(dst, row)| {
+                for (dst_block, block) in dst.chunks_exact_mut(self.padded_block / 2).zip(row.chunks(self.block)) {
+                    for (pair, q) in dst_block.iter_mut().zip(block.chunks(2)) {
+                        let high = q.get(1).copied().unwrap_or(0);
+                        *pair = (q[0] as i16 as u16 as u32 | (high as i16 as u16 as u32) << 16) as i32;
+                    }
+                }
+            });
+        pairs
+    }
+
+    /// The accumulators of output rows `rows` × weight panels `panels`, as micro-tiles
+    /// `[⌈rows/MR⌉][panels]` of `MR × NR`. For each K block and micro-tile, `combine(acc, rows, panel, block,
+    /// dots)` adds the block's int32 dots; rows past the tile's end repeat its last one (their results, like the
+    /// padding columns, are dropped by [`unpack_tile`]).
     fn tile<Acc: Copy + Default>(
         &self,
+        pairs: &[i32],
         rows: Range<usize>,
-        cols: Range<usize>,
-        combine: impl Fn(&mut [[Acc; NR]; MR], [usize; MR], [usize; NR], usize, &[[i32; NR]; MR]),
+        panels: Range<usize>,
+        combine: impl Fn(&mut [[Acc; NR]; MR], [usize; MR], usize, usize, &[[i32; NR]; MR]),
     ) -> Vec<[[Acc; NR]; MR]> {
-        let (row_tiles, col_tiles) = (rows.len().div_ceil(MR), cols.len().div_ceil(NR));
-        let mut acc = vec![[[Acc::default(); NR]; MR]; row_tiles * col_tiles];
-        for (blk, start) in (0..self.k).step_by(self.block).enumerate() {
-            let span = start..(start + self.block).min(self.k);
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU supports AVX2, the only feature `tile_avx2` is compiled for (checked just above).
+            return unsafe { self.tile_avx2(pairs, rows, panels, combine) };
+        }
+        self.tile_body::<Acc, false>(pairs, rows, panels, combine)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn tile_avx2<Acc: Copy + Default>(
+        &self,
+        pairs: &[i32],
+        rows: Range<usize>,
+        panels: Range<usize>,
+        combine: impl Fn(&mut [[Acc; NR]; MR], [usize; MR], usize, usize, &[[i32; NR]; MR]),
+    ) -> Vec<[[Acc; NR]; MR]> {
+        self.tile_body::<Acc, true>(pairs, rows, panels, combine)
+    }
+
+    /// [`PackedWeight::tile`], compiled once per instruction set (`AVX2` only where the CPU has it).
+    #[inline(always)]
+    fn tile_body<Acc: Copy + Default, const AVX2: bool>(
+        &self,
+        pairs: &[i32],
+        rows: Range<usize>,
+        panels: Range<usize>,
+        combine: impl Fn(&mut [[Acc; NR]; MR], [usize; MR], usize, usize, &[[i32; NR]; MR]),
+    ) -> Vec<[[Acc; NR]; MR]> {
+        let row_tiles = rows.len().div_ceil(MR);
+        let half = self.padded_block / 2;
+        let row_pairs = self.blocks * half;
+        let mut acc = vec![[[Acc::default(); NR]; MR]; row_tiles * panels.len()];
+        for blk in 0..self.blocks {
             for rt in 0..row_tiles {
                 let r: [usize; MR] = std::array::from_fn(|i| (rows.start + rt * MR + i).min(rows.end - 1));
-                let a_rows = r.map(|r| &self.a[r * self.k + span.start..r * self.k + span.end]);
-                for ct in 0..col_tiles {
-                    let c: [usize; NR] = std::array::from_fn(|j| (cols.start + ct * NR + j).min(cols.end - 1));
-                    let b_rows = c.map(|c| &self.b[c * self.k + span.start..c * self.k + span.end]);
-                    combine(&mut acc[rt * col_tiles + ct], r, c, blk, &block_dots(&a_rows, &b_rows));
+                let a = r.map(|r| &pairs[r * row_pairs + blk * half..][..half]);
+                for (i, panel) in panels.clone().enumerate() {
+                    let b = self.panel_block(panel, blk);
+                    #[cfg(target_arch = "x86_64")]
+                    let dots = if AVX2 {
+                        // SAFETY: only instantiated with AVX2 = true inside `tile_avx2`, which requires AVX2.
+                        unsafe { block_dots_avx2(&a, b) }
+                    } else {
+                        block_dots_portable(&a, b)
+                    };
+                    #[cfg(not(target_arch = "x86_64"))]
+                    let dots = block_dots_portable(&a, b);
+                    combine(&mut acc[rt * panels.len() + i], r, panel, blk, &dots);
                 }
             }
         }
@@ -298,52 +381,52 @@ impl Int8Gemm<'_> {
     }
 }
 
-/// Turns micro-tiled accumulators into a row-major `rows × cols` f32 tile through `finish(row, col, acc)`.
+/// Turns micro-tiled accumulators (from [`PackedWeight::tile`]) into a row-major f32 tile of `rows` × the real
+/// columns of `panels`, through `finish(row, col, acc)`.
 fn unpack_tile<Acc: Copy>(
     acc: &[[[Acc; NR]; MR]],
     rows: Range<usize>,
-    cols: Range<usize>,
+    panels: Range<usize>,
+    n: usize,
     finish: impl Fn(usize, usize, Acc) -> f32,
 ) -> Vec<f32> {
-    let col_tiles = cols.len().div_ceil(NR);
+    let cols = panels.start * NR..(panels.end * NR).min(n);
     let mut out = Vec::with_capacity(rows.len() * cols.len());
     for r in 0..rows.len() {
         for c in 0..cols.len() {
-            let v = acc[r / MR * col_tiles + c / NR][r % MR][c % NR];
+            let v = acc[r / MR * panels.len() + c / NR][r % MR][c % NR];
             out.push(finish(rows.start + r, cols.start + c, v));
         }
     }
     out
 }
 
-/// Computes `[M, N]` in parallel tiles: `tile(rows, cols)` returns a row-major f32 tile, written into `out` as `T`.
-/// Row chunks of `out` are contiguous, so they split safely; column tiles inside a chunk run in parallel too.
+/// Computes `[M, N]` in parallel tiles: `tile(rows, panels)` returns a row-major f32 tile of `rows` × the columns
+/// of `panels`, written into `out` as `T`. Row chunks of `out` are contiguous, so they split safely; panel tiles
+/// inside a chunk run in parallel too.
 fn par_tiles<T: Float>(
     m: usize,
     n: usize,
     out: &mut [T],
     tile: impl Fn(Range<usize>, Range<usize>) -> Vec<f32> + Sync,
 ) {
-    let row_chunks = m.div_ceil(TILE_ROWS);
-    // Narrow the column tiles (down to NR) when there are too few tiles to keep every thread busy (decode, M = 1).
+    let (row_chunks, panels) = (m.div_ceil(TILE_ROWS), n.div_ceil(NR));
+    // Narrow the panel tiles (down to one panel) when there are too few tiles to keep every thread busy (decode).
     let wanted = 4 * rayon::current_num_threads();
-    let tile_cols = n
-        .div_ceil(wanted.div_ceil(row_chunks).max(1))
-        .next_multiple_of(NR)
-        .clamp(NR, TILE_COLS);
-    let col_tiles = n.div_ceil(tile_cols);
+    let tile_panels = panels.div_ceil(wanted.div_ceil(row_chunks)).clamp(1, TILE_PANELS);
+    let panel_tiles = panels.div_ceil(tile_panels);
     out.par_chunks_mut(TILE_ROWS * n)
         .enumerate()
         .for_each(|(chunk, out_rows)| {
             let rows = chunk * TILE_ROWS..chunk * TILE_ROWS + out_rows.len() / n;
-            let tiles: Vec<Vec<f32>> = (0..col_tiles)
+            let tiles: Vec<Vec<f32>> = (0..panel_tiles)
                 .into_par_iter()
-                .map(|t| tile(rows.clone(), t * tile_cols..((t + 1) * tile_cols).min(n)))
+                .map(|t| tile(rows.clone(), t * tile_panels..((t + 1) * tile_panels).min(panels)))
                 .collect();
             for (t, tile) in tiles.iter().enumerate() {
-                let width = tile.len() / rows.len();
+                let (first_col, width) = (t * tile_panels * NR, tile.len() / rows.len());
                 for (out_row, tile_row) in out_rows.chunks_exact_mut(n).zip(tile.chunks_exact(width)) {
-                    for (o, &v) in out_row[t * tile_cols..t * tile_cols + width].iter_mut().zip(tile_row) {
+                    for (o, &v) in out_row[first_col..first_col + width].iter_mut().zip(tile_row) {
                         *o = T::from_f32(v);
                     }
                 }
@@ -351,35 +434,96 @@ fn par_tiles<T: Float>(
         });
 }
 
-/// The `MR × NR` int32 dots of one K block: `dots[i][j] = Σ a[i][k] · b[j][k]`.
-fn block_dots(a: &[&[i8]; MR], b: &[&[i8]; NR]) -> [[i32; NR]; MR] {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU supports AVX2, the only feature `block_dots_avx2` is compiled for (checked just above).
-        return unsafe { block_dots_avx2(a, b) };
-    }
-    block_dots_body(a, b)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn block_dots_avx2(a: &[&[i8]; MR], b: &[&[i8]; NR]) -> [[i32; NR]; MR] {
-    block_dots_body(a, b)
-}
-
-/// Compiled once per instruction set. Each product of two i8 fits i16 and a block's sum fits i32 (blocks are at
-/// most [`MAX_EXACT_BLOCK`]), so the widening multiply-add is exact.
+/// The `MR × NR` int32 dots of one K block: `dots[i][j] = Σ_pairs lo(a_i)·b[j][0] + hi(a_i)·b[j][1]`, for `a` rows
+/// of i16 pairs and `b` one packed (panel, block) `[pairs][NR][2]`. Exact: each product fits i16 × i16 and a
+/// block (at most [`MAX_EXACT_BLOCK`]) sums below 2^31. Portable and autovectorisable.
 #[inline(always)]
-fn block_dots_body(a: &[&[i8]; MR], b: &[&[i8]; NR]) -> [[i32; NR]; MR] {
+fn block_dots_portable(a: &[&[i32]; MR], b: &[i8]) -> [[i32; NR]; MR] {
     let mut dots = [[0i32; NR]; MR];
-    for (dot_row, a_row) in dots.iter_mut().zip(a) {
-        for (dot, b_row) in dot_row.iter_mut().zip(b) {
-            *dot = a_row
-                .iter()
-                .zip(b_row.iter())
-                .map(|(&x, &y)| (x as i16 * y as i16) as i32)
-                .sum();
+    for (p, b_pair) in b.chunks_exact(2 * NR).enumerate() {
+        for (dot_row, a_row) in dots.iter_mut().zip(a) {
+            let (lo, hi) = (a_row[p] as i16 as i32, a_row[p] >> 16);
+            for (j, dot) in dot_row.iter_mut().enumerate() {
+                *dot += lo * b_pair[2 * j] as i32 + hi * b_pair[2 * j + 1] as i32;
+            }
         }
     }
     dots
+}
+
+/// [`block_dots_portable`] with AVX2: per pair step, one `vpmaddwd` per (row, 8 columns).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn block_dots_avx2(a: &[&[i32]; MR], b: &[i8]) -> [[i32; NR]; MR] {
+    use std::arch::x86_64::*;
+    const { assert!(NR == 16, "two registers of 8 int32 lanes per row") };
+    let steps = b.len() / (2 * NR);
+    let a = a.map(|row| &row[..steps]); // bounds-checked once; the loop below stays in range
+    let mut acc = [[_mm256_setzero_si256(); 2]; MR];
+    for p in 0..steps {
+        let b_pair = b.as_ptr().add(p * 2 * NR);
+        // 16 codes (8 columns × 2) widened to i16.
+        let b_low = _mm256_cvtepi8_epi16(_mm_loadu_si128(b_pair.cast()));
+        let b_high = _mm256_cvtepi8_epi16(_mm_loadu_si128(b_pair.add(NR).cast()));
+        for (acc_row, a_row) in acc.iter_mut().zip(&a) {
+            let a_pair = _mm256_set1_epi32(*a_row.get_unchecked(p));
+            acc_row[0] = _mm256_add_epi32(acc_row[0], _mm256_madd_epi16(a_pair, b_low));
+            acc_row[1] = _mm256_add_epi32(acc_row[1], _mm256_madd_epi16(a_pair, b_high));
+        }
+    }
+    let mut dots = [[0i32; NR]; MR];
+    for (dot_row, acc_row) in dots.iter_mut().zip(&acc) {
+        _mm256_storeu_si256(dot_row.as_mut_ptr().cast(), acc_row[0]);
+        _mm256_storeu_si256(dot_row.as_mut_ptr().add(8).cast(), acc_row[1]);
+    }
+    dots
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The portable micro-kernel (what non-AVX2 CPUs run) and the AVX2 one against a plain dot, on packed data
+    /// with extreme codes.
+    #[test]
+    fn micro_kernels_agree_with_plain_dots() {
+        let (n, k, block) = (NR + 3, 70, 35);
+        let mut state = 0x1234_5678_u32;
+        let mut code = || {
+            state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (state >> 24) as u8 as i8
+        };
+        let w_codes: Vec<i8> = (0..n * k).map(|i| if i % 11 == 0 { -128 } else { code() }).collect();
+        let a_codes: Vec<i8> = (0..MR * k).map(|i| if i % 7 == 0 { -128 } else { code() }).collect();
+        let w = PackedWeight::new(&w_codes, n, k, block);
+        let pairs = w.pack_activations(&a_codes, MR);
+        let row_pairs = w.blocks * w.padded_block / 2;
+        for panel in 0..w.panels {
+            for blk in 0..w.blocks {
+                let a: [&[i32]; MR] =
+                    std::array::from_fn(|i| &pairs[i * row_pairs + blk * w.padded_block / 2..][..w.padded_block / 2]);
+                let b = w.panel_block(panel, blk);
+                let portable = block_dots_portable(&a, b);
+                for (i, dot_row) in portable.iter().enumerate() {
+                    for (j, &dot) in dot_row.iter().enumerate() {
+                        let c = panel * NR + j;
+                        let want: i32 = if c < n {
+                            (blk * block..(blk + 1) * block)
+                                .map(|kk| a_codes[i * k + kk] as i32 * w_codes[c * k + kk] as i32)
+                                .sum()
+                        } else {
+                            0
+                        };
+                        assert_eq!(dot, want, "panel {panel} block {blk} row {i} col {j}");
+                    }
+                }
+                #[cfg(target_arch = "x86_64")]
+                if std::arch::is_x86_feature_detected!("avx2") {
+                    // SAFETY: AVX2 is present (checked just above).
+                    assert_eq!(unsafe { block_dots_avx2(&a, b) }, portable);
+                }
+            }
+        }
+    }
 }
