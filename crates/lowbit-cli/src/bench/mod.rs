@@ -81,7 +81,7 @@ impl BenchArgs {
 
     /// Whether `op` was asked for (every op is, when `--op` is absent).
     pub fn wants(&self, op: &str) -> bool {
-        self.op.as_deref().is_none_or(|o| o == op)
+        self.op.as_deref().map_or(true, |o| o == op)
     }
 
     /// The `group` field of a record for group size `group_size` along `k` inputs (-1: per channel).

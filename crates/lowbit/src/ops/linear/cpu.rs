@@ -9,7 +9,7 @@
 //! - **Per-group constants.** `scale` and `scale * zero` per (column, group), 16 at a time.
 //!
 //! The arithmetic, per output element (row `m`, column `n`), is the same for every batch size and every code path:
-//! K is cut into blocks (each group, split into pieces of at most [`BLOCK_K`]); for each block
+//! K is cut into blocks (each group, split into pieces of at most `BLOCK_K` = 128); for each block
 //! `acc = Σ x[k] * code[k]` (f32, one FMA per `k` in order), then `y += scale * acc - (scale * zero) * Σ x[k]`.
 //! Subtracting the zero once per block instead of once per weight is what lets the inner loop be a bare FMA.
 //! Because no path reorders this sum, row 0 of a batch equals the single-row result bit for bit.
@@ -522,13 +522,18 @@ fn contiguous_groups(w: &QuantMatrix, groups: usize) -> (Option<Vec<usize>>, Vec
     let g_idx = w.g_idx.as_ref().expect("non-trivial g_idx is present");
     let mut perm: Vec<usize> = (0..w.k).collect();
     perm.sort_by_key(|&k| g_idx[k]); // stable: inputs keep their order inside a group
-    let mut ranges = Vec::with_capacity(groups);
-    let mut start = 0;
-    for g in 0..groups {
-        let len = g_idx.iter().filter(|&&x| x as usize == g).count();
-        ranges.push(start..start + len);
-        start += len;
+    let mut sizes = vec![0usize; groups];
+    for &g in g_idx {
+        sizes[g as usize] += 1;
     }
+    let mut start = 0;
+    let ranges = sizes
+        .iter()
+        .map(|&len| {
+            start += len;
+            start - len..start
+        })
+        .collect();
     (Some(perm), ranges)
 }
 
