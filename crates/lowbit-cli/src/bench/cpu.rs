@@ -7,7 +7,7 @@
 
 use super::{time_us, BenchArgs, BenchRecord, Shape, Sink};
 use lowbit::ops::dequantize::{cpu::dequantize, Layout};
-use lowbit::ops::linear::{reference, LinearCpu};
+use lowbit::ops::linear::LinearCpu;
 use lowbit::{DType, Error, Float, QuantMatrix, Result};
 use rayon::prelude::*;
 
@@ -59,7 +59,8 @@ fn bench_linear(args: &BenchArgs, shape: Shape, dtypes: &[DType], device: &str, 
     let x: Vec<f32> = (0..m * k).map(|_| rng.signed_unit()).collect();
 
     sink.status(format!("linear dense_f32 {m}x{k}x{n}"));
-    let dense: Vec<f32> = reference::dequantized(&w).into_iter().map(|v| v as f32).collect();
+    let mut dense = vec![0.0f32; n * k];
+    dequantize(&w, Layout::Nk, &mut dense)?;
     let mut y = vec![0.0f32; m * n];
     let us = time_us(|| dense_f32_linear(&x, &dense, shape, &mut y));
     drop(dense);
