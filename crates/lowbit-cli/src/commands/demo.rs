@@ -4,15 +4,20 @@
 //! The weight is `[N, K]` drawn from a seeded PRNG with the features that make real LLM weights hard to quantize
 //! (rows of different spread, a few large input channels); the activations have outlier channels as real ones do.
 //! Two errors are reported, because they answer different questions:
-//! - lowbit vs the exact product with the dequantized weight (f64): is the kernel right? (f32 rounding, ~1e-6..1e-3)
-//! - lowbit vs the product with the unquantized weight: what does 4-bit RTN cost? (a few percent)
+//! - lowbit vs the exact product with the dequantized weight (f64): is the kernel right? (~1e-6 with f32 output on
+//!   the CPU, ~1e-4 with fp16 output on the GPU: the output rounding)
+//! - lowbit vs the product with the unquantized weight: what does 4-bit RTN cost? (~15% on this weight)
+//!
+//! Timings: CPU, the median of batches of calls (`lowbit bench`'s timer); GPU, the median of batches between CUDA
+//! events, every weight rotated among enough copies to exceed 2 x L2 so each call reads device memory.
 
 use super::human_bytes;
 use half::f16;
-use lowbit::cuda::{CudaDevice, Device, StreamTimer};
+use lowbit::cuda::{CudaDevice, CudaSlice, Device, StreamTimer};
 use lowbit::formats::awq::AwqWeight;
 use lowbit::ops::dequantize::cuda::{DequantDesc, DequantizeInt4, Int4Layout, Int4Weight};
 use lowbit::ops::dequantize::{dequantize_to_tensor, Layout};
+use lowbit::ops::linear::cuda::{repack, CublasLinear, LinearW4A16Cuda, MAX_M};
 use lowbit::ops::linear::{reference, LinearCpu};
 use lowbit::quantize::{quantize_rtn, RtnConfig};
 use lowbit::{DType, Error, QuantMatrix, Result};
@@ -162,6 +167,17 @@ fn fmt_time(us: f64) -> String {
     }
 }
 
+/// One batch of activations and the two references every device is checked against.
+struct Batch {
+    m: usize,
+    /// `[m, K]`, fp16-representable.
+    x: Vec<f32>,
+    /// f64 product with the dequantized weight.
+    exact: Vec<f64>,
+    /// f64 product with the unquantized weight.
+    unquantized: Vec<f64>,
+}
+
 pub fn run(a: DemoArgs) -> Result<()> {
     let (n, k) = parse_shape(&a.shape)?;
     if a.group_size == 0 || k % a.group_size != 0 {
@@ -221,63 +237,121 @@ pub fn run(a: DemoArgs) -> Result<()> {
         ));
     }
 
-    let batches: Vec<(usize, Vec<f32>)> = a
+    let batches: Vec<Batch> = a
         .batch
         .iter()
-        .map(|&m| (m, realistic_activations(m, k, &mut rng)))
+        .map(|&m| {
+            let x = realistic_activations(m, k, &mut rng);
+            let exact = reference::linear(&x, m, &q, None);
+            let unquantized = dense_f64(&x, m, &weight, n, k);
+            Batch {
+                m,
+                x,
+                exact,
+                unquantized,
+            }
+        })
         .collect();
     cpu_section(&q, &weight, &batches)?;
     match gpu {
-        Ok(dev) => cuda_section(&dev, &q, &awq)?,
+        Ok(dev) => cuda_section(&dev, &q, &awq, &weight, &batches)?,
         Err(why) => println!("cuda: skipped: {why} (`lowbit doctor` says what CUDA pieces were found)"),
     }
+    println!(
+        "err = mean|y - ref| / mean|ref|; exact = f64 product with the dequantized weight, dense = with the original"
+    );
     Ok(())
+}
+
+/// Fails unless every output is finite.
+fn check_finite(what: &str, y: &[f32]) -> Result<()> {
+    match y.iter().position(|v| !v.is_finite()) {
+        Some(i) => Err(Error::invalid(what, format!("{} at {i}", y[i]), "must be finite")),
+        None => Ok(()),
+    }
+}
+
+const TABLE_HEADER: [&str; 6] = ["M", "err vs exact", "err vs dense", "lowbit int4", "dense", "speedup"];
+
+fn print_header(dense: &str) {
+    let h = TABLE_HEADER;
+    println!(
+        "  {:>6}  {:>14}  {:>14}  {:>12}  {:>12}  {:>8}",
+        h[0], h[1], h[2], h[3], dense, h[5]
+    );
+}
+
+fn print_row(b: &Batch, y: &[f32], lowbit_us: f64, dense_us: f64) {
+    println!(
+        "  {:>6}  {:>14.2e}  {:>14.2e}  {:>12}  {:>12}  {:>7.2}x",
+        b.m,
+        mean_rel(y, &b.exact),
+        mean_rel(y, &b.unquantized),
+        fmt_time(lowbit_us),
+        fmt_time(dense_us),
+        dense_us / lowbit_us
+    );
 }
 
 /// Checks [`LinearCpu`] against the exact and the unquantized products, and times it against dense f32.
-fn cpu_section(q: &QuantMatrix, weight: &[f32], batches: &[(usize, Vec<f32>)]) -> Result<()> {
+fn cpu_section(q: &QuantMatrix, weight: &[f32], batches: &[Batch]) -> Result<()> {
     let (n, k) = (q.n, q.k);
     let lin = LinearCpu::new(q)?;
-    println!("cpu: {} ({} threads)", lin.isa().name(), rayon::current_num_threads());
     println!(
-        "  {:>6}  {:>14}  {:>14}  {:>12}  {:>12}  {:>8}",
-        "M", "err vs exact", "err vs dense", "lowbit int4", "dense f32", "speedup"
+        "cpu: {} ({} threads); dense = f32 GEMM of the gemm crate",
+        lin.isa().name(),
+        rayon::current_num_threads()
     );
-    for (m, x) in batches {
-        let m = *m;
-        let mut y = vec![0f32; m * n];
-        lin.forward(x, m, k, None, &mut y)?;
-        if let Some(i) = y.iter().position(|v| !v.is_finite()) {
-            return Err(Error::invalid(
-                "cpu output",
-                format!("{} at {i}", y[i]),
-                "must be finite",
-            ));
-        }
-        let exact = reference::linear(x, m, q, None);
-        let unquantized = dense_f64(x, m, weight, n, k);
+    print_header("dense f32");
+    for b in batches {
+        let mut y = vec![0f32; b.m * n];
+        lin.forward(&b.x, b.m, k, None, &mut y)?;
+        check_finite("cpu output", &y)?;
         let lowbit_us = crate::bench::time_us(|| {
-            lin.forward(x, m, k, None, &mut y).expect("validated above");
+            lin.forward(&b.x, b.m, k, None, &mut y).expect("validated above");
         });
-        let mut y_dense = vec![0f32; m * n];
-        let dense_us = crate::bench::time_us(|| dense_f32_gemm(x, m, weight, n, k, &mut y_dense));
-        println!(
-            "  {m:>6}  {:>14.2e}  {:>14.2e}  {:>12}  {:>12}  {:>7.2}x",
-            mean_rel(&y, &exact),
-            mean_rel(&y, &unquantized),
-            fmt_time(lowbit_us),
-            fmt_time(dense_us),
-            dense_us / lowbit_us
-        );
+        let mut y_dense = vec![0f32; b.m * n];
+        let dense_us = crate::bench::time_us(|| dense_f32_gemm(&b.x, b.m, weight, n, k, &mut y_dense));
+        print_row(b, &y, lowbit_us, dense_us);
     }
-    println!(
-        "  err = mean|y - ref| / mean|ref|; exact = f64 product with the dequantized weight, dense = with the original"
-    );
     Ok(())
 }
 
-/// The GPU part: the CUDA operations lowbit has, checked against the CPU and timed.
-fn cuda_section(dev: &Arc<CudaDevice>, q: &QuantMatrix, awq: &AwqWeight) -> Result<()> {
+/// Median microseconds per call of `launch(i % sets)`: a warm-up batch, then five batches of ~10 ms between CUDA
+/// events.
+fn gpu_median_us(dev: &CudaDevice, sets: usize, mut launch: impl FnMut(usize) -> Result<()>) -> Result<f64> {
+    const BATCHES: usize = 5;
+    const BATCH_US: f64 = 10_000.0;
+    let stream = dev.stream();
+    let timer = StreamTimer::new(dev)?;
+    let mut batch = |reps: usize| -> Result<f64> {
+        timer.start(stream)?;
+        for i in 0..reps {
+            launch(i % sets)?;
+        }
+        Ok(timer.stop_ms(stream)? * 1e3 / reps as f64)
+    };
+    let probe = batch(20)?;
+    let reps = ((BATCH_US / probe.max(0.5)) as usize).clamp(10, 10_000);
+    let mut samples: Vec<f64> = (0..BATCHES).map(|_| batch(reps)).collect::<Result<_>>()?;
+    samples.sort_by(f64::total_cmp);
+    Ok(samples[BATCHES / 2])
+}
+
+/// Copies of a buffer of `bytes` that together exceed 2 x L2, so a rotation among them reads device memory.
+fn rotation(dev: &CudaDevice, bytes: usize) -> usize {
+    (2 * dev.info().l2_bytes / bytes.max(1) + 1).max(2)
+}
+
+/// The GPU part: dequantization checked bit for bit against the CPU, then the W4A16 linear kernel checked like the
+/// CPU one and timed against cuBLAS fp16 with the unquantized weight.
+fn cuda_section(
+    dev: &Arc<CudaDevice>,
+    q: &QuantMatrix,
+    awq: &AwqWeight,
+    weight: &[f32],
+    batches: &[Batch],
+) -> Result<()> {
     let info = dev.info();
     println!(
         "cuda: {} ({}, {} SMs, {})",
@@ -286,6 +360,11 @@ fn cuda_section(dev: &Arc<CudaDevice>, q: &QuantMatrix, awq: &AwqWeight) -> Resu
         info.sm_count,
         human_bytes(info.total_memory as u64)
     );
+    cuda_dequantize(dev, q, awq)?;
+    cuda_linear(dev, q, weight, batches)
+}
+
+fn cuda_dequantize(dev: &Arc<CudaDevice>, q: &QuantMatrix, awq: &AwqWeight) -> Result<()> {
     let (n, k) = (q.n, q.k);
     let desc = DequantDesc {
         layout: Int4Layout::Awq,
@@ -297,41 +376,36 @@ fn cuda_section(dev: &Arc<CudaDevice>, q: &QuantMatrix, awq: &AwqWeight) -> Resu
         dtype: DType::F16,
     };
     let op = DequantizeInt4::new(dev, desc)?;
-    let qweight = dev.upload(&awq.qweight)?;
-    let qzeros = dev.upload(&awq.qzeros)?;
     let scales: Vec<f16> = awq.scales.iter().map(|&s| f16::from_f32(s)).collect();
-    let scales = dev.upload(&scales)?;
-    let mut out = dev.alloc_zeros::<f16>(k * n)?;
-    let weight = Int4Weight {
-        qweight: &qweight,
-        zeros: Some(&qzeros),
-        scales: &scales,
-        g_idx: None,
+    let sets = rotation(dev, desc.bytes());
+    let weights: Vec<(CudaSlice<i32>, CudaSlice<i32>, CudaSlice<f16>)> = (0..sets)
+        .map(|_| {
+            Ok((
+                dev.upload(&awq.qweight)?,
+                dev.upload(&awq.qzeros)?,
+                dev.upload(&scales)?,
+            ))
+        })
+        .collect::<Result<_>>()?;
+    let mut outs: Vec<CudaSlice<f16>> = (0..sets)
+        .map(|_| dev.alloc_zeros::<f16>(k * n))
+        .collect::<Result<_>>()?;
+    let run = |i: usize| {
+        let (qweight, qzeros, scales) = &weights[i];
+        let weight = Int4Weight {
+            qweight,
+            zeros: Some(qzeros),
+            scales,
+            g_idx: None,
+        };
+        op.run(dev.stream(), &weight, &mut outs[i], None)
     };
-    op.run(dev.stream(), &weight, &mut out, None)?;
-    let got: Vec<u8> = dev.download(&out)?.iter().flat_map(|v| v.to_le_bytes()).collect();
-    let want = dequantize_to_tensor(q, Layout::Kn, DType::F16)?;
-    let exact = got == want.data;
-
-    // Median of five timed batches of launches, after an untimed warm-up batch.
-    const LAUNCHES: usize = 20;
-    for _ in 0..LAUNCHES {
-        op.run(dev.stream(), &weight, &mut out, None)?;
-    }
-    let timer = StreamTimer::new(dev)?;
-    let mut samples = Vec::new();
-    for _ in 0..5 {
-        timer.start(dev.stream())?;
-        for _ in 0..LAUNCHES {
-            op.run(dev.stream(), &weight, &mut out, None)?;
-        }
-        samples.push(timer.stop_ms(dev.stream())? * 1000.0 / LAUNCHES as f64);
-    }
-    samples.sort_by(f64::total_cmp);
-    let us = samples[samples.len() / 2];
+    // Every launch writes the same values, so checking outs[0] after the timing checks them all.
+    let us = gpu_median_us(dev, sets, run)?;
+    let got: Vec<u8> = dev.download(&outs[0])?.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let exact = got == dequantize_to_tensor(q, Layout::Kn, DType::F16)?.data;
     println!(
-        "  dequantize AWQ int4 -> fp16 [K, N] ({}): bit-exact vs CPU: {}; {}, {:.0} GB/s",
-        op.kernel_name(),
+        "  dequantize AWQ int4 -> fp16 [K, N]: bit-exact vs CPU: {}; {}, {:.0} GB/s",
         if exact { "yes" } else { "NO" },
         fmt_time(us),
         desc.bytes() as f64 / (us * 1e3)
@@ -342,6 +416,47 @@ fn cuda_section(dev: &Arc<CudaDevice>, q: &QuantMatrix, awq: &AwqWeight) -> Resu
             message: "GPU dequantization differs from the CPU's (a bug: please report)".into(),
         });
     }
-    println!("  W4A16 linear on the GPU: no CUDA linear kernel in this build yet");
+    Ok(())
+}
+
+fn cuda_linear(dev: &Arc<CudaDevice>, q: &QuantMatrix, weight: &[f32], batches: &[Batch]) -> Result<()> {
+    let (n, k) = (q.n, q.k);
+    let Some(max_m) = batches.iter().map(|b| b.m).filter(|&m| m <= MAX_M).max() else {
+        println!("  W4A16 linear: skipped: the CUDA kernel takes batches of at most {MAX_M} rows");
+        return Ok(());
+    };
+    let packed = repack(q, DType::F16)?;
+    let ops: Vec<LinearW4A16Cuda> = (0..rotation(dev, packed.weight_bytes()))
+        .map(|_| LinearW4A16Cuda::from_repacked(dev, &packed, max_m, None))
+        .collect::<Result<_>>()?;
+    let dense: Vec<f16> = weight.iter().map(|&w| f16::from_f32(w)).collect();
+    let dense_w: Vec<CudaSlice<f16>> = (0..rotation(dev, dense.len() * 2))
+        .map(|_| dev.upload(&dense))
+        .collect::<Result<_>>()?;
+    drop(dense);
+    let blas = CublasLinear::new(dev.stream().clone(), n, k)?;
+    let mut ws = dev.alloc_zeros::<u8>(ops[0].workspace_bytes())?;
+    let stream = dev.stream();
+
+    println!("  W4A16 linear (fp16 activations and output); dense = cuBLAS fp16 GEMM with the unquantized weight");
+    print_header("cuBLAS fp16");
+    for b in batches {
+        if b.m > MAX_M {
+            println!(
+                "  {:>6}  skipped: the CUDA kernel takes batches of at most {MAX_M} rows",
+                b.m
+            );
+            continue;
+        }
+        let x: Vec<f16> = b.x.iter().map(|&v| f16::from_f32(v)).collect();
+        let x = dev.upload(&x)?;
+        let mut y = dev.alloc_zeros::<f16>(b.m * n)?;
+        ops[0].run(stream, &x, b.m, None, &mut y, &mut ws)?;
+        let out: Vec<f32> = dev.download(&y)?.iter().map(|v| v.to_f32()).collect();
+        check_finite("cuda output", &out)?;
+        let lowbit_us = gpu_median_us(dev, ops.len(), |i| ops[i].run(stream, &x, b.m, None, &mut y, &mut ws))?;
+        let dense_us = gpu_median_us(dev, dense_w.len(), |i| blas.run(&dense_w[i], &x, b.m, &mut y))?;
+        print_row(b, &out, lowbit_us, dense_us);
+    }
     Ok(())
 }
