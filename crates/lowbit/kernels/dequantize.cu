@@ -40,18 +40,20 @@ __device__ __forceinline__ u32 group_of(const DequantParams& p, u32 k) {
 // ------------------------------------------------------------------------------------------------------------------
 // AWQ and GPTQ: scales/zeros are [G', N] rows, the thread tile is ROWS x 8 columns, lanes run along N.
 // ------------------------------------------------------------------------------------------------------------------
-template <class Conv, bool GPTQ, int ROWS>
-__device__ __forceinline__ void dequant_rows(const DequantParams& p) {
-    const u32 col_words = p.n / 8;  // 8-column blocks per row
-    const u64 tile = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    const u32 cw = (u32)(tile % col_words);
-    const u64 k0_wide = (tile / col_words) * ROWS;
-    if (k0_wide >= p.k) return;
-    const u32 k0 = (u32)k0_wide;
+// Tile t covers rows [ROWS * (t / (N/8)), +ROWS) and columns [8 * (t % (N/8)), +8): consecutive tiles are
+// consecutive 8-column blocks of one row band, so a warp's loads and stores are contiguous.
+template <int ROWS>
+__device__ __forceinline__ void tile_origin(const DequantParams& p, u64 tile, u32& k0, u32& cw) {
+    const u32 col_words = p.n / 8;
+    cw = (u32)(tile % col_words);
+    k0 = (u32)(tile / col_words) * ROWS;
+}
 
-    // 1. Issue every weight load of the tile.
-    u32 codes[ROWS];  // AWQ-ordered word of each row
+// Issues every weight load of a tile: codes[r] = AWQ-ordered word of row k0 + r (0 past K).
+template <bool GPTQ, int ROWS>
+__device__ __forceinline__ void load_codes(const DequantParams& p, u32 k0, u32 cw, u32 (&codes)[ROWS]) {
     if (!GPTQ) {
+        const u32 col_words = p.n / 8;
 #pragma unroll
         for (int r = 0; r < ROWS; ++r)
             codes[r] = (k0 + r < p.k) ? load_stream(p.qweight + (u64)(k0 + r) * col_words + cw) : 0u;
@@ -69,8 +71,12 @@ __device__ __forceinline__ void dequant_rows(const DequantParams& p) {
             transpose_int4_8x8_to_awq(col, codes + 8 * c);
         }
     }
+}
 
-    // 2. Convert and store row by row, reloading zeros/scales only when the group changes.
+// Converts and stores a tile row by row, reloading zeros/scales only when the group changes.
+template <class Conv, bool GPTQ, int ROWS>
+__device__ __forceinline__ void store_tile(const DequantParams& p, u32 k0, u32 cw, const u32 (&codes)[ROWS]) {
+    const u32 col_words = p.n / 8;
     const uint4* scales = reinterpret_cast<const uint4*>(p.scales);
     typename Conv::scalar* out = reinterpret_cast<typename Conv::scalar*>(p.out);
     u32 cur_group = 0xFFFFFFFFu;
@@ -91,6 +97,46 @@ __device__ __forceinline__ void dequant_rows(const DequantParams& p) {
             s = load_cached_v4(scales + (u64)g * col_words + cw);
         }
         store_v4(out + (u64)k * p.n + 8 * cw, Conv::dequant_int4(codes[r], zt, s));
+    }
+}
+
+// AWQ and GPTQ (scales/zeros are [G', N] rows): one ROWS x 8 tile per thread.
+template <class Conv, bool GPTQ, int ROWS>
+__device__ __forceinline__ void dequant_rows(const DequantParams& p) {
+    const u64 tile = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    u32 k0, cw;
+    tile_origin<ROWS>(p, tile, k0, cw);
+    if (tile >= (u64)((p.k + ROWS - 1) / ROWS) * (p.n / 8)) return;
+    u32 codes[ROWS];
+    load_codes<GPTQ, ROWS>(p, k0, cw, codes);
+    store_tile<Conv, GPTQ, ROWS>(p, k0, cw, codes);
+}
+
+// The same, persistent: a grid sized to the resident threads strides over the tiles, and each thread issues the
+// loads of its next tile before converting and storing the current one, so reads stay in flight while it writes.
+template <class Conv, bool GPTQ, int ROWS>
+__device__ __forceinline__ void dequant_rows_pipelined(const DequantParams& p) {
+    const u64 tiles = (u64)((p.k + ROWS - 1) / ROWS) * (p.n / 8);
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+    u64 tile = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (tile >= tiles) return;
+    u32 k0, cw;
+    tile_origin<ROWS>(p, tile, k0, cw);
+    u32 next[ROWS];
+    load_codes<GPTQ, ROWS>(p, k0, cw, next);
+    while (true) {
+        u32 codes[ROWS];
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) codes[r] = next[r];
+        const u32 cur_k0 = k0, cur_cw = cw;
+        tile += stride;
+        const bool more = tile < tiles;
+        if (more) {
+            tile_origin<ROWS>(p, tile, k0, cw);
+            load_codes<GPTQ, ROWS>(p, k0, cw, next);
+        }
+        store_tile<Conv, GPTQ, ROWS>(p, cur_k0, cur_cw, codes);
+        if (!more) break;
     }
 }
 
@@ -182,6 +228,10 @@ __device__ __forceinline__ void dequant_transposed(const DequantParams& p) {
     extern "C" __global__ void __launch_bounds__(DEQUANT_BLOCK) NAME(const DequantParams p) {       \
         dequant_rows<CONV, GPTQ, ROWS>(p);                                                          \
     }
+#define PIPELINED_KERNEL(NAME, CONV, GPTQ, ROWS)                                                    \
+    extern "C" __global__ void __launch_bounds__(DEQUANT_BLOCK) NAME(const DequantParams p) {       \
+        dequant_rows_pipelined<CONV, GPTQ, ROWS>(p);                                                \
+    }
 #define TRANSPOSED_KERNEL(NAME, CONV, BITS, VEC)                                                    \
     extern "C" __global__ void __launch_bounds__(DEQUANT_BLOCK) NAME(const DequantParams p) {       \
         dequant_transposed<CONV, BITS, VEC>(p);                                                     \
@@ -197,6 +247,12 @@ ROWS_KERNEL(dequant_gptq_f16_r8, F16, true, 8)
 ROWS_KERNEL(dequant_gptq_f16_r16, F16, true, 16)
 ROWS_KERNEL(dequant_gptq_bf16_r8, BF16, true, 8)
 ROWS_KERNEL(dequant_gptq_bf16_r16, BF16, true, 16)
+PIPELINED_KERNEL(dequant_awq_f16_p4, F16, false, 4)
+PIPELINED_KERNEL(dequant_awq_f16_p8, F16, false, 8)
+PIPELINED_KERNEL(dequant_awq_bf16_p4, BF16, false, 4)
+PIPELINED_KERNEL(dequant_awq_bf16_p8, BF16, false, 8)
+PIPELINED_KERNEL(dequant_gptq_f16_p8, F16, true, 8)
+PIPELINED_KERNEL(dequant_gptq_bf16_p8, BF16, true, 8)
 TRANSPOSED_KERNEL(dequant_ct_f16, F16, 4, false)
 TRANSPOSED_KERNEL(dequant_ct_f16_vec, F16, 4, true)
 TRANSPOSED_KERNEL(dequant_ct_bf16, BF16, 4, false)

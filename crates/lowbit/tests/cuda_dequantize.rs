@@ -171,8 +171,13 @@ fn g_idx_i32(g: &Option<Vec<u32>>) -> Option<Vec<i32>> {
     g.as_ref().map(|g| g.iter().map(|&x| x as i32).collect())
 }
 
-/// Packs `q` in `layout`, runs the CUDA kernel, and checks the output. `zeros`: pass the zero tensor.
+/// Packs `q` in `layout`, runs the default CUDA kernel into a guarded output, and checks it.
 fn run_int4<T: Half>(dev: &CudaDevice, q: &QuantMatrix, layout: Int4Layout) {
+    run_int4_variant::<T>(dev, q, layout, None)
+}
+
+/// As [`run_int4`], with a forced kernel variant.
+fn run_int4_variant<T: Half>(dev: &CudaDevice, q: &QuantMatrix, layout: Int4Layout, variant: Option<&str>) {
     let (qweight, qzeros, scales, g_idx) = match layout {
         Int4Layout::Awq => {
             let w = AwqWeight::from_quant(q).unwrap();
@@ -208,8 +213,8 @@ fn run_int4<T: Half>(dev: &CudaDevice, q: &QuantMatrix, layout: Int4Layout) {
         g_idx: g_idx.is_some(),
         dtype: T::DTYPE,
     };
-    let what = format!("{desc:?}");
-    let op = DequantizeInt4::new(dev, desc).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let what = format!("{desc:?} variant {variant:?}");
+    let op = DequantizeInt4::with_variant(dev, desc, variant).unwrap_or_else(|e| panic!("{what}: {e}"));
     assert_eq!(op.output_shape(), [q.k, q.n]);
     assert_eq!(op.workspace_bytes(), 0);
     let qweight = dev.upload(&qweight).unwrap();
@@ -329,41 +334,27 @@ fn k_not_a_multiple_of_the_tile() {
     }
 }
 
+/// Every AWQ/GPTQ kernel variant (tile heights, persistent + pipelined) on shapes with partial tiles and uneven
+/// persistent strides.
 #[test]
-fn awq_tile_heights_agree() {
+fn kernel_variants_match_cpu() {
     let Some(dev) = device() else { return };
     let mut rng = Rng(6);
-    let q = random_quant(&mut rng, 3584, 576, 128, 4, Zeros::Random, DType::F16, false);
-    let w = AwqWeight::from_quant(&q).unwrap();
-    let qweight = dev.upload(&w.qweight).unwrap();
-    let qzeros = dev.upload(&w.qzeros).unwrap();
-    let scales = dev.upload(&scales_as::<f16>(&w.scales)).unwrap();
-    let desc = DequantDesc {
-        layout: Int4Layout::Awq,
-        k: q.k,
-        n: q.n,
-        group_size: 128,
-        zeros: true,
-        g_idx: false,
-        dtype: DType::F16,
-    };
-    for rows in [4, 8, 16] {
-        let op = DequantizeInt4::with_tile_rows(&dev, desc, Some(rows)).unwrap();
-        let mut out = guarded_output::<f16>(&dev, q.k * q.n);
-        let weight = Int4Weight {
-            qweight: &qweight,
-            zeros: Some(&qzeros),
-            scales: &scales,
-            g_idx: None,
-        };
-        op.run(
-            dev.stream(),
-            &weight,
-            &mut out.slice_mut(GUARD..GUARD + q.k * q.n),
-            None,
-        )
-        .unwrap();
-        check_output(&dev, &out, &q, &format!("AWQ rows {rows}"));
+    for (k, n, g) in [(24, 16, 8), (200, 64, 40), (3584, 576, 128), (4096, 4736, 128)] {
+        for dtype in [DType::F16, DType::Bf16] {
+            let q = random_quant(&mut rng, k, n, g, 4, Zeros::Random, dtype, false);
+            for (layout, variants) in [
+                (Int4Layout::Awq, &["r4", "r8", "r16", "p4", "p8"][..]),
+                (Int4Layout::Gptq, &["r8", "r16", "p8"][..]),
+            ] {
+                for &v in variants {
+                    match dtype {
+                        DType::F16 => run_int4_variant::<f16>(&dev, &q, layout, Some(v)),
+                        _ => run_int4_variant::<bf16>(&dev, &q, layout, Some(v)),
+                    }
+                }
+            }
+        }
     }
 }
 

@@ -1,1 +1,284 @@
 //! CUDA side of `lowbit bench`.
+//!
+//! - `dequant`: [`DequantizeInt4`] (AWQ layout, impl `lowbit`; `--wbits 8`: [`DequantizeInt8`]) against a
+//!   device-to-device copy of half the bytes it moves (impl `memcpy`, so the copy reads and writes the same total).
+//!   Default shapes: K × N = 4096 × 4096, 4096 × 14336, 14336 × 4096, 8192 × 28672 (records have `M = 0`).
+//!
+//! Method: random inputs (never zeros), rotated among as many copies as it takes to exceed 2 × L2, so every launch
+//! reads from device memory; a warm-up; then 7 batches, each timing the kernel and then the copy with CUDA events
+//! around ~20 ms of back-to-back launches; the median batch is reported.
+//!
+//! `LOWBIT_BENCH_VARIANTS=1` adds records for the other AWQ kernel variants (`lowbit_r4`, `lowbit_r16`: one tile of
+//! 4 / 16 rows per thread; `lowbit_p4`, `lowbit_p8`: persistent and pipelined) and the GPTQ and compressed-tensors
+//! kernels (`lowbit_gptq`, `lowbit_gptq_p8`, `lowbit_ct`) at the same shape, and `memset_out` (the output bytes
+//! written alone: the write-only ceiling), for tuning.
+
+use super::{BenchArgs, BenchRecord, Shape, Sink};
+use half::{bf16, f16};
+use lowbit::cuda::{copy_device, CudaDevice, CudaSlice, CudaStream, Device, DeviceRepr, StreamTimer, ValidAsZeroBits};
+use lowbit::ops::dequantize::cuda::{DequantDesc, DequantizeInt4, DequantizeInt8, Int4Layout, Int4Weight};
+use lowbit::{DType, Error, Float, Result};
+use std::sync::Arc;
+
+/// The dequant shapes of the speed target (K, N).
+const DEQUANT_SHAPES: [(usize, usize); 4] = [(4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672)];
+const BATCHES: usize = 7;
+/// Target duration of one timed batch.
+const BATCH_MS: f64 = 20.0;
+
+#[path = "cuda_linear.rs"]
+mod linear;
+
+/// Benchmarks every op CUDA has that `args` asks for.
+pub fn run(args: &BenchArgs, sink: &mut Sink) -> Result<()> {
+    if args.op.as_deref() == Some("linear") {
+        return linear::run(args, sink);
+    }
+    if let Some(op) = args.op.as_deref().filter(|op| *op != "dequant") {
+        return Err(Error::Unsupported(format!(
+            "bench --op {op} on CUDA (CUDA benches: dequant)"
+        )));
+    }
+    let spec = if args.device == "auto" {
+        "cuda"
+    } else {
+        args.device.as_str()
+    };
+    let Device::Cuda(dev) = Device::from_spec(spec)? else {
+        return Err(Error::CudaUnavailable("no GPU selected".into()));
+    };
+    let shapes: Vec<(usize, usize)> = if args.shape.is_empty() {
+        DEQUANT_SHAPES.to_vec()
+    } else {
+        let mut v: Vec<(usize, usize)> = args.shapes()?.iter().map(|s| (s.k, s.n)).collect();
+        v.dedup();
+        v
+    };
+    let dtypes = args.dtypes(&[DType::F16])?;
+    let variants = std::env::var("LOWBIT_BENCH_VARIANTS").is_ok_and(|v| v == "1");
+    let impls = if variants && args.wbits == 4 { 10 } else { 2 };
+    sink.expect(shapes.len() * dtypes.len() * impls);
+    for &(k, n) in &shapes {
+        for &dtype in &dtypes {
+            match dtype {
+                DType::F16 => bench_dequant::<f16>(&dev, args, k, n, variants, sink)?,
+                DType::Bf16 => bench_dequant::<bf16>(&dev, args, k, n, variants, sink)?,
+                other => return Err(Error::invalid("--dtype", other, "CUDA dequant writes f16 or bf16")),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One input set (weights + output) per rotation slot.
+struct Set<T> {
+    qweight: CudaSlice<i32>,
+    zeros: Option<CudaSlice<i32>>,
+    scales: CudaSlice<T>,
+    out: CudaSlice<T>,
+}
+
+fn bench_dequant<T: Float + DeviceRepr + ValidAsZeroBits>(
+    dev: &Arc<CudaDevice>,
+    args: &BenchArgs,
+    k: usize,
+    n: usize,
+    variants: bool,
+    sink: &mut Sink,
+) -> Result<()> {
+    let group = args.group_for(k)?;
+    let stream = dev.stream().clone();
+    let name = dev.info().name.clone();
+    let dtype = T::DTYPE;
+    let mut rng = SplitMix(0x5EED ^ (k * 31 + n) as u64);
+    let record = |implementation: &str, bytes: usize, us: f64| {
+        let mut r = BenchRecord::new(
+            "dequant",
+            implementation,
+            &name,
+            dtype,
+            Shape { m: 0, k, n },
+            bytes as u64,
+            us,
+        );
+        r.wbits = Some(args.wbits);
+        r.group = Some(if group == k { -1 } else { group as i64 });
+        r
+    };
+
+    if args.wbits == 8 {
+        sink.status(format!("dequant int8 {k}x{n} {dtype}"));
+        let op = DequantizeInt8::new(dev, k, n, dtype)?;
+        let bytes = op.bytes();
+        let sets = rotation(dev, bytes);
+        let weight: Vec<i8> = (0..k * n).map(|_| rng.next() as i8).collect();
+        let scales: Vec<T> = (0..n).map(|_| T::from_f32(rng.scale())).collect();
+        let mut data = Vec::new();
+        for _ in 0..sets {
+            data.push((dev.upload(&weight)?, dev.upload(&scales)?, dev.alloc_zeros::<T>(k * n)?));
+        }
+        let (ours, copy) = time_against_copy(dev, &stream, bytes, sets, |i| {
+            let (w, s, o) = &mut data[i];
+            op.run(&stream, &*w, &*s, o, None)
+        })?;
+        sink.push(record("lowbit", bytes, ours))?;
+        sink.push(record("memcpy", bytes, copy))?;
+        return Ok(());
+    }
+
+    let desc = |layout| DequantDesc {
+        layout,
+        k,
+        n,
+        group_size: group,
+        zeros: !args.symmetric,
+        g_idx: false,
+        dtype,
+    };
+    let awq = desc(Int4Layout::Awq);
+    let bytes = awq.bytes();
+    let sets = rotation(dev, bytes);
+    let (q_len, z_len, s_len, o_len) = awq.lens();
+    // Random codes and zeros covering every nibble; scales of a realistic magnitude.
+    let qweight: Vec<i32> = (0..q_len).map(|_| rng.next() as i32).collect();
+    let zeros: Vec<i32> = (0..z_len).map(|_| rng.next() as i32).collect();
+    let scales: Vec<T> = (0..s_len).map(|_| T::from_f32(rng.scale())).collect();
+    let mut data: Vec<Set<T>> = Vec::new();
+    for _ in 0..sets {
+        data.push(Set {
+            qweight: dev.upload(&qweight)?,
+            zeros: if awq.zeros { Some(dev.upload(&zeros)?) } else { None },
+            scales: dev.upload(&scales)?,
+            out: dev.alloc_zeros::<T>(o_len)?,
+        });
+    }
+    // The same buffers hold a GPTQ or compressed-tensors weight of the same shape (equal element counts; scales
+    // are transposed for compressed-tensors, which only changes which value is read).
+    let mut runs: Vec<(String, DequantizeInt4)> = vec![("lowbit".into(), DequantizeInt4::new(dev, awq)?)];
+    if variants {
+        for v in ["r4", "r16", "p4", "p8"] {
+            runs.push((format!("lowbit_{v}"), DequantizeInt4::with_variant(dev, awq, Some(v))?));
+        }
+        let gptq = desc(Int4Layout::Gptq);
+        runs.push(("lowbit_gptq".into(), DequantizeInt4::new(dev, gptq)?));
+        runs.push((
+            "lowbit_gptq_p8".into(),
+            DequantizeInt4::with_variant(dev, gptq, Some("p8"))?,
+        ));
+        runs.push((
+            "lowbit_ct".into(),
+            DequantizeInt4::new(dev, desc(Int4Layout::CompressedTensors))?,
+        ));
+    }
+    for (i, (label, op)) in runs.iter().enumerate() {
+        sink.status(format!("dequant {label} ({}) {k}x{n} {dtype}", op.kernel_name()));
+        let (ours, copy) = time_against_copy(dev, &stream, bytes, sets, |i| {
+            let s = &mut data[i];
+            let weight = Int4Weight {
+                qweight: &s.qweight,
+                zeros: s.zeros.as_ref().map(|z| z as _),
+                scales: &s.scales,
+                g_idx: None,
+            };
+            op.run(&stream, &weight, &mut s.out, None)
+        })?;
+        sink.push(record(label, bytes, ours))?;
+        if i == 0 {
+            sink.push(record("memcpy", bytes, copy))?;
+        }
+    }
+    if variants {
+        // Diagnostic, not a baseline: writing the output bytes alone (memset), the write-only ceiling.
+        let mut memset = |i: usize| -> Result<()> {
+            stream.memset_zeros(&mut data[i].out).map_err(|e| Error::Cuda {
+                context: "cuMemsetD8Async".into(),
+                message: e.to_string(),
+            })
+        };
+        let probe = timed(dev, &stream, 20, sets, &mut memset)?;
+        let reps = ((BATCH_MS * 1e3 / probe.max(0.5)) as usize).clamp(10, 20_000);
+        let samples = (0..BATCHES)
+            .map(|_| timed(dev, &stream, reps, sets, &mut memset))
+            .collect::<Result<Vec<_>>>()?;
+        sink.push(record("memset_out", o_len * dtype.size(), median(samples)))?;
+    }
+    Ok(())
+}
+
+/// How many copies of a working set of `bytes` it takes to exceed 2 × L2 (at least 2).
+fn rotation(dev: &CudaDevice, bytes: usize) -> usize {
+    (2 * dev.info().l2_bytes / bytes.max(1) + 1).max(2)
+}
+
+/// Median µs per launch of `launch(set)` and of a device-to-device copy of `bytes / 2`, measured in alternating
+/// batches with CUDA events, both rotating over `sets` buffers.
+fn time_against_copy(
+    dev: &CudaDevice,
+    stream: &Arc<CudaStream>,
+    bytes: usize,
+    sets: usize,
+    mut launch: impl FnMut(usize) -> Result<()>,
+) -> Result<(f64, f64)> {
+    let half = bytes / 2;
+    let mut copies: Vec<(CudaSlice<u8>, CudaSlice<u8>)> = Vec::new();
+    let fill: Vec<u8> = (0..half).map(|i| (i * 131 % 251) as u8 + 1).collect();
+    for _ in 0..sets {
+        copies.push((dev.upload(&fill)?, dev.alloc_zeros::<u8>(half)?));
+    }
+    let mut copy = |i: usize| -> Result<()> {
+        let (src, dst) = &mut copies[i];
+        copy_device(stream, src, dst)
+    };
+    // Warm up both (module load, clocks), then size the batches from a rough timing.
+    let probe_ours = timed(dev, stream, 20, sets, &mut launch)?;
+    let probe_copy = timed(dev, stream, 20, sets, &mut copy)?;
+    let reps = |us: f64| ((BATCH_MS * 1e3 / us.max(0.5)) as usize).clamp(10, 20_000);
+    let (reps_ours, reps_copy) = (reps(probe_ours), reps(probe_copy));
+    let mut ours = Vec::new();
+    let mut copied = Vec::new();
+    for _ in 0..BATCHES {
+        ours.push(timed(dev, stream, reps_ours, sets, &mut launch)?);
+        copied.push(timed(dev, stream, reps_copy, sets, &mut copy)?);
+    }
+    dev.synchronize()?;
+    Ok((median(ours), median(copied)))
+}
+
+/// µs per call of `f` over `reps` calls rotating through `sets`, between two timing events.
+fn timed(
+    dev: &CudaDevice,
+    stream: &Arc<CudaStream>,
+    reps: usize,
+    sets: usize,
+    f: &mut impl FnMut(usize) -> Result<()>,
+) -> Result<f64> {
+    let timer = StreamTimer::new(dev)?;
+    timer.start(stream)?;
+    for i in 0..reps {
+        f(i % sets)?;
+    }
+    let ms = timer.stop_ms(stream)?;
+    Ok(ms * 1e3 / reps as f64)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// SplitMix64: random words for codes and zeros, and scales in [2^-10, 2^-6).
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn scale(&mut self) -> f32 {
+        let unit = (self.next() >> 40) as f32 / (1u64 << 24) as f32;
+        (2.0f32).powf(-10.0 + 4.0 * unit)
+    }
+}

@@ -108,7 +108,9 @@ pub struct Compiled {
 impl Compiled {
     /// The `ptxas info` lines of the log (registers, shared memory, stack, spills per kernel).
     pub fn resource_lines(&self) -> impl Iterator<Item = &str> {
-        self.log.lines().filter(|l| l.contains("ptxas info"))
+        self.log
+            .lines()
+            .filter(|l| l.contains("ptxas info") || l.contains("stack frame") || l.contains("spill"))
     }
 }
 

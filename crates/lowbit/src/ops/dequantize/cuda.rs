@@ -158,15 +158,33 @@ struct Launch {
 }
 
 impl Launch {
+    /// One thread per tile: `threads` threads.
     fn new(device: &CudaDevice, kernel: String, threads: u64, params: DequantParams) -> Result<Self> {
-        let blocks = threads.div_ceil(BLOCK as u64);
+        let function = device.function(&DEQUANTIZE, &kernel)?;
+        Self::with_blocks(kernel, function, threads.div_ceil(BLOCK as u64), params)
+    }
+
+    /// A persistent kernel striding over `tiles`: as many blocks as stay resident, shrunk so that every thread gets
+    /// the same number of tiles (±1), which keeps the last pass from running on a fraction of the GPU.
+    fn persistent(device: &CudaDevice, kernel: String, tiles: u64, params: DequantParams) -> Result<Self> {
+        let function = device.function(&DEQUANTIZE, &kernel)?;
+        let per_sm = function
+            .occupancy_max_active_blocks_per_multiprocessor(BLOCK, 0, None)
+            .map_err(crate::cuda::driver_error(format!("occupancy of {kernel}")))?
+            .max(1) as u64;
+        let resident = device.info().sm_count.max(1) as u64 * per_sm * BLOCK as u64;
+        let tiles_per_thread = tiles.div_ceil(resident).max(1);
+        let blocks = tiles.div_ceil(tiles_per_thread * BLOCK as u64);
+        Self::with_blocks(kernel, function, blocks, params)
+    }
+
+    fn with_blocks(kernel: String, function: CudaFunction, blocks: u64, params: DequantParams) -> Result<Self> {
         ensure(
             blocks <= i32::MAX as u64,
             "weight",
             format!("[{}, {}]", params.k, params.n),
             "too large for one launch",
         )?;
-        let function = device.function(&DEQUANTIZE, &kernel)?;
         Ok(Self {
             kernel,
             function,
@@ -203,39 +221,16 @@ impl DequantizeInt4 {
     /// Rules: `N % 8 == 0`, `K % 8 == 0`, `group_size` divides K and is a multiple of 8, dtype f16/bf16, no
     /// `g_idx` with AWQ.
     pub fn new(device: &CudaDevice, desc: DequantDesc) -> Result<Self> {
-        Self::with_tile_rows(device, desc, None)
+        Self::with_variant(device, desc, None)
     }
 
-    /// As [`DequantizeInt4::new`], with the rows each thread writes forced (AWQ: 4, 8 or 16; GPTQ: 8 or 16)
-    /// instead of the tuned default. For benchmarking variants.
+    /// As [`DequantizeInt4::new`], with the AWQ/GPTQ kernel variant forced instead of the tuned default:
+    /// `rR` (one tile of R rows per thread; AWQ R = 4, 8, 16, GPTQ R = 8, 16) or `pR` (persistent, pipelined;
+    /// AWQ R = 4, 8, GPTQ R = 8). For benchmarking and tests.
     #[doc(hidden)]
-    pub fn with_tile_rows(device: &CudaDevice, desc: DequantDesc, rows: Option<usize>) -> Result<Self> {
+    pub fn with_variant(device: &CudaDevice, desc: DequantDesc, variant: Option<&str>) -> Result<Self> {
         desc.validate()?;
         let t = dtype_name(desc.dtype);
-        let (k, n) = (desc.k as u64, desc.n as u64);
-        let (kernel, threads) = match desc.layout {
-            Int4Layout::Awq | Int4Layout::Gptq => {
-                let allowed: &[usize] = if desc.layout == Int4Layout::Awq {
-                    &[4, 8, 16]
-                } else {
-                    &[8, 16]
-                };
-                let rows = rows.unwrap_or(8);
-                ensure(
-                    allowed.contains(&rows),
-                    "tile rows",
-                    rows,
-                    &format!("must be one of {allowed:?}"),
-                )?;
-                let name = format!("dequant_{}_{t}_r{rows}", desc.layout.name());
-                (name, k.div_ceil(rows as u64) * (n / 8))
-            }
-            Int4Layout::CompressedTensors => {
-                // Vector loads need each weight row (K/2 bytes) to be a multiple of 16 bytes.
-                let vec = if desc.k % 32 == 0 { "_vec" } else { "" };
-                (format!("dequant_ct_{t}{vec}"), transposed_threads(desc.k, desc.n, 32))
-            }
-        };
         let params = DequantParams {
             qweight: 0,
             zeros: 0,
@@ -248,10 +243,36 @@ impl DequantizeInt4 {
             groups: desc.groups() as u32,
             group_shift: group_shift(desc.group_size, desc.groups()),
         };
-        Ok(Self {
-            desc,
-            launch: Launch::new(device, kernel, threads, params)?,
-        })
+        let launch = match desc.layout {
+            Int4Layout::Awq | Int4Layout::Gptq => {
+                let allowed: &[&str] = match desc.layout {
+                    Int4Layout::Awq => &["r4", "r8", "r16", "p4", "p8"],
+                    _ => &["r8", "r16", "p8"],
+                };
+                let variant = variant.unwrap_or("r8");
+                ensure(
+                    allowed.contains(&variant),
+                    "kernel variant",
+                    variant,
+                    &format!("must be one of {allowed:?}"),
+                )?;
+                let rows: u64 = variant[1..].parse().unwrap_or(8);
+                let kernel = format!("dequant_{}_{t}_{variant}", desc.layout.name());
+                let tiles = (desc.k as u64).div_ceil(rows) * (desc.n as u64 / 8);
+                if variant.starts_with('p') {
+                    Launch::persistent(device, kernel, tiles, params)?
+                } else {
+                    Launch::new(device, kernel, tiles, params)?
+                }
+            }
+            Int4Layout::CompressedTensors => {
+                // Vector loads need each weight row (K/2 bytes) to be a multiple of 16 bytes.
+                let vec = if desc.k % 32 == 0 { "_vec" } else { "" };
+                let kernel = format!("dequant_ct_{t}{vec}");
+                Launch::new(device, kernel, transposed_threads(desc.k, desc.n, 32), params)?
+            }
+        };
+        Ok(Self { desc, launch })
     }
 
     /// The validated description.
