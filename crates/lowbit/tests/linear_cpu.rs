@@ -2,8 +2,10 @@
 //! plus exact-integer bit equality, batch invariance, determinism and typed errors for bad arguments.
 
 use half::{bf16, f16};
+use lowbit::formats::awq::AwqWeight;
 use lowbit::ops::linear::{reference, CpuIsa, LinearCpu};
-use lowbit::{DType, Error, Float, QuantMatrix};
+use lowbit::{DType, Error, Float, QuantMatrix, TensorRef};
+use safetensors::SafeTensors;
 
 /// splitmix64: a tiny deterministic PRNG, so every case draws fresh, reproducible inputs.
 struct Rng(u64);
@@ -419,4 +421,47 @@ fn bad_arguments_give_typed_errors() {
     let mut bad = w;
     bad.scales.pop();
     assert_eq!(invalid_tensor(LinearCpu::new(&bad).unwrap_err()), "scales");
+}
+
+const FIXTURE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../tests/fixtures/golden_public.safetensors"
+);
+
+/// AutoAWQ's own checkpoint tensors through lowbit's AWQ unpacking and `LinearCpu` (f16 output), against AutoAWQ's
+/// `x · dequantize_gemm(...)` (f32 on a GPU). Tolerance 1e-3 (measured ~3e-4): AutoAWQ's dequantized weight carries
+/// one fp16 rounding per element that lowbit's exact dequantization does not, and the f16 output one more (each at
+/// most 2^-11 relative).
+#[test]
+fn matches_autoawq_fixture() {
+    let bytes = std::fs::read(FIXTURE).unwrap_or_else(|e| panic!("{FIXTURE}: {e}"));
+    let file = SafeTensors::deserialize(&bytes).expect("fixture parses");
+    let get = |name: String| {
+        let view = file.tensor(&name).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let dtype = match view.dtype() {
+            safetensors::Dtype::F32 => DType::F32,
+            safetensors::Dtype::F16 => DType::F16,
+            safetensors::Dtype::I32 => DType::I32,
+            other => panic!("{name}: unexpected dtype {other:?}"),
+        };
+        TensorRef::new(name, dtype, view.shape().to_vec(), view.data()).unwrap()
+    };
+    for case in [
+        "awq_rand_k256_n128_g128",
+        "awq_rand_k512_n192_g64",
+        "awq_rand_k128_n64_g32",
+        "awq_minilm_l0_query_g128",
+        "awq_minilm_l2_ffn_up_g128",
+    ] {
+        let part = |suffix: &str| get(format!("{case}.{suffix}"));
+        let w = AwqWeight::from_tensors(case, &part("qweight"), &part("qzeros"), &part("scales"))
+            .expect("AutoAWQ tensors unpack")
+            .to_quant();
+        let x = part("x").to_f32().unwrap();
+        let want: Vec<f64> = part("y").to_f32().unwrap().iter().map(|&v| f64::from(v)).collect();
+        let m = x.len() / w.k;
+        let lin = LinearCpu::new(&w).unwrap();
+        let got = to_f64(&run_kernel::<half::f16>(&lin, &x, m, w.k, None));
+        assert_close(&got, &want, 1e-3, case);
+    }
 }
