@@ -741,3 +741,83 @@ fn readme_api_examples_run() {
     assert!(y.iter().all(|v| v.is_finite()) && y.iter().any(|&v| v != 0.0));
     assert_eq!(load(FIXTURE).unwrap().len(), 7);
 }
+
+/// Quantizing the same weight into every format (f32 RTN) stores the same codes, so dequantizing gives the same
+/// dense weight bit for bit; the configs say what each format needs.
+#[test]
+fn quantize_into_every_format_agrees_after_dequantize() {
+    let dir = TempDir::new("formats");
+    let input = dir.path("dense.safetensors");
+    let tensors = vec![
+        ("blk.proj.weight".to_string(), dense_f16(vec![64, 256], 5)),
+        ("blk.proj.bias".to_string(), dense_f16(vec![64], 9)),
+    ];
+    write_safetensors(&input, &tensors, None, false).unwrap();
+
+    // Group size 64 unless the arguments give one.
+    let run = |tag: &str, args: &[&str]| -> (Checkpoint, Vec<u8>) {
+        let q = dir.path(&format!("{tag}.safetensors"));
+        let mut all: Vec<&dyn AsRef<std::ffi::OsStr>> = vec![&"quantize", &input, &"-o", &q];
+        if !args.contains(&"--group-size") {
+            all.extend([&"--group-size" as &dyn AsRef<std::ffi::OsStr>, &"64"]);
+        }
+        all.extend(args.iter().map(|a| a as &dyn AsRef<std::ffi::OsStr>));
+        assert_ok(&lowbit(&all));
+        let d = dir.path(&format!("{tag}.dense.safetensors"));
+        assert_ok(&lowbit(&[&"dequantize", &q, &"-o", &d]));
+        let dense = Checkpoint::open(&d)
+            .unwrap()
+            .raw("blk.proj.weight")
+            .unwrap()
+            .data
+            .to_vec();
+        (Checkpoint::open(&q).unwrap(), dense)
+    };
+
+    let (awq, asym) = run("awq", &[]);
+    assert!(awq.contains("blk.proj.qweight") && awq.contains("blk.proj.bias"));
+    for (tag, args, method) in [
+        ("gptq", &["--format", "gptq"][..], "gptq"),
+        ("gptq2", &["--format", "gptq", "--gptq-format", "v2"][..], "gptq"),
+        ("ct", &["--format", "compressed-tensors"][..], "compressed-tensors"),
+    ] {
+        let (ckpt, dense) = run(tag, args);
+        assert!(dense == asym, "{tag}: dequantized weight differs from AWQ's");
+        let qc = ckpt.quant_config().unwrap();
+        assert_eq!(
+            (qc.method.name(), qc.zero_point, qc.group_size),
+            (method, true, Some(64)),
+            "{tag}"
+        );
+    }
+
+    let (gptq_sym, sym) = run("gptq_sym", &["--format", "gptq", "--symmetric"]);
+    assert!(!gptq_sym.quant_config().unwrap().zero_point);
+    let (ct_sym, ct_dense) = run("ct_sym", &["--format", "compressed-tensors", "--symmetric"]);
+    assert!(ct_dense == sym && !ct_sym.contains("blk.proj.weight_zero_point"));
+
+    let (int8, _) = run("int8", &["--format", "int8", "--group-size", "-1"]);
+    let layers = int8.quantized_layers().unwrap();
+    assert_eq!((layers[0].bits, layers[0].group_size), (8, 256));
+    let o = lowbit(&[&"inspect", &dir.path("int8.safetensors")]);
+    assert!(stdout(&o).contains("group size: per-channel"), "{}", stdout(&o));
+}
+
+#[test]
+fn inspect_elides_long_layer_lists() {
+    let dir = TempDir::new("elide");
+    let input = dir.path("many.safetensors");
+    let tensors: Vec<(String, OutTensor<'static>)> = (0..30)
+        .map(|i| (format!("layers.{i:02}.proj.weight"), dense_f16(vec![16, 128], i)))
+        .collect();
+    write_safetensors(&input, &tensors, None, false).unwrap();
+    let q = dir.path("many.awq.safetensors");
+    assert_ok(&lowbit(&[&"quantize", &input, &"-o", &q]));
+    let text = stdout(&lowbit(&[&"inspect", &q]));
+    assert!(
+        text.contains("layers: 30") && text.contains("... 20 more (--all lists them) ..."),
+        "{text}"
+    );
+    assert!(text.contains("layers.00.proj") && text.contains("layers.29.proj") && !text.contains("layers.15.proj"));
+    assert!(stdout(&lowbit(&[&"inspect", &q, &"--all"])).contains("layers.15.proj"));
+}

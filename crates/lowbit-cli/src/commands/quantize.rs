@@ -22,9 +22,9 @@ pub struct QuantizeArgs {
     /// awq | gptq | compressed-tensors | int8
     #[arg(long, default_value = "awq")]
     pub format: String,
-    /// 4 or 8 (awq: 4 only; int8: 8 only)
-    #[arg(long, default_value_t = 4)]
-    pub bits: u8,
+    /// 4 or 8 [default: 8 for int8, else 4] (awq: 4 only; int8: 8 only)
+    #[arg(long)]
+    pub bits: Option<u8>,
     /// Inputs per scale group along in_features; -1 for one group per output channel (not awq).
     #[arg(long, default_value_t = 128, allow_hyphen_values = true)]
     pub group_size: i64,
@@ -53,10 +53,11 @@ struct Plan {
 
 fn plan(a: &QuantizeArgs) -> Result<Plan> {
     let format = parse_format("--format", &a.format)?;
+    let bits = a.bits.unwrap_or(if format == Format::Int8 { 8 } else { 4 });
     let bits_ok = match format {
-        Format::Awq => a.bits == 4,
-        Format::Int8 => a.bits == 8,
-        Format::Gptq | Format::CompressedTensors => a.bits == 4 || a.bits == 8,
+        Format::Awq => bits == 4,
+        Format::Int8 => bits == 8,
+        Format::Gptq | Format::CompressedTensors => bits == 4 || bits == 8,
     };
     if !bits_ok {
         let rule = match format {
@@ -64,7 +65,7 @@ fn plan(a: &QuantizeArgs) -> Result<Plan> {
             Format::Int8 => "--format int8 stores 8-bit codes",
             _ => "--bits must be 4 or 8",
         };
-        return Err(Error::invalid("--bits", a.bits, rule));
+        return Err(Error::invalid("--bits", bits, rule));
     }
     let group_size = match a.group_size {
         -1 if format != Format::Awq => None,
@@ -80,7 +81,7 @@ fn plan(a: &QuantizeArgs) -> Result<Plan> {
     let arithmetic = match a.compat.as_deref() {
         None => RtnArithmetic::F32,
         Some("autoawq") => {
-            if a.bits != 4 || a.symmetric {
+            if bits != 4 || a.symmetric {
                 return Err(Error::invalid(
                     "--compat",
                     "autoawq",
@@ -104,14 +105,14 @@ fn plan(a: &QuantizeArgs) -> Result<Plan> {
     Ok(Plan {
         scheme: Scheme {
             format,
-            bits: a.bits,
+            bits,
             group_size,
             zero_point: !a.symmetric,
             gptq_version,
             not_converted: Vec::new(),
         },
         rtn: RtnConfig {
-            bits: a.bits,
+            bits,
             group_size: group_size.unwrap_or(0),
             zero_point: !a.symmetric,
             arithmetic,
