@@ -66,27 +66,28 @@ pub fn offset_form_params(min: f32, max: f32, bits: BlockBits) -> (f32, f32) {
 }
 
 /// The code of `value` in a block with `scale`/`offset`: `clamp(round((value − offset) / scale), q_min, q_max)`,
-/// f32 arithmetic, rounding half away from zero (C `roundf`, as MNN's kernels).
+/// f32 arithmetic, rounding half away from zero (C `roundf`, as MNN's kernels). A NaN `value` gives `q_min`
+/// (callers reject non-finite data before quantizing).
 #[inline(always)]
 pub fn quantize_offset_form(value: f32, scale: f32, offset: f32, q_min: f32, q_max: f32) -> i8 {
-    // Clamping one step wider first changes no result but bounds `x`, so the rounding below is exact and cheap.
-    let x = ((value - offset) / scale).clamp(q_min - 1.0, q_max + 1.0);
-    round_half_away_from_zero(x).clamp(q_min, q_max) as i8
+    // Clamping one step wider first changes no result but bounds `x`, so the rounding below is exact.
+    let x = ((value - offset) / scale).max(q_min - 1.0).min(q_max + 1.0);
+    (round_half_away_from_zero(x).clamp(q_min as i32, q_max as i32)) as i8
 }
 
-/// `x.round()` for `|x| < 2^23`, without the libm call `f32::round` becomes on CPUs without SSE4.1: truncate, then
-/// step away from zero when the (exact) fraction is at least one half. NaN gives 0.
+/// `x.round() as i32` for `|x| < 2^22`, in branch-free float and integer operations that vectorise (`f32::round`
+/// is a libm call on CPUs without SSE4.1, and float-to-int casts saturate lane by lane).
 #[inline(always)]
-fn round_half_away_from_zero(x: f32) -> f32 {
-    let t = x as i32 as f32;
-    let frac = x - t;
-    if frac >= 0.5 {
-        t + 1.0
-    } else if frac <= -0.5 {
-        t - 1.0
-    } else {
-        t
-    }
+fn round_half_away_from_zero(x: f32) -> i32 {
+    // Adding 1.5·2^23 rounds to an integer (ties to even) that then sits in the low mantissa bits.
+    const MAGIC: f32 = 12_582_912.0;
+    let shifted = x + MAGIC;
+    let nearest_even = shifted - MAGIC;
+    let q = shifted.to_bits() as i32 - MAGIC.to_bits() as i32;
+    // Ties to even differ from ties away from zero where the tie went towards zero: step one away.
+    let tie_towards_zero = (x - nearest_even).abs() == 0.5 && nearest_even.abs() < x.abs();
+    let away = if x > 0.0 { 1 } else { -1 };
+    q + if tie_towards_zero { away } else { 0 }
 }
 
 /// Geometry of a [`BlockQuantWeight`]: rows, input channels, kernel size and channels per block.
@@ -452,13 +453,16 @@ pub(crate) fn min_max(values: &[f32]) -> (f32, f32) {
 }
 
 /// Fails unless `max − min` of block `b` of row `r` is finite in f32 (needed for a finite scale).
+/// Runs once per block, so the message is only formatted on failure.
 pub(crate) fn check_range(tensor: &str, r: usize, b: usize, min: f32, max: f32) -> Result<()> {
-    ensure(
-        (max - min).is_finite(),
+    if (max - min).is_finite() {
+        return Ok(());
+    }
+    Err(Error::invalid(
         tensor,
         format!("block (row {r}, block {b}) spans [{min}, {max}]"),
         "max − min of a block must be finite in f32",
-    )
+    ))
 }
 
 pub(crate) fn check_len(tensor: &str, got: usize, want: usize, meaning: &str) -> Result<()> {
@@ -513,12 +517,14 @@ mod tests {
                 .into_iter()
                 .filter(|x| x.is_finite())
             {
-                assert_eq!(round_half_away_from_zero(x), x.round(), "{x}");
+                assert_eq!(round_half_away_from_zero(x), x.round() as i32, "{x}");
             }
             v += 0.25;
         }
-        assert_eq!(round_half_away_from_zero(0.49999997), 0.0);
-        assert_eq!(round_half_away_from_zero(-0.5), -1.0);
+        assert_eq!(round_half_away_from_zero(0.49999997), 0);
+        assert_eq!(round_half_away_from_zero(-0.5), -1);
+        assert_eq!(round_half_away_from_zero(-0.0), 0);
+        assert_eq!(quantize_offset_form(f32::NAN, 1.0, 0.0, -128.0, 127.0), -128);
     }
 
     #[test]

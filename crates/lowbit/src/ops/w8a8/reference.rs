@@ -6,8 +6,8 @@ use super::{
     ActivationQuant, QuantizedActivations,
 };
 use crate::dtype::Float;
-use crate::error::{ensure, Error, Result};
-use crate::formats::block::{check_len, BlockQuantWeight};
+use crate::error::{Error, Result};
+use crate::formats::block::{check_len, check_range, BlockQuantWeight};
 
 /// The online activation quantizer, one element at a time, literally as formats.md states it (f32 arithmetic).
 /// The CPU quantizer must agree with it bit for bit.
@@ -39,12 +39,7 @@ pub fn quantize_activations<T: Float>(
                 ActivationQuant::Asymmetric => {
                     let max = block.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                     let min = block.iter().copied().fold(f32::INFINITY, f32::min);
-                    ensure(
-                        (max - min).is_finite(),
-                        "activations",
-                        format!("block (row {r}, block {}) spans [{min}, {max}]", start / block_size),
-                        "max − min of a block must be finite in f32",
-                    )?;
+                    check_range("activations", r, start / block_size, min, max)?;
                     let scale = (max - min) / 255.0;
                     if scale >= f32::MIN_POSITIVE {
                         (scale, max - 127.0 * scale, -128.0, 127.0)
