@@ -523,7 +523,7 @@ fn impossible_configurations_are_typed_errors() {
     // Wrong buffer lengths and bias.
     assert_eq!(invalid_tensor(c.forward(&x[..74], [1, 3, 5, 5])), "input");
     assert_eq!(
-        invalid_tensor(c.forward_into(&x, [1, 3, 5, 5], &mut vec![0f32; 35])),
+        invalid_tensor(c.forward_into(&x, [1, 3, 5, 5], &mut [0f32; 35])),
         "output"
     );
     assert_eq!(invalid_tensor(Conv2dCpu::new(&w, Some(&[1.0; 3]), ok)), "bias");

@@ -10,7 +10,7 @@
 
 use super::{
     check_activation_shape, check_bias, check_smoothquant_activations, check_smoothquant_weight, check_weight_for,
-    quantize_row, ActivationQuant, QuantizedActivations, MAX_EXACT_BLOCK,
+    quantize_row, ActivationQuant, QuantizedActivations, QuantizedRow, MAX_EXACT_BLOCK,
 };
 use crate::dtype::Float;
 use crate::error::{ensure, Result};
@@ -48,17 +48,14 @@ pub fn quantize_activations<T: Float>(
         .zip(offsets.par_chunks_mut(blocks))
         .zip(code_sums.par_chunks_mut(blocks))
         .enumerate()
-        .try_for_each(|(r, (((codes, scales), offsets), sums))| {
-            quantize_row(
-                &x[r * k..(r + 1) * k],
-                r,
-                block_size,
-                mode,
+        .try_for_each(|(r, (((codes, scales), offsets), code_sums))| {
+            let out = QuantizedRow {
                 codes,
                 scales,
                 offsets,
-                sums,
-            )
+                code_sums,
+            };
+            quantize_row(&x[r * k..(r + 1) * k], r, block_size, mode, out)
         })?;
     Ok(QuantizedActivations {
         m,

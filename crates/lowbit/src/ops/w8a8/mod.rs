@@ -189,20 +189,25 @@ fn check_activation_shape(m: usize, k: usize, block_size: usize) -> Result<()> {
     )
 }
 
-/// Quantizes one row (`row.len() = K`) into `codes`, writing per-block `scales`, `offsets` and `code_sums`.
-/// The one definition of the online scheme; `row_index` only names the row in errors.
+/// Where the quantizer writes one row: codes `[K]` and per-block scale, offset and code sum.
+struct QuantizedRow<'a> {
+    codes: &'a mut [i8],
+    scales: &'a mut [f32],
+    offsets: &'a mut [f32],
+    code_sums: &'a mut [i32],
+}
+
+/// Quantizes one row (`row.len() = K`) into `out`. The one definition of the online scheme; `row_index` only
+/// names the row in errors.
 fn quantize_row<T: Float>(
     row: &[T],
     row_index: usize,
     block_size: usize,
     mode: ActivationQuant,
-    codes: &mut [i8],
-    scales: &mut [f32],
-    offsets: &mut [f32],
-    code_sums: &mut [i32],
+    out: QuantizedRow,
 ) -> Result<()> {
     let mut values = vec![0f32; block_size];
-    for (b, (block, block_codes)) in row.chunks(block_size).zip(codes.chunks_mut(block_size)).enumerate() {
+    for (b, (block, block_codes)) in row.chunks(block_size).zip(out.codes.chunks_mut(block_size)).enumerate() {
         let values = &mut values[..block.len()];
         for (v, x) in values.iter_mut().zip(block) {
             *v = x.to_f32();
@@ -236,7 +241,7 @@ fn quantize_row<T: Float>(
             *q = quantize_offset_form(v, scale, offset, q_min, q_max);
             sum += *q as i32;
         }
-        (scales[b], offsets[b], code_sums[b]) = (scale, offset, sum);
+        (out.scales[b], out.offsets[b], out.code_sums[b]) = (scale, offset, sum);
     }
     Ok(())
 }
