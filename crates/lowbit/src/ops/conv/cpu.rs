@@ -260,10 +260,17 @@ impl Conv2dCpu {
                                 continue;
                             }
                             let tap = taps[ky * kw + kx];
-                            let first_ix = (valid.start * geo.stride.1) as isize + shift;
-                            let inputs = in_row[first_ix.max(0) as usize..].iter().step_by(geo.stride.1);
-                            for (o, &v) in row[valid].iter_mut().zip(inputs) {
-                                *o += tap * v;
+                            let inputs = &in_row[((valid.start * geo.stride.1) as isize + shift) as usize..];
+                            let outputs = &mut row[valid];
+                            if geo.stride.1 == 1 {
+                                // Contiguous: a plain axpy the compiler vectorises.
+                                for (o, &v) in outputs.iter_mut().zip(inputs) {
+                                    *o += tap * v;
+                                }
+                            } else {
+                                for (o, &v) in outputs.iter_mut().zip(inputs.iter().step_by(geo.stride.1)) {
+                                    *o += tap * v;
+                                }
                             }
                         }
                     }
