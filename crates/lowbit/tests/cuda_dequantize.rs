@@ -340,12 +340,18 @@ fn k_not_a_multiple_of_the_tile() {
 fn kernel_variants_match_cpu() {
     let Some(dev) = device() else { return };
     let mut rng = Rng(6);
-    for (k, n, g) in [(24, 16, 8), (200, 64, 40), (3584, 576, 128), (4096, 4736, 128)] {
+    for (k, n, g) in [
+        (24, 32, 8),
+        (200, 64, 40),
+        (3584, 576, 128),
+        (4096, 4736, 128),
+        (4104, 4736, 8),
+    ] {
         for dtype in [DType::F16, DType::Bf16] {
             let q = random_quant(&mut rng, k, n, g, 4, Zeros::Random, dtype, false);
             for (layout, variants) in [
-                (Int4Layout::Awq, &["r4", "r8", "r16", "p4", "p8"][..]),
-                (Int4Layout::Gptq, &["r8", "r16", "p8"][..]),
+                (Int4Layout::Awq, &["r4", "r8", "p8", "w4"][..]),
+                (Int4Layout::Gptq, &["r8", "p8"][..]),
             ] {
                 for &v in variants {
                     match dtype {

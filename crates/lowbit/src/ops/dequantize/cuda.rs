@@ -166,7 +166,8 @@ impl Launch {
 
     /// A persistent kernel striding over `tiles`: as many blocks as stay resident, shrunk so that every thread gets
     /// the same number of tiles (±1), which keeps the last pass from running on a fraction of the GPU.
-    fn persistent(device: &CudaDevice, kernel: String, tiles: u64, params: DequantParams) -> Result<Self> {
+    /// Also returns the tiles each thread gets.
+    fn persistent(device: &CudaDevice, kernel: String, tiles: u64, params: DequantParams) -> Result<(Self, u64)> {
         let function = device.function(&DEQUANTIZE, &kernel)?;
         let per_sm = function
             .occupancy_max_active_blocks_per_multiprocessor(BLOCK, 0, None)
@@ -175,7 +176,7 @@ impl Launch {
         let resident = device.info().sm_count.max(1) as u64 * per_sm * BLOCK as u64;
         let tiles_per_thread = tiles.div_ceil(resident).max(1);
         let blocks = tiles.div_ceil(tiles_per_thread * BLOCK as u64);
-        Self::with_blocks(kernel, function, blocks, params)
+        Ok((Self::with_blocks(kernel, function, blocks, params)?, tiles_per_thread))
     }
 
     fn with_blocks(kernel: String, function: CudaFunction, blocks: u64, params: DequantParams) -> Result<Self> {
@@ -225,8 +226,8 @@ impl DequantizeInt4 {
     }
 
     /// As [`DequantizeInt4::new`], with the AWQ/GPTQ kernel variant forced instead of the tuned default:
-    /// `rR` (one tile of R rows per thread; AWQ R = 4, 8, 16, GPTQ R = 8, 16) or `pR` (persistent, pipelined;
-    /// AWQ R = 4, 8, GPTQ R = 8). For benchmarking and tests.
+    /// `r4`/`r8` (one tile of 4/8 rows x 8 columns per thread; GPTQ: `r8`), `p8` (persistent and pipelined) or
+    /// `w4` (AWQ, N % 32 == 0: 4 rows x 32 columns per thread, 16-byte loads). For benchmarking and tests.
     #[doc(hidden)]
     pub fn with_variant(device: &CudaDevice, desc: DequantDesc, variant: Option<&str>) -> Result<Self> {
         desc.validate()?;
@@ -243,33 +244,54 @@ impl DequantizeInt4 {
             groups: desc.groups() as u32,
             group_shift: group_shift(desc.group_size, desc.groups()),
         };
-        let launch = match desc.layout {
-            Int4Layout::Awq | Int4Layout::Gptq => {
-                let allowed: &[&str] = match desc.layout {
-                    Int4Layout::Awq => &["r4", "r8", "r16", "p4", "p8"],
-                    _ => &["r8", "r16", "p8"],
-                };
-                let variant = variant.unwrap_or("r8");
-                ensure(
-                    allowed.contains(&variant),
-                    "kernel variant",
-                    variant,
-                    &format!("must be one of {allowed:?}"),
-                )?;
-                let rows: u64 = variant[1..].parse().unwrap_or(8);
-                let kernel = format!("dequant_{}_{t}_{variant}", desc.layout.name());
-                let tiles = (desc.k as u64).div_ceil(rows) * (desc.n as u64 / 8);
-                if variant.starts_with('p') {
-                    Launch::persistent(device, kernel, tiles, params)?
-                } else {
-                    Launch::new(device, kernel, tiles, params)?
-                }
-            }
-            Int4Layout::CompressedTensors => {
+        let (k, n) = (desc.k as u64, desc.n as u64);
+        let layout = desc.layout.name();
+        let kernel = |v: &str| format!("dequant_{layout}_{t}_{v}");
+        let launch = match (desc.layout, variant) {
+            (Int4Layout::CompressedTensors, _) => {
                 // Vector loads need each weight row (K/2 bytes) to be a multiple of 16 bytes.
                 let vec = if desc.k % 32 == 0 { "_vec" } else { "" };
-                let kernel = format!("dequant_ct_{t}{vec}");
-                Launch::new(device, kernel, transposed_threads(desc.k, desc.n, 32), params)?
+                Launch::new(
+                    device,
+                    format!("dequant_ct_{t}{vec}"),
+                    transposed_threads(desc.k, desc.n, 32),
+                    params,
+                )?
+            }
+            // Tuned on an H200 (bench `LOWBIT_BENCH_VARIANTS=1`): the persistent, pipelined kernel is best when
+            // every thread gets at most 2 tiles (small layers, e.g. 4096 x 4096, where a one-tile-per-thread grid
+            // ends on a partial wave); one 4-row tile per thread is best for large AWQ layers. GPTQ: p8 always.
+            (Int4Layout::Awq, None) => {
+                let (p8, tiles_per_thread) = Launch::persistent(device, kernel("p8"), k.div_ceil(8) * (n / 8), params)?;
+                if tiles_per_thread <= 2 {
+                    p8
+                } else {
+                    Launch::new(device, kernel("r4"), k.div_ceil(4) * (n / 8), params)?
+                }
+            }
+            (Int4Layout::Gptq, None) => Launch::persistent(device, kernel("p8"), k.div_ceil(8) * (n / 8), params)?.0,
+            (_, Some(v)) => {
+                let allowed: &[&str] = match desc.layout {
+                    Int4Layout::Awq => &["r4", "r8", "p8", "w4"],
+                    _ => &["r8", "p8"],
+                };
+                ensure(
+                    allowed.contains(&v),
+                    "kernel variant",
+                    v,
+                    &format!("must be one of {allowed:?}"),
+                )?;
+                match v {
+                    "p8" => Launch::persistent(device, kernel(v), k.div_ceil(8) * (n / 8), params)?.0,
+                    "w4" => {
+                        ensure(desc.n % 32 == 0, "n", desc.n, "the w4 variant needs N % 32 == 0")?;
+                        Launch::new(device, kernel(v), k.div_ceil(4) * (n / 32), params)?
+                    }
+                    _ => {
+                        let rows: u64 = v[1..].parse().unwrap_or(8);
+                        Launch::new(device, kernel(v), k.div_ceil(rows) * (n / 8), params)?
+                    }
+                }
             }
         };
         Ok(Self { desc, launch })
@@ -314,15 +336,27 @@ impl DequantizeInt4 {
         )?;
         let (q_len, z_len, s_len, o_len) = d.lens();
         let layout = d.layout.name();
-        // 16-byte vector accesses: scales (rows layouts), qweight (GPTQ, CT with vector loads) and the output.
-        let q_align = if d.layout == Int4Layout::Awq { 4 } else { 16 };
+        // 16-byte vector accesses: scales (rows layouts), qweight (GPTQ, CT with vector loads, AWQ w4) and output.
+        let q_align = if d.layout == Int4Layout::Awq && !self.launch.kernel.ends_with("w4") {
+            4
+        } else {
+            16
+        };
+        let z_align = if self.launch.kernel.ends_with("w4") { 16 } else { 4 };
         let s_align = if d.layout == Int4Layout::CompressedTensors {
             2
         } else {
             16
         };
         let qweight = pointer(weight.qweight, stream, &format!("{layout}.qweight"), q_len, q_align)?;
-        let zeros = optional(weight.zeros, d.zeros, stream, &format!("{layout}.zeros"), z_len, 4)?;
+        let zeros = optional(
+            weight.zeros,
+            d.zeros,
+            stream,
+            &format!("{layout}.zeros"),
+            z_len,
+            z_align,
+        )?;
         let scales = pointer(weight.scales, stream, &format!("{layout}.scales"), s_len, s_align)?;
         let g_idx = optional(weight.g_idx, d.g_idx, stream, &format!("{layout}.g_idx"), d.k, 4)?;
         let out = pointer_mut(out, stream, "out", o_len, 16)?;
