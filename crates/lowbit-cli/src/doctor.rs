@@ -20,7 +20,7 @@ pub fn run(a: DoctorArgs) -> lowbit::Result<()> {
             return Err(lowbit::Error::invalid(
                 "--arch",
                 arch,
-                &format!("must be a real architecture (sm_XY) such as {:?}", cuda::KNOWN_ARCHES),
+                format!("must be a real architecture (sm_XY) such as {:?}", cuda::KNOWN_ARCHES),
             ));
         }
         report_toolchain();

@@ -12,7 +12,8 @@
 //                          weight_scale [N, G'] (codes stored as q + 8)
 //   dequant_int8_<t>[_vec] int8 per channel: weight [N, K] (signed), scales [N]
 // where <t> is f16 or bf16 (the dtype of scales and output), G' the number of groups, and <v> the variant:
-// rR = one tile of R rows x 8 columns per thread, pR = persistent and pipelined, w4 = 4 rows x 32 columns.
+// rR = one tile of R rows x 8 columns per thread, pR = persistent and pipelined. (A variant with 16-byte weight
+// loads and 4 strided 16-byte stores per row ran 2.3x slower on an H200: stores must stay contiguous per warp.)
 #include "common.cuh"
 
 using namespace lowbit;
@@ -141,46 +142,6 @@ __device__ __forceinline__ void dequant_rows_pipelined(const DequantParams& p) {
     }
 }
 
-// AWQ with 16-byte weight loads: a thread takes 4 words (32 columns) of ROWS rows and writes each row as four
-// 16-byte stores (64 contiguous bytes). Needs N % 32 == 0.
-template <class Conv, int ROWS>
-__device__ __forceinline__ void dequant_awq_wide(const DequantParams& p) {
-    const u32 col_words = p.n / 8, col_quads = p.n / 32;
-    const u64 tile = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (tile >= (u64)((p.k + ROWS - 1) / ROWS) * col_quads) return;
-    const u32 cq = (u32)(tile % col_quads), k0 = (u32)(tile / col_quads) * ROWS;
-    uint4 codes[ROWS];
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r)
-        codes[r] = (k0 + r < p.k) ? load_stream_v4(p.qweight + (u64)(k0 + r) * col_words + 4 * cq)
-                                  : make_uint4(0, 0, 0, 0);
-    const uint4* scales = reinterpret_cast<const uint4*>(p.scales);
-    typename Conv::scalar* out = reinterpret_cast<typename Conv::scalar*>(p.out);
-    u32 cur_group = 0xFFFFFFFFu;
-    uint4 zt[4], s[4];
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-        const u32 k = k0 + r;
-        if (k >= p.k) break;
-        const u32 g = group_of(p, k);
-        if (g != cur_group) {
-            cur_group = g;
-            const uint4 z = p.zeros ? load_cached_v4(p.zeros + (u64)g * col_words + 4 * cq)
-                                    : make_uint4(SYMMETRIC_ZERO_WORD, SYMMETRIC_ZERO_WORD, SYMMETRIC_ZERO_WORD,
-                                                 SYMMETRIC_ZERO_WORD);
-            zt[0] = Conv::zero_terms(z.x); zt[1] = Conv::zero_terms(z.y);
-            zt[2] = Conv::zero_terms(z.z); zt[3] = Conv::zero_terms(z.w);
-#pragma unroll
-            for (int i = 0; i < 4; ++i) s[i] = load_cached_v4(scales + (u64)g * col_words + 4 * cq + i);
-        }
-        typename Conv::scalar* dst = out + (u64)k * p.n + 32 * cq;
-        store_v4(dst, Conv::dequant_int4(codes[r].x, zt[0], s[0]));
-        store_v4(dst + 8, Conv::dequant_int4(codes[r].y, zt[1], s[1]));
-        store_v4(dst + 16, Conv::dequant_int4(codes[r].z, zt[2], s[2]));
-        store_v4(dst + 24, Conv::dequant_int4(codes[r].w, zt[3], s[3]));
-    }
-}
-
 // ------------------------------------------------------------------------------------------------------------------
 // compressed-tensors int4 and int8 per channel: the weight is [N, K] (packed along K), so the kernel transposes.
 // Thread tile: 8 columns (8 weight rows) x KT rows, one 16-byte load per weight row (KT = 32 int4 or 16 int8).
@@ -273,10 +234,6 @@ __device__ __forceinline__ void dequant_transposed(const DequantParams& p) {
     extern "C" __global__ void __launch_bounds__(DEQUANT_BLOCK) NAME(const DequantParams p) {       \
         dequant_rows_pipelined<CONV, GPTQ, ROWS>(p);                                                \
     }
-#define WIDE_KERNEL(NAME, CONV, ROWS)                                                               \
-    extern "C" __global__ void __launch_bounds__(DEQUANT_BLOCK) NAME(const DequantParams p) {       \
-        dequant_awq_wide<CONV, ROWS>(p);                                                            \
-    }
 #define TRANSPOSED_KERNEL(NAME, CONV, BITS, VEC)                                                    \
     extern "C" __global__ void __launch_bounds__(DEQUANT_BLOCK) NAME(const DequantParams p) {       \
         dequant_transposed<CONV, BITS, VEC>(p);                                                     \
@@ -292,8 +249,6 @@ PIPELINED_KERNEL(dequant_awq_f16_p8, F16, false, 8)
 PIPELINED_KERNEL(dequant_awq_bf16_p8, BF16, false, 8)
 PIPELINED_KERNEL(dequant_gptq_f16_p8, F16, true, 8)
 PIPELINED_KERNEL(dequant_gptq_bf16_p8, BF16, true, 8)
-WIDE_KERNEL(dequant_awq_f16_w4, F16, 4)
-WIDE_KERNEL(dequant_awq_bf16_w4, BF16, 4)
 TRANSPOSED_KERNEL(dequant_ct_f16, F16, 4, false)
 TRANSPOSED_KERNEL(dequant_ct_f16_vec, F16, 4, true)
 TRANSPOSED_KERNEL(dequant_ct_bf16, BF16, 4, false)

@@ -61,7 +61,7 @@ impl CudaDevice {
             return Err(Error::invalid(
                 "--device",
                 format!("cuda:{ordinal}"),
-                &format!(
+                format!(
                     "this machine has {count} CUDA device(s): cuda:0..cuda:{}",
                     count.saturating_sub(1)
                 ),
@@ -120,6 +120,8 @@ impl CudaDevice {
     /// cached). Operators call this once, in their constructor.
     pub fn function(&self, source: &KernelSource, function: &str) -> Result<CudaFunction> {
         let module = self.module(source)?;
+        // Operators may be created on any thread; driver calls that take no context argument need it current.
+        self.ctx.bind_to_thread().map_err(driver_error("cuCtxSetCurrent"))?;
         module
             .load_function(function)
             .map_err(driver_error(format!("cuModuleGetFunction {}::{function}", source.name)))
@@ -175,7 +177,7 @@ pub fn copy_device<T, S: DevicePtr<T>, D: DevicePtrMut<T>>(
         return Err(Error::invalid(
             "copy destination",
             format!("{} elements", dst.len()),
-            &format!("must hold the {} source elements", src.len()),
+            format!("must hold the {} source elements", src.len()),
         ));
     }
     stream.memcpy_dtod(src, dst).map_err(driver_error("cuMemcpyDtoDAsync"))

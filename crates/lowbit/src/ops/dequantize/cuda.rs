@@ -169,6 +169,11 @@ impl Launch {
     /// Also returns the tiles each thread gets.
     fn persistent(device: &CudaDevice, kernel: String, tiles: u64, params: DequantParams) -> Result<(Self, u64)> {
         let function = device.function(&DEQUANTIZE, &kernel)?;
+        // The occupancy query needs the context current on this thread (cudarc does not bind it here).
+        device
+            .context()
+            .bind_to_thread()
+            .map_err(crate::cuda::driver_error("cuCtxSetCurrent"))?;
         let per_sm = function
             .occupancy_max_active_blocks_per_multiprocessor(BLOCK, 0, None)
             .map_err(crate::cuda::driver_error(format!("occupancy of {kernel}")))?
@@ -226,8 +231,8 @@ impl DequantizeInt4 {
     }
 
     /// As [`DequantizeInt4::new`], with the AWQ/GPTQ kernel variant forced instead of the tuned default:
-    /// `r4`/`r8` (one tile of 4/8 rows x 8 columns per thread; GPTQ: `r8`), `p8` (persistent and pipelined) or
-    /// `w4` (AWQ, N % 32 == 0: 4 rows x 32 columns per thread, 16-byte loads). For benchmarking and tests.
+    /// `r4`/`r8` (one tile of 4/8 rows x 8 columns per thread; GPTQ: `r8`) or `p8` (persistent and pipelined).
+    /// For benchmarking and tests.
     #[doc(hidden)]
     pub fn with_variant(device: &CudaDevice, desc: DequantDesc, variant: Option<&str>) -> Result<Self> {
         desc.validate()?;
@@ -272,7 +277,7 @@ impl DequantizeInt4 {
             (Int4Layout::Gptq, None) => Launch::persistent(device, kernel("p8"), k.div_ceil(8) * (n / 8), params)?.0,
             (_, Some(v)) => {
                 let allowed: &[&str] = match desc.layout {
-                    Int4Layout::Awq => &["r4", "r8", "p8", "w4"],
+                    Int4Layout::Awq => &["r4", "r8", "p8"],
                     _ => &["r8", "p8"],
                 };
                 ensure(
@@ -283,10 +288,6 @@ impl DequantizeInt4 {
                 )?;
                 match v {
                     "p8" => Launch::persistent(device, kernel(v), k.div_ceil(8) * (n / 8), params)?.0,
-                    "w4" => {
-                        ensure(desc.n % 32 == 0, "n", desc.n, "the w4 variant needs N % 32 == 0")?;
-                        Launch::new(device, kernel(v), k.div_ceil(4) * (n / 32), params)?
-                    }
                     _ => {
                         let rows: u64 = v[1..].parse().unwrap_or(8);
                         Launch::new(device, kernel(v), k.div_ceil(rows) * (n / 8), params)?
@@ -336,27 +337,15 @@ impl DequantizeInt4 {
         )?;
         let (q_len, z_len, s_len, o_len) = d.lens();
         let layout = d.layout.name();
-        // 16-byte vector accesses: scales (rows layouts), qweight (GPTQ, CT with vector loads, AWQ w4) and output.
-        let q_align = if d.layout == Int4Layout::Awq && !self.launch.kernel.ends_with("w4") {
-            4
-        } else {
-            16
-        };
-        let z_align = if self.launch.kernel.ends_with("w4") { 16 } else { 4 };
+        // 16-byte vector accesses: scales (rows layouts), qweight (GPTQ, CT with vector loads) and the output.
+        let q_align = if d.layout == Int4Layout::Awq { 4 } else { 16 };
         let s_align = if d.layout == Int4Layout::CompressedTensors {
             2
         } else {
             16
         };
         let qweight = pointer(weight.qweight, stream, &format!("{layout}.qweight"), q_len, q_align)?;
-        let zeros = optional(
-            weight.zeros,
-            d.zeros,
-            stream,
-            &format!("{layout}.zeros"),
-            z_len,
-            z_align,
-        )?;
+        let zeros = optional(weight.zeros, d.zeros, stream, &format!("{layout}.zeros"), z_len, 4)?;
         let scales = pointer(weight.scales, stream, &format!("{layout}.scales"), s_len, s_align)?;
         let g_idx = optional(weight.g_idx, d.g_idx, stream, &format!("{layout}.g_idx"), d.k, 4)?;
         let out = pointer_mut(out, stream, "out", o_len, 16)?;
