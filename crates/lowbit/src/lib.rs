@@ -10,6 +10,7 @@
 //! - [`ops`]: one module per operation; in each, `reference` (f64, the ground truth), `cpu` and `cuda`.
 //! - [`checkpoint`]: reading model directories / safetensors, writing checkpoints atomically.
 //! - [`cuda`]: the CUDA backend (device discovery, NVRTC module cache, launches).
+//! - `testing` (hidden): seeded inputs shared by the tests, `lowbit bench` and `lowbit demo`.
 
 pub mod checkpoint;
 pub mod cuda;
@@ -19,6 +20,8 @@ pub mod formats;
 pub mod ops;
 pub mod quantize;
 pub mod tensor;
+#[doc(hidden)]
+pub mod testing;
 
 pub use dtype::{DType, Float};
 pub use error::{Error, Result};

@@ -8,34 +8,11 @@ use half::{bf16, f16};
 use lowbit::formats::block::{BlockBits, BlockQuantWeight, BlockShape};
 use lowbit::ops::conv::cpu::Conv2dCpu;
 use lowbit::ops::conv::{reference, same_padding, Activation, Conv2dParams};
+use lowbit::testing::SplitMix64;
 use lowbit::{Error, Float};
 
-/// splitmix64: a tiny deterministic PRNG (no `rand` crate).
-struct Rng(u64);
-
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in [lo, hi).
-    fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
-        lo + (hi - lo) * ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32)
-    }
-    /// Uniform integer in [lo, hi].
-    fn int(&mut self, lo: i32, hi: i32) -> i32 {
-        lo + (self.next_u64() % (hi - lo + 1) as u64) as i32
-    }
-    fn pick<T: Copy>(&mut self, items: &[T]) -> T {
-        items[(self.next_u64() % items.len() as u64) as usize]
-    }
-    fn vec(&mut self, n: usize, lo: f32, hi: f32) -> Vec<f32> {
-        (0..n).map(|_| self.uniform(lo, hi)).collect()
-    }
-}
+mod common;
+use common::{assert_bits_equal, assert_close, from_f32, invalid_tensor, to_f32, Tolerance};
 
 /// One convolution configuration.
 #[derive(Debug, Clone, Copy)]
@@ -50,64 +27,24 @@ struct Case {
     params: Conv2dParams,
 }
 
-/// Comparison metrics of `got` against the f64 reference.
-struct Metrics {
-    mean_rel: f64,
-    max_abs: f64,
-    worst: usize,
-}
-
-fn compare(got: &[f32], want: &[f64]) -> Metrics {
-    assert_eq!(got.len(), want.len());
-    let (mut sum_abs_diff, mut sum_abs_ref, mut max_abs, mut worst) = (0f64, 0f64, 0f64, 0);
-    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        assert!(g.is_finite(), "non-finite output {g} at {i} (reference {w})");
-        let d = (g as f64 - w).abs();
-        sum_abs_diff += d;
-        sum_abs_ref += w.abs();
-        if d > max_abs {
-            (max_abs, worst) = (d, i);
-        }
-    }
-    Metrics {
-        mean_rel: sum_abs_diff / sum_abs_ref.max(f64::MIN_POSITIVE),
-        max_abs,
-        worst,
-    }
-}
-
-fn make_weight(rng: &mut Rng, case: &Case) -> BlockQuantWeight {
+fn make_weight(rng: &mut SplitMix64, case: &Case) -> BlockQuantWeight {
     let shape = BlockShape::conv(case.co, case.ci / case.params.groups, case.kernel, case.blocks).unwrap();
     let dense = rng.vec(shape.rows * shape.cols(), -0.5, 0.5);
     BlockQuantWeight::quantize(&dense, shape, case.bits).unwrap()
 }
 
 /// Runs `case` with activations of type `T` and checks the CPU kernel against the reference with tolerance
-/// `mean_rel_tol` (mean |Δ| / mean |ref|) and `max_abs_tol` (max |Δ| relative to max |ref|, floored at 1).
-fn check_case<T: Float>(rng: &mut Rng, case: &Case, mean_rel_tol: f64, max_rel_tol: f64) {
+/// `mean_rel_tol` (mean |Δ| / mean |ref|) and `max_rel_tol` (max |Δ| relative to max |ref|, floored at 1).
+fn check_case<T: Float>(rng: &mut SplitMix64, case: &Case, mean_rel_tol: f64, max_rel_tol: f64) {
     let weight = make_weight(rng, case);
     let bias = rng.vec(case.co, -1.0, 1.0);
     let input = [case.batch, case.ci, case.hw.0, case.hw.1];
-    let x: Vec<T> = rng
-        .vec(input.iter().product(), -1.0, 1.0)
-        .into_iter()
-        .map(T::from_f32)
-        .collect();
-    let x_f32: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
-    let want = reference::conv2d(&x_f32, input, &weight, Some(&bias), &case.params).unwrap();
+    let x: Vec<T> = from_f32(&rng.vec(input.iter().product(), -1.0, 1.0));
+    let want = reference::conv2d(&to_f32(&x), input, &weight, Some(&bias), &case.params).unwrap();
     let conv = Conv2dCpu::new(&weight, Some(&bias), case.params).unwrap();
-    let got: Vec<f32> = conv.forward(&x, input).unwrap().iter().map(|v| v.to_f32()).collect();
-    let m = compare(&got, &want);
-    let scale = want.iter().fold(1f64, |a, &b| a.max(b.abs()));
-    assert!(
-        m.mean_rel <= mean_rel_tol && m.max_abs <= max_rel_tol * scale,
-        "{case:?} {}: mean rel {:.3e}, max |Δ| {:.3e} at {} (ref {})",
-        T::DTYPE,
-        m.mean_rel,
-        m.max_abs,
-        m.worst,
-        want[m.worst]
-    );
+    let got = to_f32(&conv.forward(&x, input).unwrap());
+    let what = format!("{case:?} {}", T::DTYPE);
+    assert_close(&what, &got, &want, Tolerance::floored(mean_rel_tol, max_rel_tol));
 }
 
 /// Divisors of `n`.
@@ -118,7 +55,7 @@ fn divisors(n: usize) -> Vec<usize> {
 /// A random configuration from testing.md's convolution matrix (the small end of it, for debug-build speed):
 /// batch {1, 2}, channels {1, 3, 10, 17, 64}, spatial {1, 7, 9}, kernels {1×1, 3×3, 5×5, 1×7, 7×1}, stride {1, 2},
 /// dilation {1, 2}, padding {0, 1, same}, groups {1, depthwise, a common divisor}, int4/int8, none/relu/relu6.
-fn random_case(rng: &mut Rng) -> Case {
+fn random_case(rng: &mut SplitMix64) -> Case {
     let channels = [1, 3, 10, 17, 64];
     let kernel = rng.pick(&[(1, 1), (3, 3), (5, 5), (1, 7), (7, 1)]);
     let dilation = rng.pick(&[(1, 1), (2, 2), (1, 2)]);
@@ -163,7 +100,7 @@ fn random_case(rng: &mut Rng) -> Case {
 
 #[test]
 fn matches_reference_over_matrix_slice() {
-    let mut rng = Rng(0x5EED_0001);
+    let mut rng = SplitMix64(0x5EED_0001);
     let (mut ran, mut rejected) = (0, 0);
     for _ in 0..160 {
         let case = random_case(&mut rng);
@@ -187,7 +124,7 @@ fn matches_reference_over_matrix_slice() {
 
 #[test]
 fn half_precision_activations() {
-    let mut rng = Rng(0x5EED_0002);
+    let mut rng = SplitMix64(0x5EED_0002);
     let mut ran = 0;
     while ran < 24 {
         let case = random_case(&mut rng);
@@ -208,99 +145,42 @@ fn half_precision_activations() {
 
 #[test]
 fn larger_shapes() {
-    let mut rng = Rng(0x5EED_0003);
+    use Activation::{Relu, Relu6};
+    use BlockBits::{Int4, Int8};
+    let mut rng = SplitMix64(0x5EED_0003);
     let base = Conv2dParams::default();
+    #[rustfmt::skip]
     let cases = [
+        // (batch, ci, co, hw, kernel, blocks, bits, params)
         // 3×3 same, 64 → 64 on 28×28: several pixel tiles and channel panels.
-        Case {
-            batch: 1,
-            ci: 64,
-            co: 64,
-            hw: (28, 28),
-            kernel: (3, 3),
-            blocks: 4,
-            bits: BlockBits::Int4,
-            params: Conv2dParams {
-                padding: (1, 1),
-                activation: Activation::Relu,
-                ..base
-            },
-        },
+        (1, 64, 64, (28, 28), (3, 3), 4, Int4, Conv2dParams { padding: (1, 1), activation: Relu, ..base }),
         // Pointwise (the plain-GEMM path), batch 2, blocks of 16 channels.
-        Case {
-            batch: 2,
-            ci: 64,
-            co: 40,
-            hw: (14, 14),
-            kernel: (1, 1),
-            blocks: 4,
-            bits: BlockBits::Int8,
-            params: base,
-        },
+        (2, 64, 40, (14, 14), (1, 1), 4, Int8, base),
         // Pointwise GEMV: one pixel, many output channels (channel chunks split across threads).
-        Case {
-            batch: 1,
-            ci: 256,
-            co: 256,
-            hw: (1, 1),
-            kernel: (1, 1),
-            blocks: 8,
-            bits: BlockBits::Int4,
-            params: base,
-        },
+        (1, 256, 256, (1, 1), (1, 1), 8, Int4, base),
         // Depthwise 5×5 stride 2 relu6.
-        Case {
-            batch: 2,
-            ci: 32,
-            co: 32,
-            hw: (28, 28),
-            kernel: (5, 5),
-            blocks: 1,
-            bits: BlockBits::Int8,
-            params: Conv2dParams {
-                stride: (2, 2),
-                padding: (2, 2),
-                groups: 32,
-                activation: Activation::Relu6,
-                ..base
-            },
-        },
+        (2, 32, 32, (28, 28), (5, 5), 1, Int8,
+         Conv2dParams { stride: (2, 2), padding: (2, 2), groups: 32, activation: Relu6, ..base }),
         // K = 40·25 = 1000 in chunks of 256 columns, blocks of 200 columns straddling the chunks.
-        Case {
-            batch: 2,
-            ci: 40,
-            co: 20,
-            hw: (12, 11),
-            kernel: (5, 5),
-            blocks: 5,
-            bits: BlockBits::Int4,
-            params: Conv2dParams {
-                stride: (2, 1),
-                padding: (2, 3),
-                dilation: (1, 2),
-                ..base
-            },
-        },
+        (2, 40, 20, (12, 11), (5, 5), 5, Int4,
+         Conv2dParams { stride: (2, 1), padding: (2, 3), dilation: (1, 2), ..base }),
         // Depthwise with channel multiplier 3, dilated, "same" padding (the direct path).
-        Case {
-            batch: 1,
-            ci: 8,
-            co: 24,
-            hw: (13, 10),
-            kernel: (3, 3),
-            blocks: 1,
-            bits: BlockBits::Int8,
-            params: Conv2dParams {
-                padding: same_padding((3, 3), (2, 2)),
-                dilation: (2, 2),
-                groups: 8,
-                ..base
-            },
-        },
+        (1, 8, 24, (13, 10), (3, 3), 1, Int8,
+         Conv2dParams { padding: same_padding((3, 3), (2, 2)), dilation: (2, 2), groups: 8, ..base }),
     ];
-    for case in &cases {
+    for (batch, ci, co, hw, kernel, blocks, bits, params) in cases {
+        let case = Case {
+            batch,
+            ci,
+            co,
+            hw,
+            kernel,
+            blocks,
+            bits,
+            params,
+        };
         // Tolerance: f32 accumulation over ≤ 1000 taps.
-        check_case::<f32>(&mut rng, case, 1e-5, 1e-5);
+        check_case::<f32>(&mut rng, &case, 1e-5, 1e-5);
     }
 }
 
@@ -308,7 +188,7 @@ fn larger_shapes() {
 /// is exact in f32, so the CPU kernel must equal the reference bit for bit.
 #[test]
 fn exact_integer_mode_is_bit_exact() {
-    let mut rng = Rng(0x5EED_0004);
+    let mut rng = SplitMix64(0x5EED_0004);
     let mut ran = 0;
     while ran < 40 {
         let case = random_case(&mut rng);
@@ -331,9 +211,7 @@ fn exact_integer_mode_is_bit_exact() {
         let x: Vec<f32> = (0..input.iter().product()).map(|_| rng.int(-3, 3) as f32).collect();
         let want = reference::conv2d(&x, input, &weight, Some(&bias), &case.params).unwrap();
         let got = conv.forward(&x, input).unwrap();
-        for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
-            assert_eq!(g.to_bits(), (w as f32).to_bits(), "{case:?}: element {i}: {g} vs {w}");
-        }
+        assert_bits_equal(&format!("{case:?}"), &got, &want);
         ran += 1;
     }
 }
@@ -384,7 +262,7 @@ fn mnn_int4_byte_order_round_trips() {
 
     // Random shapes with taps and odd channel counts: bytes [Co, Kh, Kw, ⌈Ci/2⌉] round-trip; the odd padding
     // nibble is written as 8.
-    let mut rng = Rng(0x5EED_0005);
+    let mut rng = SplitMix64(0x5EED_0005);
     for &(co, ci, kernel, blocks) in &[
         (3, 6, (3, 3), 3),
         (2, 5, (1, 7), 1),
@@ -424,7 +302,7 @@ fn mnn_int4_byte_order_round_trips() {
 
 #[test]
 fn quantize_round_trip_error_within_half_step() {
-    let mut rng = Rng(0x5EED_0006);
+    let mut rng = SplitMix64(0x5EED_0006);
     for bits in [BlockBits::Int4, BlockBits::Int8] {
         let shape = BlockShape::conv(8, 12, (3, 3), 3).unwrap();
         let dense = rng.vec(shape.rows * shape.cols(), -2.0, 2.0);
@@ -444,7 +322,7 @@ fn quantize_round_trip_error_within_half_step() {
 
 #[test]
 fn deterministic_and_batch_independent() {
-    let mut rng = Rng(0x5EED_0007);
+    let mut rng = SplitMix64(0x5EED_0007);
     let case = Case {
         batch: 3,
         ci: 10,
@@ -466,16 +344,6 @@ fn deterministic_and_batch_independent() {
     assert_eq!(a, b);
     let first = conv.forward(&x[..10 * 9 * 7], [1, 10, 9, 7]).unwrap();
     assert_eq!(&a[..first.len()], &first[..]);
-}
-
-fn invalid_tensor<T: std::fmt::Debug>(r: lowbit::Result<T>) -> String {
-    match r {
-        Err(Error::Invalid { tensor, value, rule }) => {
-            assert!(!value.is_empty() && !rule.is_empty());
-            tensor
-        }
-        other => panic!("expected Error::Invalid, got {other:?}"),
-    }
 }
 
 #[test]

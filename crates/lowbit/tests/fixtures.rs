@@ -7,70 +7,10 @@ use lowbit::formats::awq::{self, AwqWeight};
 use lowbit::formats::compressed_tensors::{self as ct, CompressedTensorsWeight};
 use lowbit::ops::dequantize::{cpu, reference, Layout};
 use lowbit::quantize::{quantize_rtn, RtnArithmetic, RtnConfig};
-use lowbit::{DType, QuantMatrix, Tensor, TensorRef};
-use safetensors::SafeTensors;
+use lowbit::{DType, QuantMatrix, Tensor};
 
-const FIXTURE: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../../tests/fixtures/golden_public.safetensors"
-);
-
-struct Fixture {
-    bytes: Vec<u8>,
-}
-
-impl Fixture {
-    fn load() -> Self {
-        Self {
-            bytes: std::fs::read(FIXTURE).unwrap_or_else(|e| panic!("{FIXTURE}: {e}")),
-        }
-    }
-
-    fn file(&self) -> SafeTensors<'_> {
-        SafeTensors::deserialize(&self.bytes).expect("fixture parses")
-    }
-
-    /// `(case name, kind, args)` from the `cases` metadata.
-    fn cases(&self) -> Vec<(String, String, serde_json::Value)> {
-        let (_, meta) = SafeTensors::read_metadata(&self.bytes).expect("fixture header");
-        let cases = meta
-            .metadata()
-            .as_ref()
-            .and_then(|m| m.get("cases"))
-            .expect("cases metadata");
-        let cases: serde_json::Map<String, serde_json::Value> = serde_json::from_str(cases).expect("cases JSON");
-        cases
-            .into_iter()
-            .map(|(name, c)| (name, c["kind"].as_str().unwrap().to_string(), c["args"].clone()))
-            .collect()
-    }
-
-    fn get(&self, name: &str) -> TensorRef<'_> {
-        let view = self.file().tensor(name).unwrap_or_else(|e| panic!("{name}: {e}"));
-        let dtype = match view.dtype() {
-            safetensors::Dtype::F32 => DType::F32,
-            safetensors::Dtype::F16 => DType::F16,
-            safetensors::Dtype::BF16 => DType::Bf16,
-            safetensors::Dtype::I32 => DType::I32,
-            safetensors::Dtype::I8 => DType::I8,
-            other => panic!("{name}: unexpected dtype {other:?}"),
-        };
-        // Borrow from the file bytes, which outlive the view.
-        let data = view.data();
-        let offset = data.as_ptr() as usize - self.bytes.as_ptr() as usize;
-        TensorRef::new(
-            name,
-            dtype,
-            view.shape().to_vec(),
-            &self.bytes[offset..offset + data.len()],
-        )
-        .unwrap()
-    }
-
-    fn has(&self, name: &str) -> bool {
-        self.file().tensor(name).is_ok()
-    }
-}
+mod common;
+use common::Fixture;
 
 fn awq_cases(fx: &Fixture) -> Vec<(String, usize, usize, usize)> {
     let cases: Vec<_> = fx

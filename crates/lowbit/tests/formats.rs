@@ -3,139 +3,39 @@
 //! against decoders written straight from shared/formats.md (not from lowbit's packing code).
 
 use half::{bf16, f16};
-use lowbit::dtype::{round_to, Float};
+use lowbit::dtype::Float;
 use lowbit::formats::awq::{self, AwqWeight};
 use lowbit::formats::compressed_tensors::{self as ct, CompressedTensorsWeight};
 use lowbit::formats::gptq::{self, GptqVersion, GptqWeight};
 use lowbit::formats::int8::{self, Int8Weight};
 use lowbit::formats::Format;
 use lowbit::ops::dequantize::{cpu, reference, Layout};
+use lowbit::testing::{random_quant, QuantSpec, Scales, SplitMix64, Zeros};
 use lowbit::{DType, Error, QuantMatrix, Result, Tensor, TensorRef};
 
+mod common;
+use common::assert_invalid;
+
 // ---- Test data ---------------------------------------------------------------------------------------------------
-
-/// splitmix64: fresh, reproducible inputs without a `rand` dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn unit(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32
-    }
-}
 
 /// The largest code of `bits`.
 fn max_code(bits: u8) -> u8 {
     ((1u16 << bits) - 1) as u8
 }
 
-/// Zero codes of a test weight.
-#[derive(Clone, Copy, Debug)]
-enum Zeros {
-    /// `None` (symmetric).
-    Symmetric,
-    /// Every zero code this value.
-    All(u8),
-    /// Uniform in `lo..=hi`.
-    Random(u8, u8),
-}
+/// `±2^e`, e in -10..=2: every dequantized value is exact in f16, bf16 and f32.
+const POWER_OF_TWO_SCALES: Scales = Scales::PowerOfTwo {
+    min_exp: -10,
+    max_exp: 2,
+};
 
-/// Scales of a test weight.
-#[derive(Clone, Copy, Debug)]
-enum Scales {
-    /// `±2^e`, e in -10..=2: every dequantized value is exact in f16, bf16 and f32.
-    PowerOfTwo,
-    /// Any value of the scale dtype in about [2^-9, 2).
-    Random,
-}
-
-struct Spec {
-    n: usize,
-    k: usize,
-    bits: u8,
-    group_size: usize,
-    zeros: Zeros,
-    scales: Scales,
-    scale_dtype: DType,
-    act_order: bool,
-}
-
-impl Spec {
-    fn new(n: usize, k: usize, bits: u8, group_size: usize) -> Self {
-        Spec {
-            n,
-            k,
-            bits,
-            group_size,
-            zeros: Zeros::Random(1, max_code(bits)),
-            scales: Scales::Random,
-            scale_dtype: DType::F16,
-            act_order: false,
-        }
+/// An `[n, k]` weight with zero codes in `1..=max` (storable by every format, GPTQ v1 included) and random scales
+/// over decades.
+fn spec(n: usize, k: usize, bits: u8, group_size: usize) -> QuantSpec {
+    QuantSpec {
+        zeros: Zeros::Random(1, max_code(bits)),
+        ..QuantSpec::new(n, k, bits, group_size)
     }
-}
-
-/// A random weight whose codes cover every value of `bits` (the first `2^bits` codes run through them all).
-fn random_quant(rng: &mut Rng, s: &Spec) -> QuantMatrix {
-    let levels = 1u64 << s.bits;
-    let codes = (0..s.n * s.k)
-        .map(|i| {
-            if (i as u64) < levels {
-                i as u8
-            } else {
-                rng.below(levels) as u8
-            }
-        })
-        .collect();
-    let groups = s.k / s.group_size;
-    let zeros = match s.zeros {
-        Zeros::Symmetric => None,
-        Zeros::All(z) => Some(vec![z; s.n * groups]),
-        Zeros::Random(lo, hi) => Some(
-            (0..s.n * groups)
-                .map(|_| lo + rng.below((hi - lo) as u64 + 1) as u8)
-                .collect(),
-        ),
-    };
-    let scales = (0..s.n * groups)
-        .map(|_| {
-            let sign = if rng.below(4) == 0 { -1.0 } else { 1.0 };
-            match s.scales {
-                Scales::PowerOfTwo => sign * 2f32.powi(rng.below(13) as i32 - 10),
-                Scales::Random => round_to(s.scale_dtype, sign * 2f32.powf(rng.unit() * 10.0 - 9.0)),
-            }
-        })
-        .collect();
-    // Act-order: a random permutation of the trivial assignment, so every group keeps exactly G members.
-    let g_idx = s.act_order.then(|| {
-        let mut g: Vec<u32> = (0..s.k).map(|k| (k / s.group_size) as u32).collect();
-        for i in (1..g.len()).rev() {
-            g.swap(i, rng.below(i as u64 + 1) as usize);
-        }
-        g
-    });
-    let q = QuantMatrix {
-        n: s.n,
-        k: s.k,
-        bits: s.bits,
-        group_size: s.group_size,
-        codes,
-        zeros,
-        scales,
-        scale_dtype: s.scale_dtype,
-        g_idx,
-    };
-    q.validate().unwrap();
-    q
 }
 
 const LAYER: &str = "model.layers.0.mlp.up_proj";
@@ -276,7 +176,7 @@ fn decode_int8(w: &Int8Weight) -> Vec<f64> {
 
 #[test]
 fn awq_round_trips_through_quant_matrix_and_tensors() {
-    let mut rng = Rng(1);
+    let mut rng = SplitMix64(1);
     for (n, k, g, zeros, scale_dtype) in [
         (64, 128, 32, Zeros::Random(0, 15), DType::F16),
         (24, 256, 256, Zeros::All(15), DType::Bf16),
@@ -284,10 +184,10 @@ fn awq_round_trips_through_quant_matrix_and_tensors() {
     ] {
         let q = random_quant(
             &mut rng,
-            &Spec {
+            &QuantSpec {
                 zeros,
                 scale_dtype,
-                ..Spec::new(n, k, 4, g)
+                ..spec(n, k, 4, g)
             },
         );
         let w = AwqWeight::from_quant(&q).unwrap();
@@ -299,9 +199,9 @@ fn awq_round_trips_through_quant_matrix_and_tensors() {
     // A symmetric weight is stored with zeros 8 and comes back with them; dropping them restores it.
     let sym = random_quant(
         &mut rng,
-        &Spec {
+        &QuantSpec {
             zeros: Zeros::Symmetric,
-            ..Spec::new(16, 64, 4, 32)
+            ..spec(16, 64, 4, 32)
         },
     );
     let mut back = AwqWeight::from_quant(&sym).unwrap().to_quant();
@@ -312,16 +212,16 @@ fn awq_round_trips_through_quant_matrix_and_tensors() {
 
 #[test]
 fn gptq_round_trips_every_version_width_and_g_idx() {
-    let mut rng = Rng(2);
+    let mut rng = SplitMix64(2);
     for version in [GptqVersion::V1, GptqVersion::V2] {
         for bits in [4u8, 8] {
             for act_order in [false, true] {
                 let lo = version.zero_offset();
-                let spec = Spec {
+                let spec = QuantSpec {
                     zeros: Zeros::Random(lo, max_code(bits)),
                     act_order,
                     scale_dtype: if bits == 8 { DType::Bf16 } else { DType::F16 },
-                    ..Spec::new(32, 128, bits, 32)
+                    ..spec(32, 128, bits, 32)
                 };
                 let q = random_quant(&mut rng, &spec);
                 let w = GptqWeight::from_quant(&q, version).unwrap();
@@ -338,14 +238,14 @@ fn gptq_round_trips_every_version_width_and_g_idx() {
 
 #[test]
 fn compressed_tensors_round_trips_symmetric_asymmetric_and_act_order() {
-    let mut rng = Rng(3);
+    let mut rng = SplitMix64(3);
     for bits in [4u8, 8] {
         for zeros in [Zeros::Symmetric, Zeros::Random(0, max_code(bits))] {
             for act_order in [false, true] {
-                let spec = Spec {
+                let spec = QuantSpec {
                     zeros,
                     act_order,
-                    ..Spec::new(16, 64, bits, 16)
+                    ..spec(16, 64, bits, 16)
                 };
                 let q = random_quant(&mut rng, &spec);
                 let w = CompressedTensorsWeight::from_quant(&q).unwrap();
@@ -362,7 +262,7 @@ fn compressed_tensors_round_trips_symmetric_asymmetric_and_act_order() {
 
 #[test]
 fn int8_round_trips_per_channel_and_per_group() {
-    let mut rng = Rng(4);
+    let mut rng = SplitMix64(4);
     for (group_size, zeros) in [
         (96, Zeros::Symmetric),
         (32, Zeros::Symmetric),
@@ -370,9 +270,9 @@ fn int8_round_trips_per_channel_and_per_group() {
     ] {
         let q = random_quant(
             &mut rng,
-            &Spec {
+            &QuantSpec {
                 zeros,
-                ..Spec::new(8, 96, 8, group_size)
+                ..spec(8, 96, 8, group_size)
             },
         );
         let w = Int8Weight::from_quant(&q).unwrap();
@@ -394,12 +294,12 @@ fn int8_round_trips_per_channel_and_per_group() {
 
 #[test]
 fn awq_gptq_compressed_tensors_convert_losslessly() {
-    let mut rng = Rng(5);
+    let mut rng = SplitMix64(5);
     let q = random_quant(
         &mut rng,
-        &Spec {
+        &QuantSpec {
             zeros: Zeros::Random(1, 15),
-            ..Spec::new(48, 256, 4, 64)
+            ..spec(48, 256, 4, 64)
         },
     );
     let awq = AwqWeight::from_quant(&q).unwrap();
@@ -418,13 +318,13 @@ fn awq_gptq_compressed_tensors_convert_losslessly() {
 
 #[test]
 fn symmetric_words_match_the_documented_constants() {
-    let mut rng = Rng(6);
+    let mut rng = SplitMix64(6);
     for (bits, v1_word, v2_word) in [(4u8, 0x7777_7777u32, 0x8888_8888u32), (8, 0x7f7f_7f7f, 0x8080_8080)] {
         let q = random_quant(
             &mut rng,
-            &Spec {
+            &QuantSpec {
                 zeros: Zeros::Symmetric,
-                ..Spec::new(16, 64, bits, 32)
+                ..spec(16, 64, bits, 32)
             },
         );
         let v1 = GptqWeight::from_quant(&q, GptqVersion::V1).unwrap();
@@ -451,41 +351,41 @@ fn assert_conversion_error<T: std::fmt::Debug>(r: Result<T>, to: &str, reason: &
 
 #[test]
 fn conversions_fail_where_the_target_cannot_hold_the_weight() {
-    let mut rng = Rng(7);
+    let mut rng = SplitMix64(7);
     let act_order = random_quant(
         &mut rng,
-        &Spec {
+        &QuantSpec {
             act_order: true,
-            ..Spec::new(16, 64, 4, 16)
+            ..spec(16, 64, 4, 16)
         },
     );
     assert_conversion_error(AwqWeight::from_quant(&act_order), "AWQ", "g_idx");
     let act_order8 = random_quant(
         &mut rng,
-        &Spec {
+        &QuantSpec {
             act_order: true,
-            ..Spec::new(16, 64, 8, 16)
+            ..spec(16, 64, 8, 16)
         },
     );
     assert_conversion_error(Int8Weight::from_quant(&act_order8), "int8", "g_idx");
 
-    let int8 = random_quant(&mut rng, &Spec::new(16, 64, 8, 64));
+    let int8 = random_quant(&mut rng, &spec(16, 64, 8, 64));
     assert_conversion_error(AwqWeight::from_quant(&int8), "AWQ", "4-bit");
-    let int4 = random_quant(&mut rng, &Spec::new(16, 64, 4, 64));
+    let int4 = random_quant(&mut rng, &spec(16, 64, 4, 64));
     assert_conversion_error(Int8Weight::from_quant(&int4), "int8", "8-bit");
 
     let zero_code_0 = random_quant(
         &mut rng,
-        &Spec {
+        &QuantSpec {
             zeros: Zeros::All(0),
-            ..Spec::new(16, 64, 4, 64)
+            ..spec(16, 64, 4, 64)
         },
     );
     assert_conversion_error(GptqWeight::from_quant(&zero_code_0, GptqVersion::V1), "gptq", "z - 1");
     let v2 = GptqWeight::from_quant(&zero_code_0, GptqVersion::V2).unwrap();
     assert_conversion_error(v2.to_version(GptqVersion::V1), "gptq", "z - 1");
 
-    let n12 = random_quant(&mut rng, &Spec::new(12, 64, 4, 64));
+    let n12 = random_quant(&mut rng, &spec(12, 64, 4, 64));
     assert_conversion_error(AwqWeight::from_quant(&n12), "AWQ", "N = 12");
     assert_conversion_error(GptqWeight::from_quant(&n12, GptqVersion::V2), "gptq", "N = 12");
     assert_conversion_error(
@@ -496,17 +396,17 @@ fn conversions_fail_where_the_target_cannot_hold_the_weight() {
     // Without zero points compressed-tensors packs only along K, so N = 12 is fine.
     let n12_sym = random_quant(
         &mut rng,
-        &Spec {
+        &QuantSpec {
             zeros: Zeros::Symmetric,
-            ..Spec::new(12, 64, 4, 64)
+            ..spec(12, 64, 4, 64)
         },
     );
     assert!(CompressedTensorsWeight::from_quant(&n12_sym).is_ok());
     let k12 = random_quant(
         &mut rng,
-        &Spec {
+        &QuantSpec {
             zeros: Zeros::Symmetric,
-            ..Spec::new(8, 12, 4, 12)
+            ..spec(8, 12, 4, 12)
         },
     );
     assert_conversion_error(
@@ -516,26 +416,12 @@ fn conversions_fail_where_the_target_cannot_hold_the_weight() {
     );
 
     // Scales that their declared dtype cannot hold exactly are refused rather than rounded a second time.
-    let mut inexact = random_quant(&mut rng, &Spec::new(8, 32, 4, 32));
+    let mut inexact = random_quant(&mut rng, &spec(8, 32, 4, 32));
     inexact.scales[3] = 0.1;
     assert_invalid(AwqWeight::from_quant(&inexact), "scales", "0.1");
 }
 
 // ---- Checkpoint errors ---------------------------------------------------------------------------------------------
-
-/// Asserts an `Error::Invalid` naming `tensor` whose message mentions `value`.
-fn assert_invalid<T: std::fmt::Debug>(r: Result<T>, tensor: &str, value: &str) {
-    match r {
-        Err(e @ Error::Invalid { .. }) => {
-            let Error::Invalid { tensor: t, .. } = &e else {
-                unreachable!()
-            };
-            assert_eq!(t, tensor, "wrong tensor named in: {e}");
-            assert!(e.to_string().contains(value), "{e} does not mention {value}");
-        }
-        other => panic!("expected Invalid naming {tensor}, got {other:?}"),
-    }
-}
 
 /// `tensors` with `suffix` replaced by `t`.
 fn replace(tensors: &[(String, Tensor)], suffix: &str, t: Tensor) -> Vec<(String, Tensor)> {
@@ -552,8 +438,8 @@ fn f16_tensor(shape: Vec<usize>, v: f32) -> Tensor {
 
 #[test]
 fn awq_checkpoint_errors_name_the_tensor() {
-    let mut rng = Rng(8);
-    let good = AwqWeight::from_quant(&random_quant(&mut rng, &Spec::new(16, 256, 4, 128)))
+    let mut rng = SplitMix64(8);
+    let good = AwqWeight::from_quant(&random_quant(&mut rng, &spec(16, 256, 4, 128)))
         .unwrap()
         .to_tensors(LAYER);
     assert!(reread_awq(&good).is_ok());
@@ -590,8 +476,8 @@ fn awq_checkpoint_errors_name_the_tensor() {
 
 #[test]
 fn gptq_checkpoint_errors_name_the_tensor() {
-    let mut rng = Rng(9);
-    let good = GptqWeight::from_quant(&random_quant(&mut rng, &Spec::new(16, 64, 4, 32)), GptqVersion::V1)
+    let mut rng = SplitMix64(9);
+    let good = GptqWeight::from_quant(&random_quant(&mut rng, &spec(16, 64, 4, 32)), GptqVersion::V1)
         .unwrap()
         .to_tensors(LAYER);
     assert!(reread_gptq(&good, 4, GptqVersion::V1).is_ok());
@@ -631,8 +517,8 @@ fn gptq_checkpoint_errors_name_the_tensor() {
 
 #[test]
 fn compressed_tensors_and_int8_checkpoint_errors_name_the_tensor() {
-    let mut rng = Rng(10);
-    let good = CompressedTensorsWeight::from_quant(&random_quant(&mut rng, &Spec::new(16, 64, 4, 32)))
+    let mut rng = SplitMix64(10);
+    let good = CompressedTensorsWeight::from_quant(&random_quant(&mut rng, &spec(16, 64, 4, 32)))
         .unwrap()
         .to_tensors(LAYER);
     assert!(reread_ct(&good, 4).is_ok());
@@ -652,7 +538,7 @@ fn compressed_tensors_and_int8_checkpoint_errors_name_the_tensor() {
     ];
     assert_invalid(reread_ct(&n12, 4), &name(ct::WEIGHT_ZERO_POINT), "N = 12");
 
-    let good8 = Int8Weight::from_quant(&random_quant(&mut rng, &Spec::new(8, 64, 8, 32)))
+    let good8 = Int8Weight::from_quant(&random_quant(&mut rng, &spec(8, 64, 8, 32)))
         .unwrap()
         .to_tensors(LAYER);
     assert!(reread_int8(&good8).is_ok());
@@ -706,7 +592,7 @@ fn dequantize_is_exact_across_the_matrix() {
     // power-of-two scales so every value is exact in f32, f16 and bf16: any layout error shows as a mismatch.
     // Each case goes through every format that can hold it and is decoded from its packed words by the spec
     // decoders above, so packing, unpacking and dequantization are checked against formats.md.
-    let mut rng = Rng(11);
+    let mut rng = SplitMix64(11);
     let zero_kinds = [Zeros::All(0), Zeros::All(8), Zeros::All(15), Zeros::Random(0, 15)];
     let mut case = 0;
     for k in [32usize, 128, 384, 3584] {
@@ -719,11 +605,11 @@ fn dequantize_is_exact_across_the_matrix() {
                     continue;
                 }
                 case += 1;
-                let spec = Spec {
+                let spec = QuantSpec {
                     zeros: zero_kinds[case % zero_kinds.len()],
-                    scales: Scales::PowerOfTwo,
+                    scales: POWER_OF_TWO_SCALES,
                     scale_dtype: if case % 2 == 0 { DType::F16 } else { DType::Bf16 },
-                    ..Spec::new(n, k, 4, g)
+                    ..spec(n, k, 4, g)
                 };
                 let q = random_quant(&mut rng, &spec);
                 let exact = reference::dequantize(&q);
@@ -753,18 +639,18 @@ fn dequantize_is_exact_across_the_matrix() {
 fn dequantize_rounds_once_for_any_scale() {
     // Random f16/bf16 scales: (q - z)·s is exact in f32, so the kernel's output is the single rounding of the
     // exact value, bit for bit. Covers int8, act-order g_idx and symmetric weights.
-    let mut rng = Rng(12);
+    let mut rng = SplitMix64(12);
     for (bits, zeros, act_order, dtype) in [
         (4, Zeros::Random(0, 15), true, DType::F16),
         (4, Zeros::Symmetric, false, DType::Bf16),
         (8, Zeros::Random(0, 255), false, DType::F16),
         (8, Zeros::Symmetric, true, DType::Bf16),
     ] {
-        let spec = Spec {
+        let spec = QuantSpec {
             zeros,
             act_order,
             scale_dtype: dtype,
-            ..Spec::new(40, 192, bits, 64)
+            ..spec(40, 192, bits, 64)
         };
         let q = random_quant(&mut rng, &spec);
         let exact = reference::dequantize(&q);
@@ -778,11 +664,11 @@ fn dequantize_rounds_once_for_any_scale() {
 #[test]
 fn dequantize_large_matches_reference() {
     // One large case (K = 3584, N = 576, G = 128) in the KN layout AutoAWQ uses; exact power-of-two scales.
-    let mut rng = Rng(13);
-    let spec = Spec {
-        scales: Scales::PowerOfTwo,
+    let mut rng = SplitMix64(13);
+    let spec = QuantSpec {
+        scales: POWER_OF_TWO_SCALES,
         zeros: Zeros::Random(0, 15),
-        ..Spec::new(576, 3584, 4, 128)
+        ..spec(576, 3584, 4, 128)
     };
     let q = random_quant(&mut rng, &spec);
     let exact = reference::dequantize(&q);
@@ -796,8 +682,8 @@ fn dequantize_large_matches_reference() {
 
 #[test]
 fn dequantize_rejects_bad_output_and_weights() {
-    let mut rng = Rng(14);
-    let q = random_quant(&mut rng, &Spec::new(8, 32, 4, 32));
+    let mut rng = SplitMix64(14);
+    let q = random_quant(&mut rng, &spec(8, 32, 4, 32));
     let mut short = vec![0f32; 8 * 32 - 1];
     assert_invalid(cpu::dequantize(&q, Layout::Nk, &mut short), "out", "255 elements");
     let mut nan = q.clone();
@@ -829,7 +715,7 @@ fn dequantize_rejects_bad_output_and_weights() {
 use lowbit::quantize::{quantize_rtn, RtnArithmetic, RtnConfig};
 
 /// A dense `[n, k]` weight with a spread of magnitudes per row, never all zero.
-fn random_weight(rng: &mut Rng, n: usize, k: usize) -> Vec<f32> {
+fn random_weight(rng: &mut SplitMix64, n: usize, k: usize) -> Vec<f32> {
     (0..n * k)
         .map(|i| (rng.unit() - 0.5) * (1.0 + (i % 7) as f32))
         .collect()
@@ -843,7 +729,7 @@ fn rtn_error_is_bounded_by_the_scale() {
     // arithmetic adds the weight's own fp16 rounding (|w|·2^-11) and that of w/s (< 0.05 s at 8 bits), and a
     // scale rounded to f16/bf16 stretches the grid.
     // All combinations of bits, zero point, arithmetic and scale dtype.
-    let mut rng = Rng(20);
+    let mut rng = SplitMix64(20);
     let (n, k, g) = (24, 256, 64);
     let w = random_weight(&mut rng, n, k);
     for bits in [4u8, 8] {

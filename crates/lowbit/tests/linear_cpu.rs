@@ -4,83 +4,24 @@
 use half::{bf16, f16};
 use lowbit::formats::awq::AwqWeight;
 use lowbit::ops::linear::{reference, CpuIsa, LinearCpu};
-use lowbit::{DType, Error, Float, QuantMatrix, TensorRef};
-use safetensors::SafeTensors;
+use lowbit::testing::{random_quant, QuantSpec, Scales, SplitMix64, Zeros};
+use lowbit::{DType, Float};
 
-/// splitmix64: a tiny deterministic PRNG, so every case draws fresh, reproducible inputs.
-struct Rng(u64);
+mod common;
+use common::{assert_close, invalid_tensor, to_f32, Fixture, Tolerance};
 
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in `0..n`.
-    fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n
-    }
-    /// Uniform in [-1, 1), never exactly zero.
-    fn signed_unit(&mut self) -> f32 {
-        let v = (self.next_u64() >> 40) as f32 / (1u64 << 23) as f32 - 1.0;
-        if v == 0.0 {
-            0.5
+/// An `[n, k]` weight with checkpoint-like scales (the exact f16 values of 0.002..0.022), zero codes random or
+/// symmetric.
+fn weight_spec(n: usize, k: usize, group_size: usize, bits: u8, zeros: bool, act_order: bool) -> QuantSpec {
+    QuantSpec {
+        zeros: if zeros {
+            Zeros::Random(0, ((1u16 << bits) - 1) as u8)
         } else {
-            v
-        }
-    }
-}
-
-/// How the random weight is drawn.
-#[derive(Debug, Clone, Copy)]
-struct WeightSpec {
-    n: usize,
-    k: usize,
-    group: usize,
-    bits: u8,
-    zeros: bool,
-    act_order: bool,
-    /// Power-of-two scales and codes only (for exact-integer mode).
-    exact: bool,
-}
-
-fn random_weight(rng: &mut Rng, s: WeightSpec) -> QuantMatrix {
-    let levels = 1u64 << s.bits;
-    let groups = s.k / s.group;
-    let codes = (0..s.n * s.k).map(|_| rng.below(levels) as u8).collect();
-    let zeros = s
-        .zeros
-        .then(|| (0..s.n * groups).map(|_| rng.below(levels) as u8).collect());
-    let scales = (0..s.n * groups)
-        .map(|_| {
-            if s.exact {
-                1.0 / (1u32 << rng.below(4)) as f32
-            } else {
-                // Checkpoint-like scales, held as the exact f16 values a checkpoint stores.
-                f16::from_f32(0.002 + 0.02 * rng.signed_unit().abs()).to_f32()
-            }
-        })
-        .collect();
-    // Act-order: every group keeps `group` members, scattered over K by a random permutation.
-    let g_idx = s.act_order.then(|| {
-        let mut perm: Vec<usize> = (0..s.k).collect();
-        for i in (1..s.k).rev() {
-            perm.swap(i, rng.below(i as u64 + 1) as usize);
-        }
-        perm.iter().map(|&p| (p / s.group) as u32).collect()
-    });
-    QuantMatrix {
-        n: s.n,
-        k: s.k,
-        bits: s.bits,
-        group_size: s.group,
-        codes,
-        zeros,
-        scales,
-        scale_dtype: DType::F16,
-        g_idx,
+            Zeros::Symmetric
+        },
+        scales: Scales::Uniform { lo: 0.002, hi: 0.022 },
+        act_order,
+        ..QuantSpec::new(n, k, bits, group_size)
     }
 }
 
@@ -100,38 +41,10 @@ fn run_kernel<T: Float>(lin: &LinearCpu, x: &[f32], m: usize, stride: usize, bia
 }
 
 /// Activations rounded to `dtype`, kept as their exact f32 values.
-fn activations(rng: &mut Rng, len: usize, scale: f32, dtype: DType) -> Vec<f32> {
+fn activations(rng: &mut SplitMix64, len: usize, scale: f32, dtype: DType) -> Vec<f32> {
     (0..len)
         .map(|_| lowbit::dtype::round_to(dtype, rng.signed_unit() * scale))
         .collect()
-}
-
-/// Fails unless `mean|Δ| / mean|ref| <= tol` and `max|Δ| <= tol * max|ref|`; NaN/Inf always fail.
-fn assert_close(got: &[f64], want: &[f64], tol: f64, what: &str) {
-    assert_eq!(got.len(), want.len());
-    let (mut sum_d, mut sum_r, mut max_d, mut max_r, mut at) = (0.0f64, 0.0f64, 0.0f64, 0.0f64, 0);
-    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        assert!(g.is_finite(), "{what}: non-finite output {g} at {i}");
-        let d = (g - w).abs();
-        sum_d += d;
-        sum_r += w.abs();
-        max_r = max_r.max(w.abs());
-        if d > max_d {
-            (max_d, at) = (d, i);
-        }
-    }
-    let mean_rel = sum_d / sum_r;
-    assert!(
-        mean_rel <= tol && max_d <= tol * max_r,
-        "{what}: mean|Δ|/mean|ref| = {mean_rel:.3e}, max|Δ| = {max_d:.3e} at {at} (got {}, want {}), max|ref| = \
-         {max_r:.3e}, tolerance {tol:.0e}",
-        got[at],
-        want[at]
-    );
-}
-
-fn to_f64<T: Float>(y: &[T]) -> Vec<f64> {
-    y.iter().map(|v| f64::from(v.to_f32())).collect()
 }
 
 /// Tolerance on the reference, per output dtype: f32 accumulation over K ≤ 4160 (sum-of-x trick included) stays
@@ -147,26 +60,27 @@ fn tolerance(dtype: DType) -> f64 {
 #[derive(Debug, Clone, Copy)]
 struct Case {
     m: usize,
-    w: WeightSpec,
+    w: QuantSpec,
     dtype: DType,
     bias: bool,
     x_scale: f32,
     stride_pad: usize,
 }
 
-fn check_case(rng: &mut Rng, c: Case, isa: CpuIsa) {
-    let w = random_weight(rng, c.w);
+fn check_case(rng: &mut SplitMix64, c: Case, isa: CpuIsa) {
+    let w = random_quant(rng, &c.w);
     let lin = LinearCpu::with_isa(&w, isa).expect("weight accepted");
     let x = activations(rng, c.m * c.w.k, c.x_scale, c.dtype);
     let bias: Option<Vec<f32>> = c.bias.then(|| (0..c.w.n).map(|_| rng.signed_unit()).collect());
     let want = reference::linear(&x, c.m, &w, bias.as_deref());
     let stride = c.w.k + c.stride_pad;
     let got = match c.dtype {
-        DType::F32 => to_f64(&run_kernel::<f32>(&lin, &x, c.m, stride, bias.as_deref())),
-        DType::F16 => to_f64(&run_kernel::<f16>(&lin, &x, c.m, stride, bias.as_deref())),
-        _ => to_f64(&run_kernel::<bf16>(&lin, &x, c.m, stride, bias.as_deref())),
+        DType::F32 => run_kernel::<f32>(&lin, &x, c.m, stride, bias.as_deref()),
+        DType::F16 => to_f32(&run_kernel::<f16>(&lin, &x, c.m, stride, bias.as_deref())),
+        _ => to_f32(&run_kernel::<bf16>(&lin, &x, c.m, stride, bias.as_deref())),
     };
-    assert_close(&got, &want, tolerance(c.dtype), &format!("{c:?} on {}", isa.name()));
+    let what = format!("{c:?} on {}", isa.name());
+    assert_close(&what, &got, &want, Tolerance::relative(tolerance(c.dtype)));
 }
 
 /// A slice of the W4A16 matrix: every M, N, (K, G), dtype and option appears, combined by cycling lists of
@@ -198,15 +112,14 @@ fn matrix_cases() -> Vec<Case> {
             }
             Case {
                 m,
-                w: WeightSpec {
-                    n: NS[i % NS.len()],
+                w: weight_spec(
+                    NS[i % NS.len()],
                     k,
                     group,
-                    bits: if i % 4 == 3 { 8 } else { 4 },
-                    zeros: i % 2 == 0,
-                    act_order: i % 5 == 1 && group < k,
-                    exact: false,
-                },
+                    if i % 4 == 3 { 8 } else { 4 },
+                    i % 2 == 0,
+                    i % 5 == 1 && group < k,
+                ),
                 dtype: DTYPES[i % DTYPES.len()],
                 bias: i % 7 < 3,
                 x_scale: if i % 5 == 4 { 100.0 } else { 1.0 },
@@ -218,7 +131,7 @@ fn matrix_cases() -> Vec<Case> {
 
 #[test]
 fn matches_reference_across_matrix() {
-    let mut rng = Rng(0x11);
+    let mut rng = SplitMix64(0x11);
     let cases = matrix_cases();
     for c in &cases {
         check_case(&mut rng, *c, CpuIsa::detect());
@@ -233,7 +146,7 @@ fn matches_reference_across_matrix() {
 /// every partial sum is an exact f32. Any wrong nibble, permutation or scale index changes bits, so require equality.
 #[test]
 fn exact_integer_mode_is_bit_equal() {
-    let mut rng = Rng(0x22);
+    let mut rng = SplitMix64(0x22);
     for (i, &(m, n, k, group, bits)) in [
         (1, 64, 128, 32, 4),
         (3, 192, 256, 64, 4),
@@ -246,16 +159,14 @@ fn exact_integer_mode_is_bit_equal() {
     .iter()
     .enumerate()
     {
-        let spec = WeightSpec {
-            n,
-            k,
-            group,
-            bits,
-            zeros: i % 2 == 0,
-            act_order: i % 3 == 1,
-            exact: true,
+        let spec = QuantSpec {
+            scales: Scales::PowerOfTwo {
+                min_exp: -3,
+                max_exp: 0,
+            },
+            ..weight_spec(n, k, group, bits, i % 2 == 0, i % 3 == 1)
         };
-        let w = random_weight(&mut rng, spec);
+        let w = random_quant(&mut rng, &spec);
         let x: Vec<f32> = (0..m * k).map(|_| rng.below(9) as f32 - 4.0).collect();
         let bias: Vec<f32> = (0..n).map(|_| rng.below(17) as f32 - 8.0).collect();
         let bias = (i % 2 == 1).then_some(&bias[..]);
@@ -287,18 +198,11 @@ fn exact_integer_mode_is_bit_equal() {
 /// and the decoded-tile (large M) paths, whatever the threads do.
 #[test]
 fn batch_rows_equal_single_row_results() {
-    let mut rng = Rng(0x33);
+    let mut rng = SplitMix64(0x33);
     for (i, &m) in [2usize, 3, 4, 7, 16, 17, 64, 97, 129].iter().enumerate() {
-        let spec = WeightSpec {
-            n: 200, // not a multiple of the 16-column tile
-            k: 384,
-            group: 128,
-            bits: if i % 2 == 0 { 4 } else { 8 },
-            zeros: true,
-            act_order: i % 3 == 2,
-            exact: false,
-        };
-        let w = random_weight(&mut rng, spec);
+        // N = 200: not a multiple of the 16-column tile.
+        let spec = weight_spec(200, 384, 128, if i % 2 == 0 { 4 } else { 8 }, true, i % 3 == 2);
+        let w = random_quant(&mut rng, &spec);
         let x = activations(&mut rng, m * spec.k, 3.0, DType::F32);
         let bias: Vec<f32> = (0..spec.n).map(|_| rng.signed_unit()).collect();
         for isa in [CpuIsa::detect(), CpuIsa::Portable] {
@@ -319,17 +223,9 @@ fn batch_rows_equal_single_row_results() {
 
 #[test]
 fn repeated_runs_are_identical() {
-    let mut rng = Rng(0x44);
-    let spec = WeightSpec {
-        n: 576,
-        k: 4160,
-        group: 64,
-        bits: 4,
-        zeros: true,
-        act_order: true,
-        exact: false,
-    };
-    let w = random_weight(&mut rng, spec);
+    let mut rng = SplitMix64(0x44);
+    let spec = weight_spec(576, 4160, 64, 4, true, true);
+    let w = random_quant(&mut rng, &spec);
     let lin = LinearCpu::new(&w).unwrap();
     for m in [1, 40] {
         let x = activations(&mut rng, m * spec.k, 1.0, DType::Bf16);
@@ -347,18 +243,10 @@ fn repeated_runs_are_identical() {
 /// Activations scaled ×100 into f16 outputs: f32 accumulation must not overflow where fp16 accumulation would.
 #[test]
 fn large_activations_into_f16() {
-    let mut rng = Rng(0x55);
+    let mut rng = SplitMix64(0x55);
     let case = Case {
         m: 17,
-        w: WeightSpec {
-            n: 192,
-            k: 4160,
-            group: 4160,
-            bits: 4,
-            zeros: false,
-            act_order: false,
-            exact: false,
-        },
+        w: weight_spec(192, 4160, 4160, 4, false, false),
         dtype: DType::F16,
         bias: true,
         x_scale: 100.0,
@@ -367,34 +255,16 @@ fn large_activations_into_f16() {
     check_case(&mut rng, case, CpuIsa::detect());
 }
 
-fn invalid_tensor(e: Error) -> String {
-    match e {
-        Error::Invalid { tensor, .. } => tensor,
-        other => panic!("expected Error::Invalid, got {other:?}"),
-    }
-}
-
 #[test]
 fn bad_arguments_give_typed_errors() {
-    let mut rng = Rng(0x66);
+    let mut rng = SplitMix64(0x66);
     let (n, k) = (64, 128);
-    let w = random_weight(
-        &mut rng,
-        WeightSpec {
-            n,
-            k,
-            group: 32,
-            bits: 4,
-            zeros: true,
-            act_order: false,
-            exact: false,
-        },
-    );
+    let w = random_quant(&mut rng, &weight_spec(n, k, 32, 4, true, false));
     let lin = LinearCpu::new(&w).unwrap();
     let x = vec![0.5f32; 3 * k];
     let mut y = vec![0.0f32; 3 * n];
     let bias = vec![1.0f32; n];
-    let err = |r: lowbit::Result<()>| invalid_tensor(r.expect_err("must be rejected"));
+    let err = invalid_tensor::<()>;
     // x one element short, and longer than M rows of the stride.
     assert_eq!(err(lin.forward(&x[..3 * k - 1], 3, k, None, &mut y)), "x");
     assert_eq!(err(lin.forward(&x, 2, k, None, &mut y[..2 * n])), "x");
@@ -414,19 +284,14 @@ fn bad_arguments_give_typed_errors() {
     // Weights that break their invariants are rejected when prepared.
     let mut bad = w.clone();
     bad.codes[5] = 16;
-    assert_eq!(invalid_tensor(LinearCpu::new(&bad).unwrap_err()), "codes");
+    assert_eq!(invalid_tensor(LinearCpu::new(&bad)), "codes");
     let mut bad = w.clone();
     bad.scales[3] = f32::NAN;
-    assert_eq!(invalid_tensor(LinearCpu::new(&bad).unwrap_err()), "scales");
+    assert_eq!(invalid_tensor(LinearCpu::new(&bad)), "scales");
     let mut bad = w;
     bad.scales.pop();
-    assert_eq!(invalid_tensor(LinearCpu::new(&bad).unwrap_err()), "scales");
+    assert_eq!(invalid_tensor(LinearCpu::new(&bad)), "scales");
 }
-
-const FIXTURE: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../../tests/fixtures/golden_public.safetensors"
-);
 
 /// AutoAWQ's own checkpoint tensors through lowbit's AWQ unpacking and `LinearCpu` (f16 output), against AutoAWQ's
 /// `x · dequantize_gemm(...)` (f32 on a GPU). Tolerance 1e-3 (measured ~3e-4): AutoAWQ's dequantized weight carries
@@ -434,18 +299,7 @@ const FIXTURE: &str = concat!(
 /// most 2^-11 relative).
 #[test]
 fn matches_autoawq_fixture() {
-    let bytes = std::fs::read(FIXTURE).unwrap_or_else(|e| panic!("{FIXTURE}: {e}"));
-    let file = SafeTensors::deserialize(&bytes).expect("fixture parses");
-    let get = |name: String| {
-        let view = file.tensor(&name).unwrap_or_else(|e| panic!("{name}: {e}"));
-        let dtype = match view.dtype() {
-            safetensors::Dtype::F32 => DType::F32,
-            safetensors::Dtype::F16 => DType::F16,
-            safetensors::Dtype::I32 => DType::I32,
-            other => panic!("{name}: unexpected dtype {other:?}"),
-        };
-        TensorRef::new(name, dtype, view.shape().to_vec(), view.data()).unwrap()
-    };
+    let fx = Fixture::load();
     for case in [
         "awq_rand_k256_n128_g128",
         "awq_rand_k512_n192_g64",
@@ -453,7 +307,7 @@ fn matches_autoawq_fixture() {
         "awq_minilm_l0_query_g128",
         "awq_minilm_l2_ffn_up_g128",
     ] {
-        let part = |suffix: &str| get(format!("{case}.{suffix}"));
+        let part = |suffix: &str| fx.get(&format!("{case}.{suffix}"));
         let w = AwqWeight::from_tensors(case, &part("qweight"), &part("qzeros"), &part("scales"))
             .expect("AutoAWQ tensors unpack")
             .to_quant();
@@ -461,7 +315,7 @@ fn matches_autoawq_fixture() {
         let want: Vec<f64> = part("y").to_f32().unwrap().iter().map(|&v| f64::from(v)).collect();
         let m = x.len() / w.k;
         let lin = LinearCpu::new(&w).unwrap();
-        let got = to_f64(&run_kernel::<half::f16>(&lin, &x, m, w.k, None));
-        assert_close(&got, &want, 1e-3, case);
+        let got = to_f32(&run_kernel::<f16>(&lin, &x, m, w.k, None));
+        assert_close(case, &got, &want, Tolerance::relative(1e-3));
     }
 }

@@ -2,48 +2,13 @@
 
 use super::*;
 use crate::formats::{Format, QuantMatrix};
+use crate::testing::{SplitMix64, TempDir};
 use std::borrow::Cow;
 
-/// A fresh empty directory under the system temp dir, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let p = std::env::temp_dir().join(format!("lowbit-ckpt-{tag}-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-    fn entries(&self) -> Vec<String> {
-        let mut v: Vec<_> = std::fs::read_dir(&self.0)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        v.sort();
-        v
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// splitmix64: deterministic non-zero test bytes.
+/// Deterministic non-zero test bytes.
 fn bytes(seed: u64, len: usize) -> Vec<u8> {
-    let mut s = seed;
-    (0..len)
-        .map(|_| {
-            s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = s;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            (z ^ (z >> 31)) as u8
-        })
-        .collect()
+    let mut rng = SplitMix64(seed);
+    (0..len).map(|_| rng.next_u64() as u8).collect()
 }
 
 fn t(dtype: StDtype, shape: &[usize], seed: u64) -> OutTensor<'static> {
@@ -67,7 +32,7 @@ fn sample() -> Vec<(String, OutTensor<'static>)> {
 #[test]
 fn file_round_trip_keeps_every_byte_and_dtype() {
     let dir = TempDir::new("roundtrip");
-    let path = dir.0.join("x.safetensors");
+    let path = dir.path("x.safetensors");
     let meta: HashMap<String, String> = [("format".to_string(), "pt".to_string())].into();
     let tensors = sample();
     write_safetensors(&path, &tensors, Some(&meta), false).unwrap();
@@ -102,7 +67,7 @@ fn file_round_trip_keeps_every_byte_and_dtype() {
 #[test]
 fn refuses_to_overwrite_without_force_and_replaces_with_it() {
     let dir = TempDir::new("force");
-    let path = dir.0.join("x.safetensors");
+    let path = dir.path("x.safetensors");
     write_safetensors(&path, &sample(), None, false).unwrap();
     let before = std::fs::read(&path).unwrap();
     let other = vec![("z".to_string(), t(StDtype::U8, &[3], 9))];
@@ -117,7 +82,7 @@ fn refuses_to_overwrite_without_force_and_replaces_with_it() {
 #[test]
 fn failed_write_leaves_nothing() {
     let dir = TempDir::new("fail");
-    let path = dir.0.join("x.safetensors");
+    let path = dir.path("x.safetensors");
     let mut bad = sample();
     bad[1].1.data = TensorData::Bytes(Cow::Owned(vec![0; 3])); // 3 bytes for 8 f32s
     let e = write_safetensors(&path, &bad, None, false).unwrap_err().to_string();
@@ -127,7 +92,7 @@ fn failed_write_leaves_nothing() {
         ("a".to_string(), t(StDtype::U8, &[1], 2)),
     ];
     assert!(write_safetensors(&path, &dup, None, false).is_err());
-    let e = write_model_dir(&dir.0.join("m"), &bad, None, &Value::Null, None, false).unwrap_err();
+    let e = write_model_dir(&dir.path("m"), &bad, None, &Value::Null, None, false).unwrap_err();
     assert!(e.to_string().contains("a.bias"), "{e}");
     assert!(dir.entries().is_empty(), "left behind: {:?}", dir.entries());
 }
@@ -135,7 +100,7 @@ fn failed_write_leaves_nothing() {
 #[test]
 fn damaged_files_are_typed_errors_naming_the_path() {
     let dir = TempDir::new("damaged");
-    let good = dir.0.join("good.safetensors");
+    let good = dir.path("good.safetensors");
     write_safetensors(&good, &sample(), None, false).unwrap();
     let data = std::fs::read(&good).unwrap();
     let header_len = u64::from_le_bytes(data[..8].try_into().unwrap()) as usize;
@@ -160,7 +125,7 @@ fn damaged_files_are_typed_errors_naming_the_path() {
     cases.push(("bad_offsets", offsets, "corrupt"));
 
     for (name, bytes, want) in cases {
-        let path = dir.0.join(format!("{name}.safetensors"));
+        let path = dir.path(format!("{name}.safetensors"));
         std::fs::write(&path, &bytes).unwrap();
         let e = Checkpoint::open(&path).unwrap_err();
         let msg = e.to_string();
@@ -170,7 +135,7 @@ fn damaged_files_are_typed_errors_naming_the_path() {
             "{name}: {msg}"
         );
     }
-    let missing = dir.0.join("nope.safetensors");
+    let missing = dir.path("nope.safetensors");
     let e = Checkpoint::open(&missing).unwrap_err();
     assert!(
         matches!(e, Error::Io { .. }) && e.to_string().contains("nope.safetensors"),
@@ -187,14 +152,14 @@ fn damaged_files_are_typed_errors_naming_the_path() {
 #[test]
 fn model_dir_round_trip_with_config_and_extra_files() {
     let dir = TempDir::new("modeldir");
-    let src = dir.0.join("src");
+    let src = dir.path("src");
     std::fs::create_dir(&src).unwrap();
     std::fs::write(src.join("tokenizer.json"), b"{\"tok\": 1}").unwrap();
     std::fs::write(src.join("pytorch_model.bin"), b"old weights").unwrap();
     let base = serde_json::json!({"architectures": ["BertModel"], "hidden_size": 384});
     let qc = QuantConfig::awq_json(4, 64, true, None);
     let config = config_with_quantization(Some(&base), Some(qc.clone()));
-    let out = dir.0.join("out");
+    let out = dir.path("out");
     write_model_dir(&out, &sample(), None, &config, Some(&src), false).unwrap();
     assert_eq!(dir.entries(), ["out", "src"]);
 
@@ -229,8 +194,8 @@ fn model_dir_round_trip_with_config_and_extra_files() {
 fn sharded_directory_via_index() {
     let dir = TempDir::new("sharded");
     let all = sample();
-    write_safetensors(&dir.0.join("model-00001-of-00002.safetensors"), &all[..2], None, false).unwrap();
-    write_safetensors(&dir.0.join("model-00002-of-00002.safetensors"), &all[2..], None, false).unwrap();
+    write_safetensors(&dir.path("model-00001-of-00002.safetensors"), &all[..2], None, false).unwrap();
+    write_safetensors(&dir.path("model-00002-of-00002.safetensors"), &all[2..], None, false).unwrap();
     let mut weight_map = serde_json::Map::new();
     for (i, (name, _)) in all.iter().enumerate() {
         let file = if i < 2 {
@@ -241,8 +206,8 @@ fn sharded_directory_via_index() {
         weight_map.insert(name.clone(), file.into());
     }
     let index = serde_json::json!({"metadata": {"total_size": 0}, "weight_map": weight_map});
-    std::fs::write(dir.0.join(INDEX_FILE), index.to_string()).unwrap();
-    let ckpt = Checkpoint::open(&dir.0).unwrap();
+    std::fs::write(dir.path(INDEX_FILE), index.to_string()).unwrap();
+    let ckpt = Checkpoint::open(dir.dir()).unwrap();
     assert_eq!(ckpt.files().len(), 2);
     for (name, want) in &all {
         assert_eq!(ckpt.raw(name).unwrap().data, want.bytes().unwrap(), "{name}");
@@ -250,8 +215,8 @@ fn sharded_directory_via_index() {
 
     weight_map.insert("ghost".into(), "model-00001-of-00002.safetensors".into());
     let index = serde_json::json!({"weight_map": weight_map});
-    std::fs::write(dir.0.join(INDEX_FILE), index.to_string()).unwrap();
-    let e = Checkpoint::open(&dir.0).unwrap_err();
+    std::fs::write(dir.path(INDEX_FILE), index.to_string()).unwrap();
+    let e = Checkpoint::open(dir.dir()).unwrap_err();
     assert!(
         matches!(e, Error::MissingTensor { .. }) && e.to_string().contains("ghost"),
         "{e}"
@@ -261,20 +226,20 @@ fn sharded_directory_via_index() {
 #[test]
 fn output_checks() {
     let dir = TempDir::new("outcheck");
-    let input = dir.0.join("in.safetensors");
+    let input = dir.path("in.safetensors");
     write_safetensors(&input, &sample(), None, false).unwrap();
     assert!(
         check_output(&input, &input, true).is_err(),
         "never the input, even with --force"
     );
     assert!(matches!(
-        check_output(&input, &dir.0.join("other"), false),
+        check_output(&input, &dir.path("other"), false),
         Err(Error::OutputExists { .. })
     ));
-    assert!(check_output(&dir.0.join("new.safetensors"), &input, false).is_ok());
-    assert!(check_output(&dir.0.join("no/such/dir.safetensors"), &input, false).is_err());
+    assert!(check_output(&dir.path("new.safetensors"), &input, false).is_ok());
+    assert!(check_output(&dir.path("no/such/dir.safetensors"), &input, false).is_err());
     assert!(
-        check_output(&dir.0.join("inside"), &dir.0, true).is_err(),
+        check_output(&dir.path("inside"), dir.dir(), true).is_err(),
         "not inside an input directory"
     );
 }
@@ -286,7 +251,7 @@ fn model(dir: &TempDir, tensors: &[(&str, StDtype, &[usize])], qc: Option<Value>
         .enumerate()
         .map(|(i, (n, d, s))| (n.to_string(), t(*d, s, i as u64)))
         .collect();
-    let path = dir.0.join("m");
+    let path = dir.path("m");
     let config = config_with_quantization(None, qc);
     write_model_dir(&path, &out, None, &config, None, true).unwrap();
     Checkpoint::open(&path).unwrap()
@@ -360,7 +325,7 @@ fn detects_awq_gptq_and_compressed_tensors_layers() {
     ];
     let mut out: Vec<_> = ct.iter().map(|(n, d, s)| (n.to_string(), t(*d, s, 7))).collect();
     out[3].1.data = TensorData::Bytes(Cow::Owned([64i64, 256].iter().flat_map(|v| v.to_le_bytes()).collect()));
-    let path = dir.0.join("ct.safetensors");
+    let path = dir.path("ct.safetensors");
     write_safetensors(&path, &out, None, false).unwrap();
     let l = &Checkpoint::open(&path).unwrap().quantized_layers().unwrap()[0];
     assert_eq!(
@@ -461,7 +426,7 @@ fn int8_layers_round_trip_through_a_file() {
         .into_iter()
         .map(|(name, t)| (name, OutTensor::from(t)))
         .collect();
-    let path = dir.0.join("int8.safetensors");
+    let path = dir.path("int8.safetensors");
     write_safetensors(&path, &out, None, false).unwrap();
     let ckpt = Checkpoint::open(&path).unwrap();
     let layers = ckpt.quantized_layers().unwrap();
@@ -476,7 +441,7 @@ fn int8_layers_round_trip_through_a_file() {
 #[test]
 fn deferred_tensors_stream_and_their_errors_leave_nothing() {
     let dir = TempDir::new("deferred");
-    let path = dir.0.join("d.safetensors");
+    let path = dir.path("d.safetensors");
     let produced = std::cell::Cell::new(0);
     let lazy = |seed: u64| {
         let produced = &produced;
@@ -501,7 +466,7 @@ fn deferred_tensors_stream_and_their_errors_leave_nothing() {
     });
     let short = OutTensor::deferred(StDtype::F16, vec![4], || Ok(vec![0; 6]));
     for (bad, want) in [(failing, "w.scales"), (short, "6 bytes")] {
-        let out = dir.0.join("bad.safetensors");
+        let out = dir.path("bad.safetensors");
         let tensors = vec![("a".to_string(), t(StDtype::U8, &[3], 2)), ("b".to_string(), bad)];
         let e = write_safetensors(&out, &tensors, None, false).unwrap_err().to_string();
         assert!(e.contains(want), "{e}");
@@ -512,7 +477,7 @@ fn deferred_tensors_stream_and_their_errors_leave_nothing() {
 #[test]
 fn single_file_carries_its_quantization_config_in_metadata() {
     let dir = TempDir::new("metaqc");
-    let path = dir.0.join("q.safetensors");
+    let path = dir.path("q.safetensors");
     let qc = QuantConfig::gptq_json(4, Some(64), false, "gptq_v2");
     let meta: HashMap<String, String> = [(METADATA_QUANT_KEY.to_string(), qc.to_string())].into();
     let tensors: Vec<(String, OutTensor<'static>)> = vec![
