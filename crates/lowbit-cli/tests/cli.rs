@@ -5,6 +5,7 @@
 //! stderr line `lowbit: error: ...` naming the problem, and nothing left behind in the output directory.
 
 use lowbit::checkpoint::{write_safetensors, Checkpoint, OutTensor, StDtype, TensorData};
+use lowbit::testing::TempDir;
 use serde_json::{json, Value};
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
@@ -24,41 +25,6 @@ const AWQ_CASES: [(&str, usize); 5] = [
     ("awq_minilm_l2_ffn_up_g128", 128),
 ];
 const AWQ_SUFFIXES: [&str; 3] = ["qweight", "qzeros", "scales"];
-
-/// A fresh directory under the system temp dir, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .subsec_nanos();
-        let p = std::env::temp_dir().join(format!("lowbit-cli-{tag}-{}-{n}-{nanos}", std::process::id()));
-        std::fs::create_dir_all(&p).unwrap();
-        TempDir(p)
-    }
-    fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-    /// Names of the entries in the directory, sorted (temporaries start with a dot and would show here).
-    fn entries(&self) -> Vec<String> {
-        let mut v: Vec<_> = std::fs::read_dir(&self.0)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        v.sort();
-        v
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 fn lowbit(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_lowbit"))
