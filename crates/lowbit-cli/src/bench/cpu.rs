@@ -8,6 +8,7 @@
 use super::{time_us, BenchArgs, BenchRecord, Shape, Sink};
 use lowbit::ops::dequantize::{cpu::dequantize, Layout};
 use lowbit::ops::linear::LinearCpu;
+use lowbit::testing::{random_quant, QuantSpec, Scales, SplitMix64, Zeros};
 use lowbit::{DType, Error, Float, QuantMatrix, Result};
 use rayon::prelude::*;
 
@@ -55,7 +56,7 @@ fn bench_linear(args: &BenchArgs, shape: Shape, dtypes: &[DType], device: &str, 
     let Shape { m, k, n } = shape;
     let w = random_weight(args, k, n)?;
     let lin = LinearCpu::new(&w)?;
-    let mut rng = SplitMix(0xBE7C4);
+    let mut rng = SplitMix64(0xBE7C4);
     let x: Vec<f32> = (0..m * k).map(|_| rng.signed_unit()).collect();
 
     sink.status(format!("linear dense_f32 {m}x{k}x{n}"));
@@ -101,8 +102,9 @@ fn time_linear<T: Float>(lin: &LinearCpu, x: &[f32], m: usize) -> Result<f64> {
     }))
 }
 
-/// `y[M, N] = x[M, K] · W^T` with the `gemm` crate, `W` dense `[N, K]` f32 (nn.Linear layout), on all threads.
-fn dense_f32_linear(x: &[f32], w: &[f32], Shape { m, k, n }: Shape, y: &mut [f32]) {
+/// `y[M, N] = x[M, K] · W^T` with the `gemm` crate, `W` dense `[N, K]` f32 (nn.Linear layout), on all threads: the
+/// dense baseline of the CPU benches and of `lowbit demo`.
+pub(crate) fn dense_f32_linear(x: &[f32], w: &[f32], Shape { m, k, n }: Shape, y: &mut [f32]) {
     assert!(
         x.len() == m * k && w.len() == n * k && y.len() == m * n,
         "dense_f32_linear: shapes"
@@ -184,27 +186,16 @@ fn weight_bytes(w: &QuantMatrix) -> u64 {
     (codes + scales + zeros) as u64
 }
 
-/// A random `[N, K]` weight with the bits, group and zero points of `args` and f16-valued scales.
+/// A random `[N, K]` weight with the bits, group and zero points of `args` and checkpoint-like f16 scales.
 fn random_weight(args: &BenchArgs, k: usize, n: usize) -> Result<QuantMatrix> {
-    let group_size = args.group_for(k)?;
-    let groups = k / group_size;
-    let levels = 1u64 << args.wbits;
-    let mut rng = SplitMix(0x5EED ^ (k * 31 + n) as u64);
-    let w = QuantMatrix {
-        n,
-        k,
-        bits: args.wbits,
-        group_size,
-        codes: (0..n * k).map(|_| (rng.next() % levels) as u8).collect(),
-        zeros: (!args.symmetric).then(|| (0..n * groups).map(|_| (rng.next() % levels) as u8).collect()),
-        scales: (0..n * groups)
-            .map(|_| half::f16::from_f32(0.002 + 0.01 * rng.signed_unit().abs()).to_f32())
-            .collect(),
-        scale_dtype: DType::F16,
-        g_idx: None,
+    let mut spec = QuantSpec {
+        scales: Scales::Uniform { lo: 0.002, hi: 0.012 },
+        ..QuantSpec::new(n, k, args.wbits, args.group_for(k)?)
     };
-    w.validate()?;
-    Ok(w)
+    if args.symmetric {
+        spec.zeros = Zeros::Symmetric;
+    }
+    Ok(random_quant(&mut SplitMix64(0x5EED ^ (k * 31 + n) as u64), &spec))
 }
 
 /// The CPU model from /proc/cpuinfo ("model name"), or "unknown CPU".
@@ -218,22 +209,4 @@ fn cpu_model() -> String {
                 .map(|(_, v)| v.trim().to_string())
         })
         .unwrap_or_else(|| "unknown CPU".into())
-}
-
-/// splitmix64, for reproducible bench inputs without a `rand` dependency.
-struct SplitMix(u64);
-
-impl SplitMix {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [-1, 1).
-    fn signed_unit(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
 }

@@ -9,6 +9,8 @@
 mod cpu;
 mod cuda;
 
+pub(crate) use cpu::dense_f32_linear;
+
 use indicatif::{ProgressBar, ProgressStyle};
 use lowbit::{Error, Result};
 use serde::Serialize;

@@ -12,6 +12,7 @@
 //! events, every weight rotated among enough copies to exceed 2 x L2 so each call reads device memory.
 
 use super::human_bytes;
+use crate::bench::{dense_f32_linear, time_us, Shape};
 use half::f16;
 use lowbit::cuda::{CudaDevice, CudaSlice, Device, StreamTimer};
 use lowbit::formats::awq::AwqWeight;
@@ -20,6 +21,7 @@ use lowbit::ops::dequantize::{dequantize_to_tensor, Layout};
 use lowbit::ops::linear::cuda::{repack, CublasLinear, LinearW4A16Cuda, MAX_M};
 use lowbit::ops::linear::{reference, LinearCpu};
 use lowbit::quantize::{quantize_rtn, RtnConfig};
+use lowbit::testing::SplitMix64;
 use lowbit::{DType, Error, QuantMatrix, Result};
 use std::sync::Arc;
 use std::time::Instant;
@@ -43,45 +45,35 @@ pub struct DemoArgs {
     pub seed: u64,
 }
 
-/// splitmix64 with Box–Muller normals: deterministic on every platform.
-struct Rng(u64);
+/// Uniform in (0, 1] from 53 bits (never 0, so the logarithm below is finite).
+fn open_unit(rng: &mut SplitMix64) -> f64 {
+    ((rng.next_u64() >> 11) + 1) as f64 / (1u64 << 53) as f64
+}
 
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in (0, 1].
-    fn unit(&mut self) -> f64 {
-        ((self.next_u64() >> 11) + 1) as f64 / (1u64 << 53) as f64
-    }
-    fn normal(&mut self) -> f32 {
-        let (u, v) = (self.unit(), self.unit());
-        ((-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()) as f32
-    }
+/// A standard normal by Box–Muller: deterministic on every platform.
+fn normal(rng: &mut SplitMix64) -> f32 {
+    let (u, v) = (open_unit(rng), open_unit(rng));
+    ((-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()) as f32
 }
 
 /// A `[n, k]` weight like a trained projection: N(0, 0.02) per element, each row's spread scaled by 0.5..1.5, and
 /// one input channel in 64 four times larger (what AWQ's activation-aware scaling exists for).
-fn realistic_weight(n: usize, k: usize, rng: &mut Rng) -> Vec<f32> {
-    let row_scale: Vec<f32> = (0..n).map(|_| 0.5 + rng.unit() as f32).collect();
+fn realistic_weight(n: usize, k: usize, rng: &mut SplitMix64) -> Vec<f32> {
+    let row_scale: Vec<f32> = (0..n).map(|_| 0.5 + open_unit(rng) as f32).collect();
     let mut w = vec![0f32; n * k];
     for (row, chunk) in w.chunks_exact_mut(k).enumerate() {
         for (col, v) in chunk.iter_mut().enumerate() {
             let channel = if col % 64 == 7 { 4.0 } else { 1.0 };
-            *v = 0.02 * row_scale[row] * channel * rng.normal();
+            *v = 0.02 * row_scale[row] * channel * normal(rng);
         }
     }
     w
 }
 
 /// `[m, k]` activations: N(0, 1) with one channel in 128 ten times larger (LLM activation outliers).
-fn realistic_activations(m: usize, k: usize, rng: &mut Rng) -> Vec<f32> {
+fn realistic_activations(m: usize, k: usize, rng: &mut SplitMix64) -> Vec<f32> {
     (0..m * k)
-        .map(|i| rng.normal() * if i % k % 128 == 3 { 10.0 } else { 1.0 })
+        .map(|i| normal(rng) * if i % k % 128 == 3 { 10.0 } else { 1.0 })
         .collect()
 }
 
@@ -107,39 +99,6 @@ fn dense_f64(x: &[f32], m: usize, w: &[f32], n: usize, k: usize) -> Vec<f64> {
         }
     });
     y
-}
-
-/// The CPU dense baseline: `y = x · W^T` with the `gemm` crate's f32 GEMM on all cores (what `lowbit bench` uses).
-fn dense_f32_gemm(x: &[f32], m: usize, w: &[f32], n: usize, k: usize, y: &mut [f32]) {
-    assert!(
-        x.len() == m * k && w.len() == n * k && y.len() == m * n,
-        "dense_f32_gemm: shapes"
-    );
-    // SAFETY: the buffers hold exactly [M, K], [N, K] and [M, N] (checked above); the strides describe them:
-    // y and x row-major, and W^T[k, n] = w[n * K + k].
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            y.as_mut_ptr(),
-            1,
-            n as isize,
-            false,
-            x.as_ptr(),
-            1,
-            k as isize,
-            w.as_ptr(),
-            k as isize,
-            1,
-            0.0,
-            1.0,
-            false,
-            false,
-            false,
-            gemm::Parallelism::Rayon(0),
-        )
-    }
 }
 
 fn parse_shape(s: &str) -> Result<(usize, usize)> {
@@ -210,7 +169,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
             Device::Cpu => Err(format!("--device {spec}")),
         },
     };
-    let mut rng = Rng(a.seed);
+    let mut rng = SplitMix64(a.seed);
 
     println!("lowbit demo: W4A16 linear layer, weight [{n}, {k}] (out x in, seeded synthetic LLM-like weights)");
     let weight = realistic_weight(n, k, &mut rng);
@@ -307,11 +266,12 @@ fn cpu_section(q: &QuantMatrix, weight: &[f32], batches: &[Batch]) -> Result<()>
         let mut y = vec![0f32; b.m * n];
         lin.forward(&b.x, b.m, k, None, &mut y)?;
         check_finite("cpu output", &y)?;
-        let lowbit_us = crate::bench::time_us(|| {
+        let lowbit_us = time_us(|| {
             lin.forward(&b.x, b.m, k, None, &mut y).expect("validated above");
         });
         let mut y_dense = vec![0f32; b.m * n];
-        let dense_us = crate::bench::time_us(|| dense_f32_gemm(&b.x, b.m, weight, n, k, &mut y_dense));
+        let shape = Shape { m: b.m, k, n };
+        let dense_us = time_us(|| dense_f32_linear(&b.x, weight, shape, &mut y_dense));
         print_row(b, &y, lowbit_us, dense_us);
     }
     Ok(())
