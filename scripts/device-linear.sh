@@ -27,7 +27,7 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
 fi
 if [ "${SANITIZE:-0}" = 1 ] && command -v compute-sanitizer >/dev/null; then
   echo "== compute-sanitizer memcheck"
-  compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/tests/cuda_linear" --test-threads=1 exact_integer \
+  timeout 180 compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/tests/cuda_linear" --test-threads=1 exact_integer \
     2>&1 | tail -n 20 | tee "$OUT/memcheck.log" || status=1
 fi
 
@@ -48,5 +48,13 @@ for r in rows:
     print(f"{r['dtype']:>5} {r['M']:>3} {r['K']:>6} {r['N']:>6} {r['impl']:<14} {r['us']:>8.1f} "
           f"{r['bytes'] / r['us'] / 1e6:>6.2f} {(b / r['us']) if b else float('nan'):>8.2f}")
 PY
+if [ "${PROFILE:-0}" = 1 ] && command -v ncu >/dev/null; then
+  echo "== ncu (M=1, 8192 x 28672, f16)"
+  ncu --kernel-name w4a16_linear --launch-skip 40 --launch-count 1 --section SpeedOfLight --section WarpStateStats \
+    --section SchedulerStats --section LaunchStats --section Occupancy --section MemoryWorkloadAnalysis \
+    "$BIN/lowbit" bench --device cuda --op linear --shape 1x8192x28672 --json > "$OUT/ncu.txt" 2>&1 || status=1
+  grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Issued Ipc|Eligible|No Eligible|Stall|Warp Cycles|Achieved Occupancy|Registers|Block Limit|One or More|Waves" \
+    "$OUT/ncu.txt" | head -40
+fi
 echo "device-linear: status $status"
 exit $status

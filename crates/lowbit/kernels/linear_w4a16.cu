@@ -71,6 +71,41 @@ __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+// --- mbarrier pipeline (sm_90) -----------------------------------------------------------------------------------
+// A stage's "full" barrier completes when the TMA engine has written all its bytes (expect_tx + complete_tx); its
+// "empty" barrier completes when every consumer thread has arrived after reading it. Waiting uses the phase parity:
+// the j-th use of a stage waits for phase j & 1.
+__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::); }
+__device__ __forceinline__ void mbar_arrive(u32 bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(u32 bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+    asm volatile(
+        "{\n.reg .pred done;\nWAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra WAIT;\n}\n" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+}
+// One TMA bulk copy global -> shared (16-byte aligned, size a multiple of 16), completing on `bar`.
+__device__ __forceinline__ void bulk_copy(void* smem, const void* gmem, u32 bytes, u32 bar) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+            smem_addr(smem)),
+        "l"(gmem), "r"(bytes), "r"(bar)
+        : "memory");
+}
+// Barrier among the first `threads` threads of the CTA only (the consumer warps; the producer warp never joins).
+__device__ __forceinline__ void consumer_sync(int threads) {
+    asm volatile("bar.sync 1, %0;\n" ::"r"(threads) : "memory");
+}
+
 __device__ __forceinline__ uint4 lds128(const void* p) {
     uint4 v;
     asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
@@ -148,13 +183,15 @@ struct Shape {
     int group;       // k per scale group in the repacked (act-order sorted) k space, a multiple of 16
     int GP;          // scale/zero rows per n tile
     int ctas;        // grid size C
+    int group_shift; // log2(group) when it is a power of two, else -1
     long long x_stride;  // elements between rows of x
     long long y_stride;  // elements between rows of y
 };
 
-template <class T, int MT, bool HAS_ZEROS, int WARPS, int STAGES>
+template <class T, int MT, bool HAS_ZEROS, int WARPS, int STAGES, bool TMA>
 struct Linear {
-    static constexpr int THREADS = WARPS * 32;
+    static constexpr int THREADS = WARPS * 32;           // consumer (mma) threads
+    static constexpr int BLOCK = THREADS + (TMA ? 32 : 0);  // + one producer warp issuing the TMA copies
     static constexpr int N_CTA = WARPS * WARP_N;
     static constexpr int M_ROWS = MT * 8;
     // Bytes of one stage: weights, x rows, scale rows, zero rows (each a multiple of 16).
@@ -163,7 +200,8 @@ struct Linear {
     static constexpr int S_BYTES = MAX_GROUP_ROWS * N_CTA * 2;
     static constexpr int Z_BYTES = HAS_ZEROS ? MAX_GROUP_ROWS * N_CTA / 2 : 0;
     static constexpr int STAGE_BYTES = W_BYTES + X_BYTES + S_BYTES + Z_BYTES;
-    static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES;
+    // Stages, then (TMA) one full and one empty mbarrier per stage.
+    static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + (TMA ? STAGES * 16 : 0);
     // fp32 partial sums of one split tile, in accumulator-fragment order (see write_partial).
     static constexpr int SLOT_FLOATS = N_CTA * M_ROWS;
 
@@ -251,7 +289,7 @@ struct Linear {
         const char* ws = stage + warp * (4 * 512) + lane * 16;
         const char* xs = stage + W_BYTES;
         const int k0 = kt * K_TILE;
-        const int g_lo = k0 / s.group;
+        const int g_lo = s.group_shift >= 0 ? k0 >> s.group_shift : k0 / s.group;
         const int steps_per_group = s.group >> 4;
         int next = ((g_lo + 1) * s.group - k0) >> 4;  // k16 step where the next group starts (>= 1)
         int row = 0;
@@ -338,30 +376,81 @@ struct Linear {
             for (int mt = 0; mt < MT; ++mt)
                 __stcg(slot_ptr(a, my_slot, warp, lane, t, mt),
                        make_float4(acc[t][mt][0], acc[t][mt][1], acc[t][mt][2], acc[t][mt][3]));
-        __threadfence();
-        __syncthreads();
+        // Release: this thread's partial is visible GPU-wide before the counter bump (acq_rel is enough; the
+        // default __threadfence is a sequentially consistent fence, several times slower).
+        asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
+        consumer_sync(THREADS);
         if (tid == 0) s_last = atomicAdd(a.counters + nt, 1u) == (u32)(c_last - c_first);
-        __syncthreads();
+        consumer_sync(THREADS);
         if (!s_last) return;
-        __threadfence();
-        // Sum from the slots only (this CTA's own partial too, just written), so the order is the CTA order and
-        // `acc` can hold the sum without a second register set.
-        for (int cc = c_first; cc <= c_last; ++cc) {
-            const int slot = (unit_begin(cc, units, s.ctas) / s.KT == nt) ? 2 * cc : 2 * cc + 1;
+        asm volatile("fence.acq_rel.gpu;\n" ::: "memory");  // acquire: every partial of the tile is visible
+        // Sum from the slots only (this CTA's own partial too, just written), in CTA order, so `acc` can hold the
+        // sum. The slots are read SLOT_BATCH at a time so their L2 round trips overlap; the adds stay in order.
+        constexpr int SLOT_BATCH = MT == 1 ? 4 : 1;  // at most 8 float4 of registers in flight per thread
+        for (int c0 = c_first; c0 <= c_last; c0 += SLOT_BATCH) {
+            float4 p[SLOT_BATCH][2][MT];
 #pragma unroll
-            for (int t = 0; t < 2; ++t)
+            for (int b = 0; b < SLOT_BATCH; ++b) {
+                const int cc = c0 + b;
+                if (cc <= c_last) {
+                    const int slot = (unit_begin(cc, units, s.ctas) / s.KT == nt) ? 2 * cc : 2 * cc + 1;
 #pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
-                    const float4 p = __ldcg(slot_ptr(a, slot, warp, lane, t, mt));
-                    if (cc == c_first) {
-                        acc[t][mt][0] = p.x, acc[t][mt][1] = p.y, acc[t][mt][2] = p.z, acc[t][mt][3] = p.w;
-                    } else {
-                        acc[t][mt][0] += p.x, acc[t][mt][1] += p.y, acc[t][mt][2] += p.z, acc[t][mt][3] += p.w;
-                    }
+                    for (int t = 0; t < 2; ++t)
+#pragma unroll
+                        for (int mt = 0; mt < MT; ++mt) p[b][t][mt] = __ldcg(slot_ptr(a, slot, warp, lane, t, mt));
                 }
+            }
+#pragma unroll
+            for (int b = 0; b < SLOT_BATCH; ++b) {
+                if (c0 + b <= c_last) {
+#pragma unroll
+                    for (int t = 0; t < 2; ++t)
+#pragma unroll
+                        for (int mt = 0; mt < MT; ++mt) {
+                            const float4 q = p[b][t][mt];
+                            if (c0 + b == c_first) {
+                                acc[t][mt][0] = q.x, acc[t][mt][1] = q.y, acc[t][mt][2] = q.z, acc[t][mt][3] = q.w;
+                            } else {
+                                acc[t][mt][0] += q.x, acc[t][mt][1] += q.y, acc[t][mt][2] += q.z, acc[t][mt][3] += q.w;
+                            }
+                        }
+                }
+            }
         }
         store_output(a, s, nt, warp, lane, acc);
         if (tid == 0) a.counters[nt] = 0;  // ready for the next launch (graph replays included)
+    }
+
+    // TMA producer (one warp): for each unit, wait until its buffer is free, announce the bytes, issue the copies:
+    // the weight unit and the scale/zero rows as one contiguous copy each, x one 256-byte row per lane.
+    __device__ static void produce(const Args& a, const Shape& s, char* smem, u32 bars, int u_begin, int count,
+                                   int lane) {
+        int nt = u_begin / s.KT, kt = u_begin - nt * s.KT;
+        int buf = 0;
+        for (int i = 0; i < count; ++i) {
+            const u32 full = bars + buf * 8, empty = bars + (STAGES + buf) * 8;
+            if (i >= STAGES) mbar_wait(empty, ((i / STAGES) - 1) & 1);
+            char* stage = smem + buf * STAGE_BYTES;
+            const int k0 = kt * K_TILE;
+            const int g_lo = s.group_shift >= 0 ? k0 >> s.group_shift : k0 / s.group;
+            const int g_hi = s.group_shift >= 0 ? (k0 + K_TILE - 1) >> s.group_shift : (k0 + K_TILE - 1) / s.group;
+            const int rows = g_hi - g_lo + 1;
+            const size_t row0 = (size_t)nt * s.GP + g_lo;
+            const u32 bytes = W_BYTES + s.M * (K_TILE * 2) + rows * (N_CTA * 2) + (HAS_ZEROS ? rows * (N_CTA / 2) : 0);
+            if (lane == 0) {
+                mbar_arrive_expect_tx(full, bytes);
+                bulk_copy(stage, a.qweight + (size_t)(u_begin + i) * (N_CTA * 4), W_BYTES, full);
+                bulk_copy(stage + W_BYTES + X_BYTES, a.scales + row0 * N_CTA, rows * (N_CTA * 2), full);
+                if (HAS_ZEROS)
+                    bulk_copy(stage + W_BYTES + X_BYTES + S_BYTES, a.zeros + row0 * (N_CTA / 2), rows * (N_CTA / 2),
+                              full);
+            }
+            __syncwarp();  // expect_tx before the rows' copies (not required, but keeps tx-count non-negative)
+            for (int m = lane; m < s.M; m += 32)
+                bulk_copy(stage + W_BYTES + m * (X_PITCH * 2), a.x + (size_t)m * s.x_stride + k0, K_TILE * 2, full);
+            if (++kt == s.KT) kt = 0, ++nt;
+            if (++buf == STAGES) buf = 0;
+        }
     }
 
     __device__ static void run(const Args& a, const Shape& s) {
@@ -370,28 +459,44 @@ struct Linear {
         const int units = s.NT * s.KT;
         const int u_begin = unit_begin(blockIdx.x, units, s.ctas);
         const int count = unit_begin(blockIdx.x + 1, units, s.ctas) - u_begin;
+        const u32 bars = smem_addr(smem + STAGES * STAGE_BYTES);
 
         // x rows M..M_ROWS-1 are never loaded: zero them once so the unused mma columns see finite values.
         if (s.M < M_ROWS) {
             const int per_stage = (M_ROWS - s.M) * (X_PITCH / 8);
-            for (int i = tid; i < STAGES * per_stage; i += THREADS) {
+            for (int i = tid; i < STAGES * per_stage; i += BLOCK) {
                 const int st = i / per_stage, r = i - st * per_stage;
                 *reinterpret_cast<uint4*>(smem + st * STAGE_BYTES + W_BYTES + (s.M * X_PITCH + r * 8) * 2) =
                     make_uint4(0, 0, 0, 0);
             }
         }
+        if (TMA) {
+            if (tid == 0) {
+                for (int st = 0; st < STAGES; ++st) {
+                    mbar_init(bars + st * 8, 1);                     // full: the producer's expect_tx arrival
+                    mbar_init(bars + (STAGES + st) * 8, THREADS);   // empty: every consumer thread
+                }
+                mbar_init_fence();
+            }
+            __syncthreads();
+            if (warp == WARPS) {
+                produce(a, s, smem, bars, u_begin, count, lane);
+                return;
+            }
+        }
 
         // Units advance as (nt, kt) pairs: one division here, none per stage.
-        int ld_nt = u_begin / s.KT, ld_kt = u_begin - ld_nt * s.KT;  // next unit to load
+        int ld_nt = u_begin / s.KT, ld_kt = u_begin - ld_nt * s.KT;  // next unit to load (cp.async path)
         int nt = ld_nt, kt = ld_kt;                                  // unit being computed
-        const int seg0_kt = kt;                                      // first k tile of the first segment
+        if (!TMA) {
 #pragma unroll 1
-        for (int st = 0; st < STAGES - 1; ++st) {
-            if (st < count) {
-                load_stage(a, s, smem + st * STAGE_BYTES, u_begin + st, ld_nt, ld_kt, tid);
-                if (++ld_kt == s.KT) ld_kt = 0, ++ld_nt;
+            for (int st = 0; st < STAGES - 1; ++st) {
+                if (st < count) {
+                    load_stage(a, s, smem + st * STAGE_BYTES, u_begin + st, ld_nt, ld_kt, tid);
+                    if (++ld_kt == s.KT) ld_kt = 0, ++ld_nt;
+                }
+                cp_async_commit();
             }
-            cp_async_commit();
         }
 
         float acc[2][MT][4];
@@ -402,20 +507,25 @@ struct Linear {
 #pragma unroll
                 for (int i = 0; i < 4; ++i) acc[t][mt][i] = 0.0f;
 
-        int seg_first_kt = seg0_kt;
+        int seg_first_kt = kt;
         int buf = 0, ld_buf = STAGES - 1;
 #pragma unroll 1
         for (int i = 0; i < count; ++i) {
-            cp_async_wait<STAGES - 2>();
-            __syncthreads();  // stage i visible to all; every warp is done with the buffer refilled next
-            if (i + STAGES - 1 < count) {
-                load_stage(a, s, smem + ld_buf * STAGE_BYTES, u_begin + i + STAGES - 1, ld_nt, ld_kt, tid);
-                if (++ld_kt == s.KT) ld_kt = 0, ++ld_nt;
+            if (TMA) {
+                mbar_wait(bars + buf * 8, (i / STAGES) & 1);
+            } else {
+                cp_async_wait<STAGES - 2>();
+                __syncthreads();  // stage i visible to all; every warp is done with the buffer refilled next
+                if (i + STAGES - 1 < count) {
+                    load_stage(a, s, smem + ld_buf * STAGE_BYTES, u_begin + i + STAGES - 1, ld_nt, ld_kt, tid);
+                    if (++ld_kt == s.KT) ld_kt = 0, ++ld_nt;
+                }
+                cp_async_commit();
+                if (++ld_buf == STAGES) ld_buf = 0;
             }
-            cp_async_commit();
-            if (++ld_buf == STAGES) ld_buf = 0;
 
             compute_stage(smem + buf * STAGE_BYTES, s, kt, warp, lane, acc);
+            if (TMA) mbar_arrive(bars + (STAGES + buf) * 8);  // this thread is done reading the stage
             if (++buf == STAGES) buf = 0;
 
             if (kt == s.KT - 1 || i == count - 1) {  // segment end (CTA-uniform)
@@ -434,7 +544,7 @@ struct Linear {
             }
             if (++kt == s.KT) kt = 0, ++nt;
         }
-        cp_async_wait<0>();
+        if (!TMA) cp_async_wait<0>();
     }
 };
 
@@ -461,12 +571,14 @@ __device__ __forceinline__ void stage_x(const unsigned short* x, long long x_str
 #define LB_MT 1
 #define LB_ZEROS 1
 #define LB_WARPS 8
-#define LB_STAGES 6
+#define LB_STAGES 4
+#define LB_TMA 1
+#define LB_MIN_BLOCKS 2
 #endif
 
-typedef lowbit::w4a16::Linear<lowbit::LB_DTYPE, LB_MT, LB_ZEROS != 0, LB_WARPS, LB_STAGES> LinearVariant;
+typedef lowbit::w4a16::Linear<lowbit::LB_DTYPE, LB_MT, LB_ZEROS != 0, LB_WARPS, LB_STAGES, LB_TMA != 0> LinearVariant;
 
-extern "C" __global__ void __launch_bounds__(LB_WARPS * 32, 1)
+extern "C" __global__ void __launch_bounds__(LinearVariant::BLOCK, LB_MIN_BLOCKS)
     w4a16_linear(LinearVariant::Args args, lowbit::w4a16::Shape shape) {
     LinearVariant::run(args, shape);
 }

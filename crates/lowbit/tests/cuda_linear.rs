@@ -15,7 +15,7 @@
 
 use half::{bf16, f16};
 use lowbit::cuda::{CudaDevice, CudaSlice, DevicePtr, DeviceRepr};
-use lowbit::ops::linear::cuda::{repack, LinearW4A16Cuda};
+use lowbit::ops::linear::cuda::{repack, LinearW4A16Cuda, Tuning};
 use lowbit::ops::linear::reference;
 use lowbit::{DType, Error, Float, QuantMatrix};
 use std::sync::{Arc, OnceLock};
@@ -68,6 +68,8 @@ struct Case {
     act_order: bool,
     bias: bool,
     data: Data,
+    /// Grid override (CTAs per SM); `None` = the per-shape default (one CTA per SM for every shape here).
+    ctas_per_sm: Option<usize>,
 }
 
 fn quant(rng: &mut Rng, c: &Case) -> QuantMatrix {
@@ -233,9 +235,13 @@ fn check_case<T: Float + DeviceRepr>(dev: &CudaDevice, rng: &mut Rng, c: &Case) 
         .bias
         .then(|| activations(rng, c.n, c.act, Data::Random { x_scale: 1.0 }));
     let want = reference::linear(&x, 64, &w, bias.as_deref());
-    let op = LinearW4A16Cuda::new(dev, &w, c.act, 64).unwrap();
+    let tuning = Tuning {
+        ctas_per_sm: c.ctas_per_sm,
+        ..Tuning::default()
+    };
+    let op = LinearW4A16Cuda::with_tuning(dev, &repack(&w, c.act).unwrap(), 64, tuning).unwrap();
     let label = format!(
-        "N={} K={} G={} {} zeros={} act_order={} bias={} {:?} (n_cta {})",
+        "N={} K={} G={} {} zeros={} act_order={} bias={} {:?} (n_cta {}, {} CTAs)",
         c.n,
         c.k,
         c.group,
@@ -244,7 +250,8 @@ fn check_case<T: Float + DeviceRepr>(dev: &CudaDevice, rng: &mut Rng, c: &Case) 
         c.act_order,
         c.bias,
         c.data,
-        op.plan().n_cta
+        op.plan().n_cta,
+        op.ctas()
     );
     let full = run::<T>(dev, &op, &x, 64, bias.as_deref());
     let again = run::<T>(dev, &op, &x, 64, bias.as_deref());
@@ -325,6 +332,9 @@ fn matches_reference_across_shapes_and_batches() {
                     data: Data::Random {
                         x_scale: if index % 3 == 2 { 100.0 } else { 1.0 },
                     },
+                    // Half the cases on the two-CTAs-per-SM grid (its own kernel variants: fewer registers,
+                    // 3 stages, more split tiles), which only large layers get by default.
+                    ctas_per_sm: (index % 2 == 1).then_some(2),
                 };
                 dispatch(&dev, &mut rng, &case);
             }
@@ -351,6 +361,7 @@ fn exact_integer_mode_is_bit_exact() {
             act_order,
             bias: false,
             data: Data::ExactInteger,
+            ctas_per_sm: (n == 4096).then_some(2),
         };
         dispatch(&dev, &mut rng, &case);
     }
@@ -369,6 +380,7 @@ fn strided_and_unaligned_activation_rows() {
         act_order: false,
         bias: true,
         data: Data::Random { x_scale: 1.0 },
+        ctas_per_sm: None,
     };
     let w = quant(&mut rng, &c);
     let op = LinearW4A16Cuda::new(&dev, &w, DType::F16, 16).unwrap();
@@ -428,6 +440,7 @@ fn bad_inputs_give_typed_errors() {
         act_order: false,
         bias: false,
         data: Data::Random { x_scale: 1.0 },
+        ctas_per_sm: None,
     };
     let mut w = quant(&mut rng, &c);
     assert!(matches!(repack(&w, DType::F32), Err(Error::Invalid { .. })));

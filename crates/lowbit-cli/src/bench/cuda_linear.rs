@@ -10,12 +10,13 @@
 //! Timing: warm-up, then 7 batches of ~20 ms of launches between CUDA events; the median batch is reported.
 //! `bytes` is what the call must move at least: codes, scales and zeros (or the dense weight), x and y.
 //!
-//! `LOWBIT_BENCH_VARIANTS=1` adds `lowbit_s{N}` records: the kernel with N pipeline stages instead of the default.
+//! `LOWBIT_BENCH_VARIANTS=1` adds records with the grid forced to one (`lowbit_1sm`) or two (`lowbit_2sm`) CTAs per
+//! SM instead of the per-shape default.
 
 use super::{BenchArgs, BenchRecord, Shape, Sink};
 use half::{bf16, f16};
 use lowbit::cuda::{capture_graph, CudaDevice, CudaSlice, CudaStream, Device, StreamTimer, ValidAsZeroBits};
-use lowbit::ops::linear::cuda::{repack, CublasLinear, DenseElement, LinearW4A16Cuda};
+use lowbit::ops::linear::cuda::{repack, CublasLinear, DenseElement, LinearW4A16Cuda, Tuning};
 use lowbit::{DType, Error, QuantMatrix, Result};
 use std::sync::Arc;
 
@@ -58,8 +59,24 @@ pub fn run(args: &BenchArgs, sink: &mut Sink) -> Result<()> {
         }
     }
     let dtypes = args.dtypes(&[DType::F16])?;
-    let variants: Vec<usize> = if std::env::var("LOWBIT_BENCH_VARIANTS").is_ok_and(|v| v == "1") {
-        vec![4, 6]
+    let variants: Vec<(String, Tuning)> = if std::env::var("LOWBIT_BENCH_VARIANTS").is_ok_and(|v| v == "1") {
+        let t = Tuning::default();
+        vec![
+            (
+                "lowbit_1sm".into(),
+                Tuning {
+                    ctas_per_sm: Some(1),
+                    ..t
+                },
+            ),
+            (
+                "lowbit_2sm".into(),
+                Tuning {
+                    ctas_per_sm: Some(2),
+                    ..t
+                },
+            ),
+        ]
     } else {
         Vec::new()
     };
@@ -110,7 +127,7 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
     k: usize,
     n: usize,
     ms: &[usize],
-    stage_variants: &[usize],
+    tunings: &[(String, Tuning)],
     sink: &mut Sink,
 ) -> Result<()> {
     let dtype = T::DTYPE;
@@ -130,12 +147,12 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
     let ops: Vec<LinearW4A16Cuda> = (0..sets)
         .map(|_| LinearW4A16Cuda::from_repacked(dev, &packed, max_m, None))
         .collect::<Result<_>>()?;
-    let mut variant_ops: Vec<(usize, Vec<LinearW4A16Cuda>)> = Vec::new();
-    for &stages in stage_variants {
+    let mut variant_ops: Vec<(&str, Vec<LinearW4A16Cuda>)> = Vec::new();
+    for (label, tuning) in tunings {
         let v = (0..sets)
-            .map(|_| LinearW4A16Cuda::from_repacked(dev, &packed, max_m, Some(stages)))
+            .map(|_| LinearW4A16Cuda::with_tuning(dev, &packed, max_m, *tuning))
             .collect::<Result<_>>()?;
-        variant_ops.push((stages, v));
+        variant_ops.push((label, v));
     }
     let dense = dense_weight::<T>(&w);
     let dense_sets = copies(dense.len() * 2);
@@ -177,12 +194,13 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
         })?;
         sink.push(record("lowbit", quant_bytes, ours))?;
 
-        for (stages, v) in &variant_ops {
-            sink.status(format!("linear lowbit_s{stages} {m}x{k}x{n} {dtype}"));
+        for (label, v) in &variant_ops {
+            sink.status(format!("linear {label} {m}x{k}x{n} {dtype}"));
+            let mut ws_v = dev.alloc_zeros::<u8>(v[0].workspace_bytes())?;
             let us = median_of_batches(dev, &stream, sets, |i| {
-                v[i].run(&stream, &xs[i], m, None, &mut ys[i], &mut ws)
+                v[i].run(&stream, &xs[i], m, None, &mut ys[i], &mut ws_v)
             })?;
-            sink.push(record(&format!("lowbit_s{stages}"), quant_bytes, us))?;
+            sink.push(record(label, quant_bytes, us))?;
         }
 
         sink.status(format!("linear lowbit_graph {m}x{k}x{n} {dtype}"));

@@ -51,6 +51,8 @@ const WARP_N: usize = 32;
 const X_PITCH: usize = K_TILE + 8;
 /// Scale/zero rows a unit can touch (`MAX_GROUP_ROWS`): group sizes are multiples of 16.
 const MAX_GROUP_ROWS: usize = K_TILE / 16;
+/// Dynamic shared memory one CTA may use on sm_90 (227 KB).
+const MAX_SMEM_BYTES: usize = 227 * 1024;
 /// Largest batch the kernel takes (8 token tiles of 8).
 pub const MAX_M: usize = 64;
 /// Nibble position of A-fragment element `i` in its word (the AWQ interleave, see the kernel header).
@@ -375,9 +377,41 @@ pub struct Variant {
     pub warps: usize,
     /// Pipeline stages.
     pub stages: usize,
+    /// Stages filled by a producer warp with TMA bulk copies (mbarrier pipeline) instead of cp.async by every
+    /// thread with a CTA barrier per stage.
+    pub tma: bool,
+    /// CTAs per SM the registers are capped for (`__launch_bounds__` minimum blocks).
+    pub min_blocks: usize,
 }
 
 impl Variant {
+    /// The variant `new` picks for `mt` token tiles on a grid of `ctas_per_sm` CTAs per SM: TMA for M <= 32
+    /// (registers capped for two CTAs per SM when the grid has two and M <= 16), cp.async for M <= 64 (a producer
+    /// warp would cap the 8 mma warps at 168 registers; M = 64 needs ~240). Stages: 3 when two CTAs share an SM
+    /// (measured as good as 4 on H200), otherwise as many as fit.
+    pub fn default_for(act: DType, mt: usize, zeros: bool, warps: usize, ctas_per_sm: usize) -> Variant {
+        let (tma, min_blocks, stages) = match (mt, ctas_per_sm) {
+            (1 | 2, 2..) => (true, 2, 3),
+            (1 | 2, _) => (true, 1, 8),
+            (4, _) => (true, 1, 6),
+            _ => (false, 1, 5),
+        };
+        Variant {
+            act,
+            mt,
+            zeros,
+            warps,
+            stages,
+            tma,
+            min_blocks,
+        }
+    }
+
+    /// Threads per CTA: the mma warps, plus the producer warp with TMA.
+    pub fn block_threads(&self) -> usize {
+        self.warps * 32 + if self.tma { 32 } else { 0 }
+    }
+
     /// Dynamic shared memory of one CTA (`Linear::SMEM_BYTES`).
     pub fn smem_bytes(&self) -> usize {
         let n_cta = self.warps * WARP_N;
@@ -385,7 +419,7 @@ impl Variant {
             + self.mt * 8 * X_PITCH * 2
             + MAX_GROUP_ROWS * n_cta * 2
             + if self.zeros { MAX_GROUP_ROWS * n_cta / 2 } else { 0 };
-        self.stages * stage
+        self.stages * stage + if self.tma { self.stages * 16 } else { 0 }
     }
 
     /// fp32 elements of one split-tile partial (`Linear::SLOT_FLOATS`).
@@ -393,23 +427,16 @@ impl Variant {
         self.warps * WARP_N * self.mt * 8
     }
 
-    /// Default pipeline depth for `mt` token tiles: as many stages as fit beside the larger x tiles.
-    pub fn default_stages(mt: usize) -> usize {
-        match mt {
-            1 | 2 => 8,
-            4 => 6,
-            _ => 5,
-        }
-    }
-
     fn name(&self) -> String {
         format!(
-            "linear_w4a16_{}_m{}_z{}_w{}_s{}",
+            "linear_w4a16_{}_m{}_z{}_w{}_s{}_{}{}",
             self.act.name(),
             self.mt,
             u8::from(self.zeros),
             self.warps,
-            self.stages
+            self.stages,
+            if self.tma { "tma" } else { "cpasync" },
+            self.min_blocks
         )
     }
 
@@ -422,12 +449,15 @@ impl Variant {
             .unwrap_or_else(|e| e.into_inner());
         map.entry(*self).or_insert_with(|| {
             let defines = format!(
-                "#define LB_DTYPE {}\n#define LB_MT {}\n#define LB_ZEROS {}\n#define LB_WARPS {}\n#define LB_STAGES {}\n",
+                "#define LB_DTYPE {}\n#define LB_MT {}\n#define LB_ZEROS {}\n#define LB_WARPS {}\n#define LB_STAGES {}\n\
+                 #define LB_TMA {}\n#define LB_MIN_BLOCKS {}\n",
                 if self.act == DType::Bf16 { "BF16" } else { "F16" },
                 self.mt,
                 u8::from(self.zeros),
                 self.warps,
-                self.stages
+                self.stages,
+                u8::from(self.tma),
+                self.min_blocks
             );
             // Leaked once per variant (a handful per process): KernelSource holds &'static strs.
             Box::leak(Box::new(KernelSource {
@@ -462,7 +492,7 @@ struct KernelArgs {
     counters: u64,
 }
 
-/// `lowbit::w4a16::Shape` in the kernel, in field order (8 ints, then 2 int64).
+/// `lowbit::w4a16::Shape` in the kernel, in field order (9 ints, padding, then 2 int64).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 struct KernelShape {
@@ -474,6 +504,7 @@ struct KernelShape {
     group: i32,
     gp: i32,
     ctas: i32,
+    group_shift: i32,
     x_stride: i64,
     y_stride: i64,
 }
@@ -485,6 +516,39 @@ unsafe impl DeviceRepr for KernelShape {}
 // ------------------------------------------------------------------------------------------------------------------
 // The operator
 // ------------------------------------------------------------------------------------------------------------------
+
+/// Launch configuration overrides for benchmarking ([`LinearW4A16Cuda::with_tuning`]).
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy)]
+pub struct Tuning {
+    /// Pipeline stages (capped at what fits in shared memory).
+    pub stages: Option<usize>,
+    /// Force the TMA producer (true) or the cp.async pipeline (false) where a TMA variant exists.
+    pub tma: Option<bool>,
+    /// Grid = this many CTAs per SM (the same for every M); `None`: [`default_ctas_per_sm`].
+    pub ctas_per_sm: Option<usize>,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Tuning {
+            stages: None,
+            tma: None,
+            ctas_per_sm: None,
+        }
+    }
+}
+
+/// CTAs per SM for a weight of `units` (128-k x tile-width pieces) on `sms` SMs: two when each CTA still gets at
+/// least 6 units (more warps hide more latency), one otherwise (every split tile costs a fix-up, which dominates
+/// small layers). Depends on the shape only, never on M (batch invariance).
+pub fn default_ctas_per_sm(units: usize, sms: usize) -> usize {
+    if units >= 6 * 2 * sms {
+        2
+    } else {
+        1
+    }
+}
 
 /// A W4A16 linear layer prepared on one GPU: the repacked weight in device memory and its loaded kernels.
 ///
@@ -522,29 +586,32 @@ impl LinearW4A16Cuda {
     /// Validates and repacks `w`, uploads it, and loads the kernels for batches of up to `max_m` (1..=64) rows of
     /// `act` (f16 or bf16) activations.
     pub fn new(device: &CudaDevice, w: &QuantMatrix, act: DType, max_m: usize) -> Result<Self> {
-        Self::with_stages(device, w, act, max_m, None)
-    }
-
-    /// As [`LinearW4A16Cuda::new`] with the pipeline depth forced (benchmarking).
-    #[doc(hidden)]
-    pub fn with_stages(
-        device: &CudaDevice,
-        w: &QuantMatrix,
-        act: DType,
-        max_m: usize,
-        stages: Option<usize>,
-    ) -> Result<Self> {
-        Self::from_repacked(device, &repack(w, act)?, max_m, stages)
+        Self::from_repacked(device, &repack(w, act)?, max_m, None)
     }
 
     /// Uploads an already repacked weight (repack once, upload to several devices or copies) and loads the
-    /// kernels for batches of up to `max_m` rows; `stages` forces the pipeline depth (benchmarking).
+    /// kernels for batches of up to `max_m` rows; `stages` forces the pipeline depth (benchmarking; `None` for the
+    /// tuned default).
     pub fn from_repacked(
         device: &CudaDevice,
         packed: &RepackedW4,
         max_m: usize,
         stages: Option<usize>,
     ) -> Result<Self> {
+        Self::with_tuning(
+            device,
+            packed,
+            max_m,
+            Tuning {
+                stages,
+                ..Tuning::default()
+            },
+        )
+    }
+
+    /// As [`LinearW4A16Cuda::from_repacked`] with the launch configuration forced (benchmarking).
+    #[doc(hidden)]
+    pub fn with_tuning(device: &CudaDevice, packed: &RepackedW4, max_m: usize, tuning: Tuning) -> Result<Self> {
         if !(1..=MAX_M).contains(&max_m) {
             return Err(Error::invalid("max_m", max_m, format!("must be in 1..={MAX_M}")));
         }
@@ -557,17 +624,27 @@ impl LinearW4A16Cuda {
                 "too large for one launch",
             ));
         }
-        let ctas = (device.info().sm_count as usize).clamp(1, units);
+        // The grid (hence the split of K) is the same for every M: batch invariance.
+        let sms = device.info().sm_count as usize;
+        let ctas_per_sm = tuning
+            .ctas_per_sm
+            .unwrap_or_else(|| default_ctas_per_sm(units, sms))
+            .max(1);
+        let ctas = (ctas_per_sm * sms).clamp(1, units);
         let zeros = packed.zeros.is_some();
         let mut kernels = Vec::new();
         for mt in [1, 2, 4, 8].into_iter().filter(|&mt| mt == 1 || 8 * mt / 2 < max_m) {
-            let variant = Variant {
-                act,
-                mt,
-                zeros,
-                warps: plan.warps,
-                stages: stages.unwrap_or(Variant::default_stages(mt)),
-            };
+            let mut variant = Variant::default_for(act, mt, zeros, plan.warps, ctas_per_sm);
+            if let Some(tma) = tuning.tma {
+                variant.tma = tma && variant.tma; // M = 64 has no TMA variant (registers)
+            }
+            if let Some(stages) = tuning.stages {
+                variant.stages = stages.max(2);
+            }
+            // A forced depth is capped at what fits in a Hopper SM's 227 KB of shared memory.
+            while variant.stages > 2 && variant.smem_bytes() > MAX_SMEM_BYTES {
+                variant.stages -= 1;
+            }
             let function = device.function(variant.source(), "w4a16_linear")?;
             function
                 .set_attribute(
@@ -716,7 +793,11 @@ impl LinearW4A16Cuda {
 
         // x goes through the workspace when the kernel cannot read it in place: act-order gather, or rows that are
         // not 16-byte aligned (the kernel's 16-byte cp.async).
-        let direct = self.perm.is_none() && x_ptr % 16 == 0 && x_stride % 8 == 0 && p.k % 8 == 0;
+        // The TMA producer copies whole 128-k rows, so with it K must also be a multiple of 128.
+        let direct = self.perm.is_none()
+            && x_ptr % 16 == 0
+            && x_stride % 8 == 0
+            && p.k % if variant.tma { K_TILE } else { 8 } == 0;
         let (x_ptr, x_stride) = if direct {
             (x_ptr, x_stride)
         } else {
@@ -763,12 +844,17 @@ impl LinearW4A16Cuda {
             group: p.group as i32,
             gp: p.group_rows as i32,
             ctas: self.ctas as i32,
+            group_shift: if p.group.is_power_of_two() {
+                p.group.trailing_zeros() as i32
+            } else {
+                -1
+            },
             x_stride: x_stride as i64,
             y_stride: y_stride as i64,
         };
         let cfg = LaunchConfig {
             grid_dim: (self.ctas as u32, 1, 1),
-            block_dim: ((variant.warps * 32) as u32, 1, 1),
+            block_dim: (variant.block_threads() as u32, 1, 1),
             shared_mem_bytes: variant.smem_bytes() as u32,
         };
         let mut b = stream.launch_builder(function);
@@ -1038,14 +1124,8 @@ mod tests {
         }
         for act in [DType::F16, DType::Bf16] {
             for mt in [1, 2, 4, 8] {
-                for (zeros, warps) in [(true, 8), (false, 2)] {
-                    let v = Variant {
-                        act,
-                        mt,
-                        zeros,
-                        warps,
-                        stages: Variant::default_stages(mt),
-                    };
+                for (zeros, warps, ctas_per_sm) in [(true, 8, 2), (false, 2, 1)] {
+                    let v = Variant::default_for(act, mt, zeros, warps, ctas_per_sm);
                     let compiled = crate::cuda::compile(v.source(), "sm_90a").unwrap();
                     let report: Vec<&str> = compiled.log.lines().filter(|l| l.contains("spill")).collect();
                     assert!(
