@@ -11,11 +11,11 @@
 //! zeros are stored as plain 0..15. AWQ always stores zeros, so a symmetric weight is written with zeros 8.
 
 use super::{
-    cannot_hold, check_scales_storable, input, pack_along_cols, read_scales, tensor_name, transpose, unpack_along_cols,
-    zeros_or_midpoint, QuantMatrix,
+    cannot_hold, check_scales_storable, dims2_nonempty, input, pack_words, read_group_scales, tensor_name, transpose,
+    unpack_words, zeros_or_midpoint, Axis, GroupAxis, QuantMatrix, WordLayout,
 };
 use crate::dtype::DType;
-use crate::error::{ensure, Result};
+use crate::error::Result;
 use crate::tensor::{Tensor, TensorRef};
 
 /// Checkpoint name suffix of the packed codes.
@@ -32,6 +32,11 @@ pub const PACK: usize = 8;
 pub const ORDER: [usize; 8] = [0, 2, 4, 6, 1, 3, 5, 7];
 /// Column `8c + j` sits in nibble `INV_ORDER[j]` (the inverse permutation of [`ORDER`]).
 pub const INV_ORDER: [usize; 8] = [0, 4, 1, 5, 2, 6, 3, 7];
+/// `qweight` `[K, N/8]` and `qzeros` `[K/G, N/8]`: packed along N, stored K (or group) major.
+const LAYOUT: WordLayout = WordLayout {
+    packed: Axis::N,
+    major: Axis::X,
+};
 
 /// An AWQ GEMM-layout weight, tensors kept as stored in the checkpoint.
 #[derive(Debug, Clone, PartialEq)]
@@ -65,26 +70,10 @@ impl AwqWeight {
         let qzeros = input(prefix, QZEROS, qzeros)?;
         let scales = input(prefix, SCALES, scales)?;
 
-        let (k, word_cols) = qweight.dims2()?;
-        ensure(
-            k > 0 && word_cols > 0,
-            &qweight.name,
-            format!("shape {:?}", qweight.shape),
-            "[K, N/8] must be non-empty",
-        )?;
+        let (k, word_cols) = dims2_nonempty(&qweight, "[K, N/8]")?;
         let n = word_cols * PACK;
         let qweight_words = qweight.to_i32()?;
-
-        let (groups, _) = scales.dims2()?;
-        ensure(
-            groups > 0 && k % groups == 0,
-            &scales.name,
-            format!("shape {:?}", scales.shape),
-            &format!("the row count (K/G groups) must divide K = {k}"),
-        )?;
-        scales.expect_shape(&[groups, n], "[K/G, N]")?;
-        let (scale_values, scale_dtype) = read_scales(&scales)?;
-
+        let (scale_values, scale_dtype, groups) = read_group_scales(&scales, n, k, GroupAxis::Rows)?;
         qzeros.expect_shape(&[groups, word_cols], "[K/G, N/8]")?;
         let qzeros_words = qzeros.to_i32()?;
 
@@ -148,14 +137,12 @@ impl AwqWeight {
             ));
         }
         let groups = q.scales.len() / q.n;
-        let codes_kn = transpose(&q.codes, q.n, q.k);
-        let zeros_gn = transpose(&zeros_or_midpoint(q), q.n, groups);
         Ok(Self {
             n: q.n,
             k: q.k,
             group_size: q.k / groups,
-            qweight: pack_along_cols(&codes_kn, q.k, q.n, BITS, &ORDER),
-            qzeros: pack_along_cols(&zeros_gn, groups, q.n, BITS, &ORDER),
+            qweight: pack_words(&q.codes, q.n, q.k, BITS, &ORDER, LAYOUT),
+            qzeros: pack_words(&zeros_or_midpoint(q), q.n, groups, BITS, &ORDER, LAYOUT),
             scales: transpose(&q.scales, q.n, groups),
             scale_dtype: q.scale_dtype,
         })
@@ -166,16 +153,13 @@ impl AwqWeight {
     /// Assumes the invariants [`AwqWeight::from_tensors`] / [`AwqWeight::from_quant`] establish.
     pub fn to_quant(&self) -> QuantMatrix {
         let groups = self.groups();
-        let word_cols = self.n / PACK;
-        let codes_kn = unpack_along_cols(&self.qweight, self.k, word_cols, BITS, &ORDER);
-        let zeros_gn = unpack_along_cols(&self.qzeros, groups, word_cols, BITS, &ORDER);
         QuantMatrix {
             n: self.n,
             k: self.k,
             bits: BITS,
             group_size: self.group_size,
-            codes: transpose(&codes_kn, self.k, self.n),
-            zeros: Some(transpose(&zeros_gn, groups, self.n)),
+            codes: unpack_words(&self.qweight, self.n, self.k, BITS, &ORDER, LAYOUT),
+            zeros: Some(unpack_words(&self.qzeros, self.n, groups, BITS, &ORDER, LAYOUT)),
             scales: transpose(&self.scales, groups, self.n),
             scale_dtype: self.scale_dtype,
             g_idx: None,

@@ -13,8 +13,8 @@
 //! compressed-tensors pads K and N up to whole words; lowbit requires them to be multiples of `P` instead.
 
 use super::{
-    cannot_hold, check_scales_storable, input, natural_order, nontrivial_g_idx, pack_along_cols, per_word, read_g_idx,
-    read_scales, tensor_name, transpose, unpack_along_cols, QuantMatrix,
+    cannot_hold, check_scales_storable, dims2_nonempty, input, natural_order, nontrivial_g_idx, pack_words, per_word,
+    read_g_idx, read_group_scales, tensor_name, unpack_words, Axis, GroupAxis, QuantMatrix, WordLayout,
 };
 use crate::dtype::DType;
 use crate::error::{ensure, Result};
@@ -30,6 +30,16 @@ pub const WEIGHT_ZERO_POINT: &str = "weight_zero_point";
 pub const WEIGHT_SHAPE: &str = "weight_shape";
 /// Checkpoint name suffix of the act-order group index.
 pub const WEIGHT_G_IDX: &str = "weight_g_idx";
+/// `weight_packed` `[N, K/P]`: packed along K, stored N major.
+const WEIGHT_LAYOUT: WordLayout = WordLayout {
+    packed: Axis::X,
+    major: Axis::N,
+};
+/// `weight_zero_point` `[N/P, K/G]`: packed along N, stored N major.
+const ZERO_POINT_LAYOUT: WordLayout = WordLayout {
+    packed: Axis::N,
+    major: Axis::N,
+};
 
 /// A compressed-tensors `pack-quantized` weight, tensors kept as stored in the checkpoint.
 #[derive(Debug, Clone, PartialEq)]
@@ -82,13 +92,7 @@ impl CompressedTensorsWeight {
         let packed = input(prefix, WEIGHT_PACKED, weight_packed)?;
         let scale = input(prefix, WEIGHT_SCALE, weight_scale)?;
 
-        let (n, word_cols) = packed.dims2()?;
-        ensure(
-            n > 0 && word_cols > 0,
-            &packed.name,
-            format!("shape {:?}", packed.shape),
-            &format!("[N, K/{per}] must be non-empty"),
-        )?;
+        let (n, word_cols) = dims2_nonempty(&packed, &format!("[N, K/{per}]"))?;
         let k = word_cols * per;
         let packed_words = packed.to_i32()?;
 
@@ -104,15 +108,7 @@ impl CompressedTensorsWeight {
             )?;
         }
 
-        let (_, groups) = scale.dims2()?;
-        ensure(
-            groups > 0 && k % groups == 0,
-            &scale.name,
-            format!("shape {:?}", scale.shape),
-            &format!("the column count (K/G groups) must divide K = {k}"),
-        )?;
-        scale.expect_shape(&[n, groups], "[N, K/G]")?;
-        let (scale_values, scale_dtype) = read_scales(&scale)?;
+        let (scale_values, scale_dtype, groups) = read_group_scales(&scale, n, k, GroupAxis::Cols)?;
 
         let zero_point = match weight_zero_point {
             Some(t) => {
@@ -128,10 +124,7 @@ impl CompressedTensorsWeight {
             }
             None => None,
         };
-        let g_idx = match weight_g_idx {
-            Some(t) => Some(read_g_idx(&input(prefix, WEIGHT_G_IDX, t)?, k, groups)?),
-            None => None,
-        };
+        let g_idx = read_g_idx(prefix, WEIGHT_G_IDX, weight_g_idx, k, groups)?;
         Ok(Self {
             n,
             k,
@@ -206,9 +199,7 @@ impl CompressedTensorsWeight {
                         format!("N = {} must be a multiple of {per} to pack zero points along N", q.n),
                     ));
                 }
-                let zeros_gn = transpose(z, q.n, groups);
-                let packed_gn = pack_along_cols(&zeros_gn, groups, q.n, q.bits, order);
-                Some(transpose(&packed_gn, groups, q.n / per))
+                Some(pack_words(z, q.n, groups, q.bits, order, ZERO_POINT_LAYOUT))
             }
             None => None,
         };
@@ -217,7 +208,7 @@ impl CompressedTensorsWeight {
             k: q.k,
             bits: q.bits,
             group_size: q.k / groups,
-            weight_packed: pack_along_cols(&q.codes, q.n, q.k, q.bits, order),
+            weight_packed: pack_words(&q.codes, q.n, q.k, q.bits, order, WEIGHT_LAYOUT),
             weight_scale: q.scales.clone(),
             scale_dtype: q.scale_dtype,
             weight_zero_point: zero_point,
@@ -231,20 +222,16 @@ impl CompressedTensorsWeight {
     /// Assumes the invariants [`CompressedTensorsWeight::from_tensors`] / [`CompressedTensorsWeight::from_quant`]
     /// establish.
     pub fn to_quant(&self) -> QuantMatrix {
-        let per = per_word(self.bits);
         let groups = self.groups();
         let order = natural_order(self.bits);
-        let zeros = self.weight_zero_point.as_ref().map(|zp| {
-            let packed_gn = transpose(zp, self.n / per, groups);
-            let zeros_gn = unpack_along_cols(&packed_gn, groups, self.n / per, self.bits, order);
-            transpose(&zeros_gn, groups, self.n)
-        });
+        let zeros = (self.weight_zero_point.as_ref())
+            .map(|zp| unpack_words(zp, self.n, groups, self.bits, order, ZERO_POINT_LAYOUT));
         QuantMatrix {
             n: self.n,
             k: self.k,
             bits: self.bits,
             group_size: self.group_size,
-            codes: unpack_along_cols(&self.weight_packed, self.n, self.k / per, self.bits, order),
+            codes: unpack_words(&self.weight_packed, self.n, self.k, self.bits, order, WEIGHT_LAYOUT),
             zeros,
             scales: self.weight_scale.clone(),
             scale_dtype: self.scale_dtype,

@@ -12,8 +12,9 @@
 //! `"gptq_v2"` stores `z`. Symmetric int4 zero words are `0x77777777` in v1 and `0x88888888` in v2.
 
 use super::{
-    cannot_hold, check_scales_storable, input, natural_order, nontrivial_g_idx, pack_along_cols, per_word, read_g_idx,
-    read_scales, tensor_name, transpose, unpack_along_cols, zeros_or_midpoint, QuantMatrix,
+    cannot_hold, check_scales_storable, dims2_nonempty, input, natural_order, nontrivial_g_idx, pack_words, per_word,
+    read_g_idx, read_group_scales, tensor_name, transpose, unpack_words, zeros_or_midpoint, Axis, GroupAxis,
+    QuantMatrix, WordLayout,
 };
 use crate::dtype::DType;
 use crate::error::{ensure, Error, Result};
@@ -27,6 +28,16 @@ pub const QZEROS: &str = "qzeros";
 pub const SCALES: &str = "scales";
 /// Checkpoint name suffix of the group index of each input.
 pub const G_IDX: &str = "g_idx";
+/// `qweight` `[K/P, N]`: packed along K, stored K major.
+const QWEIGHT_LAYOUT: WordLayout = WordLayout {
+    packed: Axis::X,
+    major: Axis::X,
+};
+/// `qzeros` `[K/G, N/P]`: packed along N, stored group major.
+const QZEROS_LAYOUT: WordLayout = WordLayout {
+    packed: Axis::N,
+    major: Axis::X,
+};
 
 /// How zero codes are stored (`quantization_config.checkpoint_format`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -116,13 +127,7 @@ impl GptqWeight {
         let qzeros = input(prefix, QZEROS, qzeros)?;
         let scales = input(prefix, SCALES, scales)?;
 
-        let (word_rows, n) = qweight.dims2()?;
-        ensure(
-            word_rows > 0 && n > 0,
-            &qweight.name,
-            format!("shape {:?}", qweight.shape),
-            &format!("[K/{per}, N] must be non-empty"),
-        )?;
+        let (word_rows, n) = dims2_nonempty(&qweight, &format!("[K/{per}, N]"))?;
         ensure(
             n % per == 0,
             &qweight.name,
@@ -131,17 +136,7 @@ impl GptqWeight {
         )?;
         let k = word_rows * per;
         let qweight_words = qweight.to_i32()?;
-
-        let (groups, _) = scales.dims2()?;
-        ensure(
-            groups > 0 && k % groups == 0,
-            &scales.name,
-            format!("shape {:?}", scales.shape),
-            &format!("the row count (K/G groups) must divide K = {k}"),
-        )?;
-        scales.expect_shape(&[groups, n], "[K/G, N]")?;
-        let (scale_values, scale_dtype) = read_scales(&scales)?;
-
+        let (scale_values, scale_dtype, groups) = read_group_scales(&scales, n, k, GroupAxis::Rows)?;
         qzeros.expect_shape(&[groups, n / per], &format!("[K/G, N/{per}]"))?;
         let qzeros_words = qzeros.to_i32()?;
         if version == GptqVersion::V1 {
@@ -161,10 +156,7 @@ impl GptqWeight {
             }
         }
 
-        let g_idx = match g_idx {
-            Some(t) => Some(read_g_idx(&input(prefix, G_IDX, t)?, k, groups)?),
-            None => None,
-        };
+        let g_idx = read_g_idx(prefix, G_IDX, g_idx, k, groups)?;
         Ok(Self {
             n,
             k,
@@ -238,16 +230,14 @@ impl GptqWeight {
         zeros.iter_mut().for_each(|z| *z -= offset);
 
         let order = natural_order(q.bits);
-        let packed_nk = pack_along_cols(&q.codes, q.n, q.k, q.bits, order);
-        let zeros_gn = transpose(&zeros, q.n, groups);
         Ok(Self {
             n: q.n,
             k: q.k,
             bits: q.bits,
             group_size: q.k / groups,
             version,
-            qweight: transpose(&packed_nk, q.n, q.k / per),
-            qzeros: pack_along_cols(&zeros_gn, groups, q.n, q.bits, order),
+            qweight: pack_words(&q.codes, q.n, q.k, q.bits, order, QWEIGHT_LAYOUT),
+            qzeros: pack_words(&zeros, q.n, groups, q.bits, order, QZEROS_LAYOUT),
             scales: transpose(&q.scales, q.n, groups),
             scale_dtype: q.scale_dtype,
             g_idx: q.g_idx.clone(),
@@ -259,20 +249,18 @@ impl GptqWeight {
     ///
     /// Assumes the invariants [`GptqWeight::from_tensors`] / [`GptqWeight::from_quant`] establish.
     pub fn to_quant(&self) -> QuantMatrix {
-        let per = per_word(self.bits);
         let groups = self.groups();
         let order = natural_order(self.bits);
-        let packed_nk = transpose(&self.qweight, self.k / per, self.n);
-        let mut zeros_gn = unpack_along_cols(&self.qzeros, groups, self.n / per, self.bits, order);
+        let mut zeros = unpack_words(&self.qzeros, self.n, groups, self.bits, order, QZEROS_LAYOUT);
         let offset = self.version.zero_offset();
-        zeros_gn.iter_mut().for_each(|z| *z += offset);
+        zeros.iter_mut().for_each(|z| *z += offset);
         QuantMatrix {
             n: self.n,
             k: self.k,
             bits: self.bits,
             group_size: self.group_size,
-            codes: unpack_along_cols(&packed_nk, self.n, self.k / per, self.bits, order),
-            zeros: Some(transpose(&zeros_gn, groups, self.n)),
+            codes: unpack_words(&self.qweight, self.n, self.k, self.bits, order, QWEIGHT_LAYOUT),
+            zeros: Some(zeros),
             scales: transpose(&self.scales, groups, self.n),
             scale_dtype: self.scale_dtype,
             g_idx: nontrivial_g_idx(self.g_idx.clone(), self.group_size),

@@ -9,9 +9,11 @@
 //!
 //! `W[n, k] = (q - zp) * s`. lowbit's unsigned codes are `q + 128` (zero code `zp + 128`).
 
-use super::{cannot_hold, check_scales_storable, input, read_scales, tensor_name, QuantMatrix};
+use super::{
+    cannot_hold, check_scales_storable, dims2_nonempty, input, read_group_scales, tensor_name, GroupAxis, QuantMatrix,
+};
 use crate::dtype::DType;
-use crate::error::{ensure, Result};
+use crate::error::Result;
 use crate::tensor::{Tensor, TensorRef};
 
 /// Checkpoint name suffix of the int8 codes.
@@ -61,30 +63,15 @@ impl Int8Weight {
         let weight = input(prefix, WEIGHT, weight)?;
         let scale = input(prefix, WEIGHT_SCALE, weight_scale)?;
 
-        let (n, k) = weight.dims2()?;
-        ensure(
-            n > 0 && k > 0,
-            &weight.name,
-            format!("shape {:?}", weight.shape),
-            "[N, K] must be non-empty",
-        )?;
+        let (n, k) = dims2_nonempty(&weight, "[N, K]")?;
         let codes = weight.to_i8()?;
 
-        let (mut scale_values, scale_dtype) = read_scales(&scale)?;
-        let groups = if scale.numel() == 1 && scale.shape.len() <= 1 {
+        let (scale_values, scale_dtype, groups) = if scale.numel() == 1 && scale.shape.len() <= 1 {
             // Per-tensor scale: one group per row, every row the same.
-            scale_values = vec![scale_values[0]; n];
-            1
+            let value = scale.to_finite_f32()?[0];
+            (vec![value; n], scale.dtype, 1)
         } else {
-            let (_, groups) = scale.dims2()?;
-            ensure(
-                groups > 0 && k % groups == 0,
-                &scale.name,
-                format!("shape {:?}", scale.shape),
-                &format!("the column count (K/G groups) must divide K = {k}"),
-            )?;
-            scale.expect_shape(&[n, groups], "[N, K/G]")?;
-            groups
+            read_group_scales(&scale, n, k, GroupAxis::Cols)?
         };
 
         let zero_point = match weight_zero_point {

@@ -266,9 +266,48 @@ pub(crate) fn input<'a>(
     Ok(t)
 }
 
-/// Reads a scale tensor (f32, f16 or bf16; finite), returning the values and the stored dtype.
-pub(crate) fn read_scales(t: &crate::tensor::TensorRef<'_>) -> Result<(Vec<f32>, DType)> {
-    Ok((t.to_finite_f32()?, t.dtype))
+/// `t`'s two dimensions, which must both be positive; `meaning` names them (`"[K, N/8]"`).
+pub(crate) fn dims2_nonempty(t: &crate::tensor::TensorRef<'_>, meaning: &str) -> Result<(usize, usize)> {
+    let (rows, cols) = t.dims2()?;
+    ensure(
+        rows > 0 && cols > 0,
+        &t.name,
+        format!("shape {:?}", t.shape),
+        &format!("{meaning} must be non-empty"),
+    )?;
+    Ok((rows, cols))
+}
+
+/// Where a format's scale (and zero) tensors keep their K/G groups.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GroupAxis {
+    /// `[K/G, N]` (AWQ, GPTQ).
+    Rows,
+    /// `[N, K/G]` (compressed-tensors, int8).
+    Cols,
+}
+
+/// Reads the scale tensor of an `[n, k]` weight (f32, f16 or bf16; finite), its groups along `axis`; the group
+/// count must divide `k`. Returns the values as stored, their dtype and the group count.
+pub(crate) fn read_group_scales(
+    t: &crate::tensor::TensorRef<'_>,
+    n: usize,
+    k: usize,
+    axis: GroupAxis,
+) -> Result<(Vec<f32>, DType, usize)> {
+    let (rows, cols) = t.dims2()?;
+    let (groups, dim, shape, meaning) = match axis {
+        GroupAxis::Rows => (rows, "row", [rows, n], "[K/G, N]"),
+        GroupAxis::Cols => (cols, "column", [n, cols], "[N, K/G]"),
+    };
+    ensure(
+        groups > 0 && k % groups == 0,
+        &t.name,
+        format!("shape {:?}", t.shape),
+        &format!("the {dim} count (K/G groups) must divide K = {k}"),
+    )?;
+    t.expect_shape(&shape, meaning)?;
+    Ok((t.to_finite_f32()?, t.dtype, groups))
 }
 
 /// Codes per packed int32 word for `bits` (8 for int4, 4 for int8).
@@ -314,10 +353,73 @@ pub(crate) fn transpose<T: Copy + Default + Send + Sync>(src: &[T], rows: usize,
     dst
 }
 
+/// An axis of an `[N, X]` code matrix: `N` output features, `X` the K inputs (codes) or the K/G groups (zeros).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Axis {
+    N,
+    X,
+}
+
+/// How a format stores an `[N, X]` code matrix in int32 words: `32 / bits` consecutive codes along `packed` share
+/// a word, and the word matrix is stored with `major` as its first dimension. E.g. AWQ `qweight` packs along N
+/// and is stored `[K, N/8]` (`major: X`); GPTQ `qweight` packs along K and is stored `[K/P, N]` (`major: X` too).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct WordLayout {
+    pub packed: Axis,
+    pub major: Axis,
+}
+
+/// Packs `codes` (`[n, x]` row-major, each `< 2^bits`) into words as `layout` says; field `i` of a word holds the
+/// `order[i]`-th of its codes. The packed dimension must be a multiple of `32 / bits` (callers validate).
+pub(crate) fn pack_words(codes: &[u8], n: usize, x: usize, bits: u8, order: &[usize], layout: WordLayout) -> Vec<i32> {
+    let per = per_word(bits);
+    match layout.packed {
+        Axis::X => {
+            let words_nx = pack_along_cols(codes, n, x, bits, order);
+            match layout.major {
+                Axis::N => words_nx,
+                Axis::X => transpose(&words_nx, n, x / per),
+            }
+        }
+        Axis::N => {
+            let words_xn = pack_along_cols(&transpose(codes, n, x), x, n, bits, order);
+            match layout.major {
+                Axis::X => words_xn,
+                Axis::N => transpose(&words_xn, x, n / per),
+            }
+        }
+    }
+}
+
+/// Inverse of [`pack_words`]: the `[n, x]` codes held by `words`.
+pub(crate) fn unpack_words(
+    words: &[i32],
+    n: usize,
+    x: usize,
+    bits: u8,
+    order: &[usize],
+    layout: WordLayout,
+) -> Vec<u8> {
+    let per = per_word(bits);
+    match layout.packed {
+        Axis::X => match layout.major {
+            Axis::N => unpack_along_cols(words, n, x / per, bits, order),
+            Axis::X => unpack_along_cols(&transpose(words, x / per, n), n, x / per, bits, order),
+        },
+        Axis::N => {
+            let codes_xn = match layout.major {
+                Axis::X => unpack_along_cols(words, x, n / per, bits, order),
+                Axis::N => unpack_along_cols(&transpose(words, n / per, x), x, n / per, bits, order),
+            };
+            transpose(&codes_xn, x, n)
+        }
+    }
+}
+
 /// Packs a row-major `[rows, cols]` matrix of codes (each `< 2^bits`) into `[rows, cols / per]` i32 words along
 /// the last axis: field `i` (bits `bits*i ..`) of word `c` holds element `c * per + order[i]`.
 /// `cols` must be a multiple of `per = 32 / bits` (callers validate).
-pub(crate) fn pack_along_cols(codes: &[u8], rows: usize, cols: usize, bits: u8, order: &[usize]) -> Vec<i32> {
+fn pack_along_cols(codes: &[u8], rows: usize, cols: usize, bits: u8, order: &[usize]) -> Vec<i32> {
     use rayon::prelude::*;
     let per = per_word(bits);
     debug_assert!(cols % per == 0 && order.len() == per && codes.len() == rows * cols);
@@ -341,7 +443,7 @@ pub(crate) fn pack_along_cols(codes: &[u8], rows: usize, cols: usize, bits: u8, 
 }
 
 /// Inverse of [`pack_along_cols`]: `[rows, word_cols]` words to `[rows, word_cols * per]` codes.
-pub(crate) fn unpack_along_cols(words: &[i32], rows: usize, word_cols: usize, bits: u8, order: &[usize]) -> Vec<u8> {
+fn unpack_along_cols(words: &[i32], rows: usize, word_cols: usize, bits: u8, order: &[usize]) -> Vec<u8> {
     use rayon::prelude::*;
     let per = per_word(bits);
     debug_assert!(order.len() == per && words.len() == rows * word_cols);
@@ -362,8 +464,16 @@ pub(crate) fn unpack_along_cols(words: &[i32], rows: usize, word_cols: usize, bi
     codes
 }
 
-/// Reads an optional `g_idx` tensor (`[K]` int32, every entry in `0..groups`).
-pub(crate) fn read_g_idx(t: &crate::tensor::TensorRef<'_>, k: usize, groups: usize) -> Result<Vec<u32>> {
+/// Reads the optional group-index tensor `prefix.suffix` (`[K]` int32, every entry in `0..groups`).
+pub(crate) fn read_g_idx(
+    prefix: &str,
+    suffix: &str,
+    t: Option<&crate::tensor::TensorRef<'_>>,
+    k: usize,
+    groups: usize,
+) -> Result<Option<Vec<u32>>> {
+    let Some(t) = t else { return Ok(None) };
+    let t = input(prefix, suffix, t)?;
     t.expect_shape(&[k], "[K]")?;
     let raw = t.to_i32()?;
     if let Some(i) = raw.iter().position(|&g| g < 0 || g as usize >= groups) {
@@ -373,7 +483,7 @@ pub(crate) fn read_g_idx(t: &crate::tensor::TensorRef<'_>, k: usize, groups: usi
             format!("group indices must lie in 0..{groups} (the number of scale groups)"),
         ));
     }
-    Ok(raw.into_iter().map(|g| g as u32).collect())
+    Ok(Some(raw.into_iter().map(|g| g as u32).collect()))
 }
 
 /// Checks that `scales` holds exactly values of `q.scale_dtype` (f16/bf16/f32), so writing them loses nothing.
