@@ -1,11 +1,11 @@
 //! `lowbit convert`: a quantized checkpoint from one format to another, code for code (no re-quantization).
 
-use super::{pack, parse_format, progress, write_output, Scheme};
+use super::{copied_tensors, layer_tensors, open_quantized, pack, parse_format, progress, write_output, Scheme};
 use crate::OutputArgs;
-use lowbit::checkpoint::{check_output, Checkpoint, OutTensor, QuantLayer};
+use lowbit::checkpoint::{OutTensor, QuantLayer};
 use lowbit::formats::gptq::GptqVersion;
 use lowbit::{Error, Result};
-use std::collections::{BTreeSet, HashSet};
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
@@ -42,16 +42,7 @@ pub fn run(a: ConvertArgs) -> Result<()> {
     let target = parse_format("--to", &a.to)?;
     let gptq_version = GptqVersion::parse(&a.gptq_format)
         .map_err(|_| Error::invalid("--gptq-format", format!("{:?}", a.gptq_format), "must be v1 or v2"))?;
-    let ckpt = Checkpoint::open(&a.input)?;
-    check_output(&a.out.output, &a.input, a.out.force)?;
-    let layers = ckpt.quantized_layers()?;
-    if layers.is_empty() {
-        return Err(Error::invalid(
-            a.input.display().to_string(),
-            format!("{} tensors", ckpt.len()),
-            "no quantized layer to convert",
-        ));
-    }
+    let (ckpt, layers) = open_quantized(&a.input, &a.out, "no quantized layer to convert")?;
     let bits = uniform(&layers, "bit widths", |l| l.bits)?;
     let group_size = uniform(&layers, "group sizes", |l| {
         if l.group_size == l.k {
@@ -74,10 +65,7 @@ pub fn run(a: ConvertArgs) -> Result<()> {
             .unwrap_or_default(),
     };
 
-    let consumed: HashSet<&str> = layers
-        .iter()
-        .flat_map(|l| l.tensors.iter().map(String::as_str))
-        .collect();
+    let consumed = layer_tensors(&layers);
     let bar = progress(layers.len(), "convert");
     let mut out: Vec<(String, OutTensor<'_>)> = Vec::new();
     for layer in &layers {
@@ -101,9 +89,7 @@ pub fn run(a: ConvertArgs) -> Result<()> {
         bar.inc(1);
     }
     bar.finish_and_clear();
-    for name in ckpt.names().filter(|n| !consumed.contains(n)) {
-        out.push((name.to_string(), ckpt.raw(name)?.into()));
-    }
+    out.extend(copied_tensors(&ckpt, &consumed)?);
     write_output(&ckpt, &a.out, &out, Some(scheme.config_json()))?;
     let from: BTreeSet<&str> = layers.iter().map(|l| l.format.name()).collect();
     let target_name = match target {

@@ -1,11 +1,10 @@
 //! `lowbit dequantize`: every quantized layer back to a dense `P.weight` `[out, in]`.
 
-use super::{progress, write_output};
+use super::{copied_tensors, layer_tensors, open_quantized, progress, write_output};
 use crate::OutputArgs;
-use lowbit::checkpoint::{check_output, dtype_to_st, Checkpoint, OutTensor};
+use lowbit::checkpoint::{dtype_to_st, OutTensor};
 use lowbit::ops::dequantize::{dequantize_to_tensor, Layout};
 use lowbit::{DType, Error, Result};
-use std::collections::HashSet;
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
@@ -30,20 +29,12 @@ fn parse_dtype(s: &str) -> Result<DType> {
 
 pub fn run(a: DequantizeArgs) -> Result<()> {
     let dtype = parse_dtype(&a.dtype)?;
-    let ckpt = Checkpoint::open(&a.input)?;
-    check_output(&a.out.output, &a.input, a.out.force)?;
-    let layers = ckpt.quantized_layers()?;
-    if layers.is_empty() {
-        return Err(Error::invalid(
-            a.input.display().to_string(),
-            format!("{} tensors", ckpt.len()),
-            "no quantized layer found (qweight/qzeros/scales, weight_packed/weight_scale or int8 weight/weight_scale)",
-        ));
-    }
-    let consumed: HashSet<&str> = layers
-        .iter()
-        .flat_map(|l| l.tensors.iter().map(String::as_str))
-        .collect();
+    let (ckpt, layers) = open_quantized(
+        &a.input,
+        &a.out,
+        "no quantized layer found (qweight/qzeros/scales, weight_packed/weight_scale or int8 weight/weight_scale)",
+    )?;
+    let consumed = layer_tensors(&layers);
 
     // Dense weights are computed as the writer reaches them, so outputs larger than memory stream through.
     let bar = progress(layers.len(), "dequantize");
@@ -67,9 +58,7 @@ pub fn run(a: DequantizeArgs) -> Result<()> {
         });
         out.push((name, dense));
     }
-    for name in ckpt.names().filter(|n| !consumed.contains(n)) {
-        out.push((name.to_string(), ckpt.raw(name)?.into()));
-    }
+    out.extend(copied_tensors(&ckpt, &consumed)?);
     write_output(&ckpt, &a.out, &out, None)?;
     bar.finish_and_clear();
     println!(

@@ -17,8 +17,8 @@ pub use quantize::{run as quantize, QuantizeArgs};
 use crate::OutputArgs;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use lowbit::checkpoint::{
-    config_with_quantization, write_model_dir, write_safetensors, Checkpoint, OutTensor, QuantConfig,
-    METADATA_QUANT_KEY,
+    check_output, config_with_quantization, write_model_dir, write_safetensors, Checkpoint, OutTensor, QuantConfig,
+    QuantLayer, METADATA_QUANT_KEY,
 };
 use lowbit::formats::awq::AwqWeight;
 use lowbit::formats::compressed_tensors::CompressedTensorsWeight;
@@ -27,6 +27,7 @@ use lowbit::formats::int8::Int8Weight;
 use lowbit::formats::{Format, QuantMatrix};
 use lowbit::{Error, Result, Tensor};
 use serde_json::Value;
+use std::collections::HashSet;
 use std::path::Path;
 
 /// Parses a format name given on the command line; the error names the option.
@@ -127,6 +128,38 @@ fn shape_rule_violation(
         ));
     }
     None
+}
+
+/// Opens the input of a command that rewrites quantized layers (dequantize, convert), checks that its output may be
+/// written, and finds the layers; an input without any fails, naming `none_found` as the rule it breaks.
+fn open_quantized(input: &Path, out: &OutputArgs, none_found: &str) -> Result<(Checkpoint, Vec<QuantLayer>)> {
+    let ckpt = Checkpoint::open(input)?;
+    check_output(&out.output, input, out.force)?;
+    let layers = ckpt.quantized_layers()?;
+    if layers.is_empty() {
+        return Err(Error::invalid(
+            input.display().to_string(),
+            format!("{} tensors", ckpt.len()),
+            none_found,
+        ));
+    }
+    Ok((ckpt, layers))
+}
+
+/// The names of the tensors `layers` are made of.
+fn layer_tensors(layers: &[QuantLayer]) -> HashSet<&str> {
+    layers
+        .iter()
+        .flat_map(|l| l.tensors.iter().map(String::as_str))
+        .collect()
+}
+
+/// Every tensor of `ckpt` not in `consumed`, to be copied to the output unchanged.
+fn copied_tensors<'a>(ckpt: &'a Checkpoint, consumed: &HashSet<&str>) -> Result<Vec<(String, OutTensor<'a>)>> {
+    ckpt.names()
+        .filter(|n| !consumed.contains(n))
+        .map(|name| Ok((name.to_string(), ckpt.raw(name)?.into())))
+        .collect()
 }
 
 /// Whether the output is a model directory: when the input is one and the output is not named `*.safetensors`.
