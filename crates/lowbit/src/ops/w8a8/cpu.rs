@@ -131,43 +131,34 @@ impl BlockW8a8Cpu {
     /// Like [`BlockW8a8Cpu::forward`], writing into `out` (`[M, N]`).
     pub fn forward_into<T: Float>(&self, a: &QuantizedActivations, out: &mut [T]) -> Result<()> {
         let w = &self.weight;
-        check_activations_for(a, w.k)?;
         ensure(
             a.block_size == w.block,
             "block_size",
             format!("activations {} vs weight {}", a.block_size, w.block),
             "weight and activation K blocks must be equal",
         )?;
-        check_len("output", out.len(), a.m * w.n, "M · N")?;
-        let pairs = w.pack_activations(&a.codes, a.m);
         let blocks = w.blocks;
-        par_tiles(a.m, w.n, out, |rows, panels| {
-            let acc = w.tile(
-                &pairs,
-                rows.clone(),
-                panels.clone(),
-                |acc: &mut [[f32; NR]; MR], r, panel, blk, dots| {
-                    // acc += sA·(sB·dot + oB·Σa) + oA·(sB·Σb + bs·oB), f32, across the panel's columns.
-                    let p = (panel * blocks + blk) * NR;
-                    let (sb, ob, ot) = (
-                        &self.scales[p..p + NR],
-                        &self.offsets[p..p + NR],
-                        &self.offset_terms[p..p + NR],
-                    );
-                    for ((acc_row, dot_row), &r) in acc.iter_mut().zip(dots).zip(&r) {
-                        let pa = r * blocks + blk;
-                        let (sa, oa, sum_a) = (a.scales[pa], a.offsets[pa], a.code_sums[pa] as f32);
-                        for j in 0..NR {
-                            acc_row[j] += sa * (sb[j] * dot_row[j] as f32 + ob[j] * sum_a) + oa * ot[j];
-                        }
+        w.gemm(
+            a,
+            out,
+            |acc: &mut [[f32; NR]; MR], r, panel, blk, dots| {
+                // acc += sA·(sB·dot + oB·Σa) + oA·(sB·Σb + bs·oB), f32, across the panel's columns.
+                let p = (panel * blocks + blk) * NR;
+                let (sb, ob, ot) = (
+                    &self.scales[p..p + NR],
+                    &self.offsets[p..p + NR],
+                    &self.offset_terms[p..p + NR],
+                );
+                for ((acc_row, dot_row), &r) in acc.iter_mut().zip(dots).zip(&r) {
+                    let pa = r * blocks + blk;
+                    let (sa, oa, sum_a) = (a.scales[pa], a.offsets[pa], a.code_sums[pa] as f32);
+                    for j in 0..NR {
+                        acc_row[j] += sa * (sb[j] * dot_row[j] as f32 + ob[j] * sum_a) + oa * ot[j];
                     }
-                },
-            );
-            unpack_tile(&acc, rows, panels, w.n, |_, c, v| {
-                v + self.bias.as_ref().map_or(0.0, |b| b[c])
-            })
-        });
-        Ok(())
+                }
+            },
+            |_, c, v| v + self.bias.as_ref().map_or(0.0, |b| b[c]),
+        )
     }
 }
 
@@ -212,31 +203,23 @@ impl SmoothQuantCpu {
 
     /// Like [`SmoothQuantCpu::forward`], writing into `out` (`[M, N]`).
     pub fn forward_into<T: Float>(&self, a: &QuantizedActivations, out: &mut [T]) -> Result<()> {
-        let w = &self.weight;
         check_smoothquant_activations(a)?;
-        check_activations_for(a, w.k)?;
-        check_len("output", out.len(), a.m * w.n, "M · N")?;
-        let pairs = w.pack_activations(&a.codes, a.m);
-        par_tiles(a.m, w.n, out, |rows, panels| {
-            let acc = w.tile(
-                &pairs,
-                rows.clone(),
-                panels.clone(),
-                |acc: &mut [[i64; NR]; MR], _, _, _, dots| {
-                    for (acc_row, dot_row) in acc.iter_mut().zip(dots) {
-                        for (acc, &dot) in acc_row.iter_mut().zip(dot_row) {
-                            *acc += dot as i64;
-                        }
+        self.weight.gemm(
+            a,
+            out,
+            |acc: &mut [[i64; NR]; MR], _, _, _, dots| {
+                for (acc_row, dot_row) in acc.iter_mut().zip(dots) {
+                    for (acc, &dot) in acc_row.iter_mut().zip(dot_row) {
+                        *acc += dot as i64;
                     }
-                },
-            );
+                }
+            },
             // One rounding: the exact dot times the two f32 scales (exact in f64), plus bias, rounded to f32.
-            unpack_tile(&acc, rows, panels, w.n, |r, c, dot| {
+            |r, c, dot| {
                 let y = dot as f64 * a.scales[r] as f64 * self.channel_scales[c] as f64;
                 (y + self.bias.as_ref().map_or(0.0, |b| b[c] as f64)) as f32
-            })
-        });
-        Ok(())
+            },
+        )
     }
 }
 
@@ -284,6 +267,25 @@ impl PackedWeight {
             panels,
             codes: packed,
         }
+    }
+
+    /// `out [M, N]` for activations `a` (checked against this weight): packs the activations, then computes every
+    /// tile with [`PackedWeight::tile`]'s `combine` and [`unpack_tile`]'s `finish` — all a GEMM scheme decides.
+    fn gemm<T: Float, Acc: Copy + Default>(
+        &self,
+        a: &QuantizedActivations,
+        out: &mut [T],
+        combine: impl Fn(&mut [[Acc; NR]; MR], [usize; MR], usize, usize, &[[i32; NR]; MR]) + Sync,
+        finish: impl Fn(usize, usize, Acc) -> f32 + Sync,
+    ) -> Result<()> {
+        check_activations_for(a, self.k)?;
+        check_len("output", out.len(), a.m * self.n, "M · N")?;
+        let pairs = self.pack_activations(&a.codes, a.m);
+        par_tiles(a.m, self.n, out, |rows, panels| {
+            let acc = self.tile(&pairs, rows.clone(), panels.clone(), &combine);
+            unpack_tile(&acc, rows, panels, self.n, &finish)
+        });
+        Ok(())
     }
 
     /// The packed codes of one (panel, block): `[padded_block / 2][NR][2]`.
