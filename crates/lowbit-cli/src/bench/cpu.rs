@@ -2,8 +2,9 @@
 //!
 //! - `linear`: [`LinearCpu`] (impl `lowbit`) against the `gemm` crate's f32 GEMM on the same weight dequantized to
 //!   dense f32 (impl `dense_f32`), both on all cores through rayon.
-//! - `dequant`: `ops::dequantize::cpu::dequantize` (impl `lowbit`, `[N, K]` output) against a parallel copy of half
-//!   the bytes it moves (impl `memcpy`, so the copy reads and writes the same total). Records have `M = 0`.
+//! - `dequant`: `ops::dequantize::cpu::dequantize` into `[N, K]` (impl `lowbit`) and `[K, N]` (impl `lowbit_kn`)
+//!   against a parallel copy of half the bytes it moves (impl `memcpy`, so the copy reads and writes the same total).
+//!   Records have `M = 0`.
 
 use super::{time_us, BenchArgs, BenchRecord, Shape, Sink};
 use lowbit::ops::dequantize::{cpu::dequantize, Layout};
@@ -37,7 +38,7 @@ pub fn run(args: &BenchArgs, sink: &mut Sink) -> Result<()> {
         sink.expect(shapes.len() * (1 + linear_dtypes.len()));
     }
     if args.wants("dequant") {
-        sink.expect(dequant_shapes.len() * (1 + dequant_dtypes.len()));
+        sink.expect(dequant_shapes.len() * (1 + DEQUANT_LAYOUTS.len()) * dequant_dtypes.len());
     }
     if args.wants("linear") {
         for &shape in &shapes {
@@ -147,25 +148,30 @@ fn bench_dequant(args: &BenchArgs, shape: Shape, dtypes: &[DType], device: &str,
         let us = time_us(|| parallel_copy(&src, &mut dst));
         sink.push(BenchRecord::new("dequant", "memcpy", device, dtype, shape, bytes, us))?;
 
-        sink.status(format!("dequant lowbit {dtype} {}x{}", shape.k, shape.n));
-        let us = match dtype {
-            DType::F32 => time_dequant::<f32>(&w),
-            DType::F16 => time_dequant::<half::f16>(&w),
-            _ => time_dequant::<half::bf16>(&w),
-        }?;
-        let mut record = BenchRecord::new("dequant", "lowbit", device, dtype, shape, bytes, us);
-        record.wbits = Some(w.bits);
-        record.group = Some(BenchArgs::group_field(w.group_size, w.k));
-        sink.push(record)?;
+        for (layout, implementation) in DEQUANT_LAYOUTS {
+            sink.status(format!("dequant {implementation} {dtype} {}x{}", shape.k, shape.n));
+            let us = match dtype {
+                DType::F32 => time_dequant::<f32>(&w, layout),
+                DType::F16 => time_dequant::<half::f16>(&w, layout),
+                _ => time_dequant::<half::bf16>(&w, layout),
+            }?;
+            let mut record = BenchRecord::new("dequant", implementation, device, dtype, shape, bytes, us);
+            record.wbits = Some(w.bits);
+            record.group = Some(BenchArgs::group_field(w.group_size, w.k));
+            sink.push(record)?;
+        }
     }
     Ok(())
 }
 
-fn time_dequant<T: Float>(w: &QuantMatrix) -> Result<f64> {
+/// The dequantization output layouts timed, and the `impl` each is recorded as.
+const DEQUANT_LAYOUTS: [(Layout, &str); 2] = [(Layout::Nk, "lowbit"), (Layout::Kn, "lowbit_kn")];
+
+fn time_dequant<T: Float>(w: &QuantMatrix, layout: Layout) -> Result<f64> {
     let mut out = vec![T::default(); w.n * w.k];
-    dequantize(w, Layout::Nk, &mut out)?;
+    dequantize(w, layout, &mut out)?;
     Ok(time_us(|| {
-        dequantize(w, Layout::Nk, &mut out).expect("arguments checked above")
+        dequantize(w, layout, &mut out).expect("arguments checked above")
     }))
 }
 
