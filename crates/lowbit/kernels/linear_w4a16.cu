@@ -25,16 +25,21 @@
 //   first) -- the same order whoever arrives last, so repeated runs are byte-identical. The partition depends
 //   only on the shape and the SM count, never on M, so row 0 of an M-row batch is bit-identical to M = 1.
 //
-// * PIPELINE. Each unit is one shared-memory stage (weights, the x rows, the scale and zero rows it touches),
-//   filled by cp.async STAGES - 1 units ahead, so (STAGES - 1) x 16 KB of weights are in flight per SM, enough
-//   for HBM3e's latency-bandwidth product; one __syncthreads per stage.
-//
+// * PIPELINE. Each unit is one shared-memory stage (weights, the x rows, the scale and zero rows it touches).
+//   M <= 32 (LB_TMA): a ninth "producer" warp fills stages with TMA bulk copies (one cp.async.bulk for the 16 KB
+//   unit, one for the scale rows, one for the zero rows, one per x row), each stage guarded by a "full" mbarrier
+//   (expect_tx bytes) and an "empty" one (all 256 consumer threads arrive after reading), so the mma warps
+//   spend no instructions on address math and never meet at a CTA barrier. M = 64 keeps cp.async by every
+//   thread with one __syncthreads per stage (its 8 warps need ~240 registers; a ninth warp caps them at 168).
+//   The grid is one or two CTAs per SM, chosen from the shape alone (two when each CTA still gets >= 6 units).
+//   Measured on H200 (M = 1, 8192 x 28672): the cp.async version was issue-bound at 74.7 us (IPC ~0.4 with 2
+//   warps per scheduler and a barrier per unit); TMA + 2 CTAs/SM gives 47 us.
 // * DEQUANT. (q - z) is formed exactly in the 16-bit type from the magic-number trick and multiplied by the
 //   scale with one rounding (common.cuh F16/BF16::dequant_int4), so each weight equals round((q - z) * s) exactly
 //   as a dequantize kernel would produce it; the products and sums are then fp32 in the tensor core.
 //
-// The host prepends the #defines selecting one variant (LB_DTYPE, LB_MT, LB_ZEROS, LB_WARPS, LB_STAGES) and
-// launches the extern "C" kernels at the bottom.
+// The host prepends the #defines selecting one variant (LB_DTYPE, LB_MT, LB_ZEROS, LB_WARPS, LB_STAGES, LB_TMA,
+// LB_MIN_BLOCKS) and launches the extern "C" kernels at the bottom.
 #include "common.cuh"
 
 namespace lowbit {

@@ -519,7 +519,7 @@ unsafe impl DeviceRepr for KernelShape {}
 
 /// Launch configuration overrides for benchmarking ([`LinearW4A16Cuda::with_tuning`]).
 #[doc(hidden)]
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 pub struct Tuning {
     /// Pipeline stages (capped at what fits in shared memory).
     pub stages: Option<usize>,
@@ -527,16 +527,6 @@ pub struct Tuning {
     pub tma: Option<bool>,
     /// Grid = this many CTAs per SM (the same for every M); `None`: [`default_ctas_per_sm`].
     pub ctas_per_sm: Option<usize>,
-}
-
-impl Default for Tuning {
-    fn default() -> Self {
-        Tuning {
-            stages: None,
-            tma: None,
-            ctas_per_sm: None,
-        }
-    }
 }
 
 /// CTAs per SM for a weight of `units` (128-k x tile-width pieces) on `sms` SMs: two when each CTA still gets at
