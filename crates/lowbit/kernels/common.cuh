@@ -227,6 +227,7 @@ __device__ __forceinline__ uint4 load_stream_v4(const void* p) { return __ldcs(r
 // Small tensors many threads re-read (scales, zeros, g_idx): read-only cache.
 __device__ __forceinline__ u32 load_cached(const u32* p) { return __ldg(p); }
 __device__ __forceinline__ uint4 load_cached_v4(const void* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
-__device__ __forceinline__ void store_v4(void* p, uint4 v) { *reinterpret_cast<uint4*>(p) = v; }
+// Write-once outputs: evict-first (st.global.cs).
+__device__ __forceinline__ void store_stream_v4(void* p, uint4 v) { __stcs(reinterpret_cast<uint4*>(p), v); }
 
 }  // namespace lowbit
