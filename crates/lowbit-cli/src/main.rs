@@ -6,6 +6,7 @@
 mod bench;
 mod commands;
 mod doctor;
+mod plot;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -36,6 +37,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Report the CUDA driver, GPU, NVRTC and kernel cache, and compile every kernel.
     Doctor(doctor::DoctorArgs),
+    /// Draw bench records (JSON lines) as an SVG of speed-ups over the baseline.
+    Plot(plot::PlotArgs),
     /// Quantize a layer, check it against the dense result and time both on the best device present.
     Demo(commands::DemoArgs),
 }
@@ -85,6 +88,7 @@ fn main() -> ExitCode {
         Command::Inspect(a) => commands::inspect(a),
         Command::Bench(a) => bench::run(a),
         Command::Doctor(a) => doctor::run(a),
+        Command::Plot(a) => plot::run(a),
         Command::Demo(a) => commands::demo(a),
     };
     match result {

@@ -13,7 +13,7 @@ pub(crate) use cpu::dense_f32_linear;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use lowbit::{Error, Result};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::time::{Duration, Instant};
 
 #[derive(clap::Args, Debug)]
@@ -143,7 +143,7 @@ fn parse_shape(s: &str) -> Result<Shape> {
 }
 
 /// One measurement: a line of shared/bench-format.md.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct BenchRecord {
     pub op: String,
     #[serde(rename = "impl")]

@@ -17,7 +17,10 @@ mod write;
 
 pub use config::{QuantConfig, QuantMethod};
 pub use layers::{layer_suffixes, QuantLayer};
-pub use write::{check_output, config_with_quantization, write_model_dir, write_safetensors, OutTensor, TensorData};
+pub use write::{
+    check_output, config_with_quantization, write_file_atomic, write_model_dir, write_safetensors, OutTensor,
+    TensorData,
+};
 
 /// The safetensors crate's storage dtype (every dtype a file may hold, including those lowbit only copies).
 pub use safetensors::Dtype as StDtype;

@@ -328,6 +328,18 @@ pub fn write_safetensors(
     staged.commit(force)
 }
 
+/// Writes `bytes` to `path` atomically (temporary file, fsync, rename). An existing `path` is replaced only if `force`.
+pub fn write_file_atomic(path: &Path, bytes: &[u8], force: bool) -> Result<()> {
+    if path.symlink_metadata().is_ok() && !force {
+        return Err(Error::OutputExists {
+            path: path.to_path_buf(),
+        });
+    }
+    let staged = Staged::new(path);
+    write_synced(&staged.tmp, bytes).map_err(|e| Error::io(path, e))?;
+    staged.commit(force)
+}
+
 /// A model config.json with `quantization_config` set to `quant` (or removed when `None`), keeping every other key
 /// of `base`.
 pub fn config_with_quantization(base: Option<&Value>, quant: Option<Value>) -> Value {

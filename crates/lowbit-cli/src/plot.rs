@@ -1,0 +1,266 @@
+//! `lowbit plot`: bench records (JSON lines) to an SVG of speed-ups, one panel per op, dtype and shape.
+//!
+//! Each panel plots, for every non-baseline implementation, `baseline µs / µs` against the batch size M (or against
+//! the shape `K×N` for ops timed without a batch, like dequant), where the baseline is the record of a baseline
+//! implementation (`bench::BASELINES`) at the same op, dtype, shape and M from the same file. A dashed line marks
+//! 1× (as fast as the baseline). No plotting dependency: the SVG is a few dozen elements written by hand.
+
+use crate::bench::{BenchRecord, BASELINES};
+use lowbit::{Error, Result};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+#[derive(clap::Args)]
+pub struct PlotArgs {
+    /// Bench records: JSON-lines files written by `lowbit bench --json`.
+    #[arg(required = true)]
+    pub input: Vec<PathBuf>,
+    #[command(flatten)]
+    pub out: crate::OutputArgs,
+}
+
+const PANEL_W: f64 = 460.0;
+const PANEL_H: f64 = 300.0;
+const MARGIN: (f64, f64, f64, f64) = (56.0, 20.0, 40.0, 48.0); // left, right, top, bottom
+const COLUMNS: usize = 2;
+const COLORS: [&str; 8] = [
+    "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf",
+];
+
+/// One panel: the x categories in order and, per implementation, the speed-up at each category it was measured.
+struct Panel {
+    title: String,
+    x_label: &'static str,
+    categories: Vec<String>,
+    series: BTreeMap<String, Vec<(usize, f64)>>,
+}
+
+pub fn run(args: PlotArgs) -> Result<()> {
+    let mut records = Vec::new();
+    for path in &args.input {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        for (line_no, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+            let record: BenchRecord = serde_json::from_str(line)
+                .map_err(|e| Error::parse(path, format!("line {}: not a bench record: {e}", line_no + 1)))?;
+            records.push(record);
+        }
+    }
+    let panels = panels(&records);
+    if panels.is_empty() {
+        return Err(Error::invalid(
+            "input",
+            format!("{} records", records.len()),
+            "needs at least one implementation measured beside a baseline (same op, dtype, shape and M)",
+        ));
+    }
+    let svg = render(&panels);
+    lowbit::checkpoint::write_file_atomic(&args.out.output, svg.as_bytes(), args.out.force)?;
+    eprintln!("wrote {} ({} panels)", args.out.output.display(), panels.len());
+    Ok(())
+}
+
+fn panels(records: &[BenchRecord]) -> Vec<Panel> {
+    // A record's panel and x category. Batched ops get one panel per shape with M along x; unbatched ones (M = 0)
+    // one panel per op and dtype with the shapes along x.
+    let key = |r: &BenchRecord| {
+        let bits = r.wbits.map(|b| format!(" w{b}")).unwrap_or_default();
+        let group = r.group.map(|g| format!(" g{g}")).unwrap_or_default();
+        let conv = r.conv.clone().unwrap_or_else(|| format!("K={} N={}", r.k, r.n));
+        if r.m == 0 {
+            (
+                format!("{} {}{bits}{group}", r.op, r.dtype),
+                (0, r.k, r.n),
+                format!("{}×{}", r.k, r.n),
+            )
+        } else {
+            (
+                format!("{} {}{bits}{group}, {conv}", r.op, r.dtype),
+                (r.m, 0, 0),
+                r.m.to_string(),
+            )
+        }
+    };
+    let mut baselines: BTreeMap<(String, String), f64> = BTreeMap::new();
+    for r in records
+        .iter()
+        .filter(|r| BASELINES.contains(&r.implementation.as_str()))
+    {
+        let (title, _, x) = key(r);
+        baselines.entry((title, x)).or_insert(r.us);
+    }
+    let mut panels: BTreeMap<String, (BTreeMap<(usize, usize, usize), String>, Vec<(String, String, f64)>)> =
+        BTreeMap::new();
+    for r in records
+        .iter()
+        .filter(|r| !BASELINES.contains(&r.implementation.as_str()) && r.us > 0.0)
+    {
+        let (title, order, x) = key(r);
+        if let Some(base) = baselines.get(&(title.clone(), x.clone())) {
+            let panel = panels.entry(title).or_default();
+            panel.0.insert(order, x.clone());
+            panel.1.push((r.implementation.clone(), x, base / r.us));
+        }
+    }
+    panels
+        .into_iter()
+        .map(|(title, (cats, points))| {
+            let categories: Vec<String> = cats.into_values().collect();
+            let mut series: BTreeMap<String, Vec<(usize, f64)>> = BTreeMap::new();
+            for (imp, x, speedup) in points {
+                let i = categories
+                    .iter()
+                    .position(|c| *c == x)
+                    .expect("category collected above");
+                series.entry(imp).or_default().push((i, speedup));
+            }
+            series.values_mut().for_each(|s| s.sort_by_key(|p| p.0));
+            let x_label = if title.contains("K=") || title.contains(",k") {
+                "M"
+            } else {
+                "K×N"
+            };
+            Panel {
+                title,
+                x_label,
+                categories,
+                series,
+            }
+        })
+        .collect()
+}
+
+fn render(panels: &[Panel]) -> String {
+    let rows = panels.len().div_ceil(COLUMNS);
+    let (width, height) = (PANEL_W * COLUMNS.min(panels.len()) as f64, PANEL_H * rows as f64);
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="11">"#
+    );
+    let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
+    for (i, panel) in panels.iter().enumerate() {
+        let (ox, oy) = ((i % COLUMNS) as f64 * PANEL_W, (i / COLUMNS) as f64 * PANEL_H);
+        render_panel(&mut s, panel, ox, oy);
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+fn render_panel(s: &mut String, p: &Panel, ox: f64, oy: f64) {
+    let (ml, mr, mt, mb) = MARGIN;
+    let (x0, x1, y0, y1) = (ox + ml, ox + PANEL_W - mr, oy + PANEL_H - mb, oy + mt);
+    let y_max = p.series.values().flatten().map(|&(_, v)| v).fold(1.0f64, f64::max) * 1.15;
+    let n = p.categories.len().max(1);
+    let x_at = |i: usize| x0 + (x1 - x0) * (i as f64 + 0.5) / n as f64;
+    let y_at = |v: f64| y0 - (y0 - y1) * v / y_max;
+    let _ = writeln!(
+        s,
+        r#"<text x="{}" y="{}" text-anchor="middle" font-weight="bold">{}</text>"#,
+        (x0 + x1) / 2.0,
+        oy + 18.0,
+        escape(&p.title)
+    );
+    let _ = writeln!(
+        s,
+        r##"<rect x="{x0}" y="{y1}" width="{}" height="{}" fill="none" stroke="#999"/>"##,
+        x1 - x0,
+        y0 - y1
+    );
+    // y grid: about five steps of 1, 2 or 5 × 10^k.
+    let raw = y_max / 5.0;
+    let mag = 10f64.powf(raw.log10().floor());
+    let step = [1.0, 2.0, 5.0, 10.0]
+        .iter()
+        .map(|m| m * mag)
+        .find(|&st| st >= raw)
+        .unwrap_or(raw);
+    let mut v = 0.0;
+    while v <= y_max {
+        let y = y_at(v);
+        let _ = writeln!(
+            s,
+            r##"<line x1="{x0}" y1="{y}" x2="{x1}" y2="{y}" stroke="#eee"/><text x="{}" y="{}" text-anchor="end">{}</text>"##,
+            x0 - 4.0,
+            y + 4.0,
+            // Enough decimals to tell the ticks apart, no more.
+            format!("{v:.*}", if step < 1.0 { 1 } else { 0 })
+        );
+        v += step;
+    }
+    let one = y_at(1.0);
+    let _ = writeln!(
+        s,
+        r##"<line x1="{x0}" y1="{one}" x2="{x1}" y2="{one}" stroke="#555" stroke-dasharray="4 3"/>"##
+    );
+    for (i, c) in p.categories.iter().enumerate() {
+        let _ = writeln!(
+            s,
+            r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#,
+            x_at(i),
+            y0 + 14.0,
+            escape(c)
+        );
+    }
+    let _ = writeln!(
+        s,
+        r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#,
+        (x0 + x1) / 2.0,
+        y0 + 30.0,
+        p.x_label
+    );
+    let _ = writeln!(
+        s,
+        r#"<text x="{}" y="{}" text-anchor="middle" transform="rotate(-90 {} {})">speed-up over baseline (×)</text>"#,
+        ox + 14.0,
+        (y0 + y1) / 2.0,
+        ox + 14.0,
+        (y0 + y1) / 2.0
+    );
+    for (j, (imp, points)) in p.series.iter().enumerate() {
+        let color = COLORS[j % COLORS.len()];
+        let path: Vec<String> = points
+            .iter()
+            .map(|&(i, v)| format!("{:.1},{:.1}", x_at(i), y_at(v)))
+            .collect();
+        let _ = writeln!(
+            s,
+            r#"<polyline points="{}" fill="none" stroke="{color}" stroke-width="1.5"/>"#,
+            path.join(" ")
+        );
+        for &(i, v) in points {
+            let _ = writeln!(
+                s,
+                r#"<circle cx="{:.1}" cy="{:.1}" r="2.5" fill="{color}"><title>{} {:.2}×</title></circle>"#,
+                x_at(i),
+                y_at(v),
+                escape(imp),
+                v
+            );
+        }
+    }
+    // The legend last, over the lines, on a translucent box.
+    let longest = p.series.keys().map(|k| k.chars().count()).max().unwrap_or(0) as f64;
+    let _ = writeln!(
+        s,
+        r#"<rect x="{}" y="{}" width="{}" height="{}" fill="white" fill-opacity="0.8"/>"#,
+        x0 + 2.0,
+        y1 + 2.0,
+        longest * 6.5 + 8.0,
+        13.0 * p.series.len() as f64 + 4.0
+    );
+    for (j, imp) in p.series.keys().enumerate() {
+        let ly = y1 + 12.0 + 13.0 * j as f64;
+        let color = COLORS[j % COLORS.len()];
+        let _ = writeln!(
+            s,
+            r#"<text x="{}" y="{ly}" fill="{color}">{}</text>"#,
+            x0 + 6.0,
+            escape(imp)
+        );
+    }
+}
+
+fn escape(text: &str) -> String {
+    text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+}
