@@ -14,13 +14,15 @@ DEST=${OUT:-/tmp/lowbit-results}
 export BIN=${BIN:-.devbin}
 export OUT=/tmp/lowbit-out
 mkdir -p "$DEST" "$OUT"
-status=0
-{
+main() {
+  local status=0
   TESTS="cuda_dequantize cuda_linear" bash scripts/device-test.sh || status=1
   bash scripts/device-bench.sh || status=1
   SKIP_TESTS=1 DTYPES="f16 bf16" bash scripts/device-linear.sh || status=1
   cp "$OUT/bench-dequant.jsonl" "$OUT/bench-linear.jsonl" "$DEST/"
   "$BIN/lowbit" plot "$DEST/bench-dequant.jsonl" "$DEST/bench-linear.jsonl" -o "$DEST/bench.svg" --force || status=1
   echo "device-all: status $status"
-} 2>&1 | tee "$DEST/device.log"
-exit $status
+  return $status
+}
+main 2>&1 | tee "$DEST/device.log"
+exit "${PIPESTATUS[0]}"
