@@ -55,6 +55,15 @@ pub trait Float: Copy + Send + Sync + Default + PartialEq + std::fmt::Debug + 's
     fn to_f32(self) -> f32;
     /// Rounds to nearest, ties to even.
     fn from_f32(v: f32) -> Self;
+
+    /// `dst[i] = Self::from_f32(src[i])` for equal-length slices; types with bulk hardware conversion override it.
+    #[inline]
+    fn from_f32_slice(src: &[f32], dst: &mut [Self]) {
+        assert_eq!(src.len(), dst.len(), "from_f32_slice: lengths differ");
+        for (d, &s) in dst.iter_mut().zip(src) {
+            *d = Self::from_f32(s);
+        }
+    }
 }
 
 impl Float for f32 {
@@ -78,6 +87,35 @@ impl Float for f16 {
     #[inline(always)]
     fn from_f32(v: f32) -> Self {
         f16::from_f32(v)
+    }
+    /// Eight values per instruction where the CPU has F16C (the same round-to-nearest-even as `from_f32`).
+    #[inline]
+    fn from_f32_slice(src: &[f32], dst: &mut [Self]) {
+        assert_eq!(src.len(), dst.len(), "from_f32_slice: lengths differ");
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("f16c") {
+            // SAFETY: the CPU has F16C (checked just above), the only feature the function is compiled for.
+            return unsafe { f32_to_f16_f16c(src, dst) };
+        }
+        for (d, &s) in dst.iter_mut().zip(src) {
+            *d = f16::from_f32(s);
+        }
+    }
+}
+
+/// `dst[i] = f16::from_f32(src[i])` with F16C's `vcvtps2ph` (round to nearest even, exactly as `half` rounds).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx,f16c")]
+unsafe fn f32_to_f16_f16c(src: &[f32], dst: &mut [f16]) {
+    use std::arch::x86_64::*;
+    let whole = src.len() / 8 * 8;
+    for (s, d) in src[..whole].chunks_exact(8).zip(dst[..whole].chunks_exact_mut(8)) {
+        // Both chunks hold exactly 8 elements: 32 bytes read, 16 bytes written.
+        let halves = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(s.as_ptr()));
+        _mm_storeu_si128(d.as_mut_ptr().cast(), halves);
+    }
+    for (d, &s) in dst[whole..].iter_mut().zip(&src[whole..]) {
+        *d = f16::from_f32(s);
     }
 }
 

@@ -851,3 +851,30 @@ fn rtn_rejects_bad_input() {
     };
     assert!(quantize_rtn(&big, 4, 64, &f32_cfg).is_ok());
 }
+
+#[test]
+fn dequantize_ragged_shapes_in_both_layouts() {
+    // N and K that are not multiples of the CPU kernel's tiles (8, 16, 64, 128, 256), per group and act-order, so
+    // every edge of the tiled [K, N] path is taken. Power-of-two scales: every value exact in each dtype.
+    let mut rng = SplitMix64(15);
+    for (n, k, g, act_order) in [
+        (13, 20, 20, false),
+        (1, 12, 4, false),
+        (37, 300, 60, true),
+        (130, 520, 40, false),
+    ] {
+        for bits in [4u8, 8] {
+            let spec = QuantSpec {
+                scales: POWER_OF_TWO_SCALES,
+                act_order,
+                ..spec(n, k, bits, g)
+            };
+            let q = random_quant(&mut rng, &spec);
+            let exact = reference::dequantize(&q);
+            let what = format!("N={n} K={k} G={g} int{bits} act_order={act_order}");
+            check_dequantize::<f32>(&q, &exact, |v| v as f32, &what);
+            check_dequantize::<f16>(&q, &exact, f16::from_f64, &what);
+            check_dequantize::<bf16>(&q, &exact, bf16::from_f64, &what);
+        }
+    }
+}

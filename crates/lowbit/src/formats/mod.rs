@@ -108,8 +108,8 @@ impl QuantMatrix {
             format!("{} elements", self.codes.len()),
             &format!("must hold N*K = {} codes", self.n * self.k),
         )?;
-        let max = (1u32 << self.bits) - 1;
-        if let Some(i) = self.codes.iter().position(|&c| c as u32 > max) {
+        let max = ((1u32 << self.bits) - 1) as u8;
+        if let Some(i) = first_above(&self.codes, max) {
             return Err(crate::Error::invalid(
                 "codes",
                 format!("{} at index {i}", self.codes[i]),
@@ -137,7 +137,7 @@ impl QuantMatrix {
                 format!("{} elements", z.len()),
                 "must hold one zero per scale",
             )?;
-            if let Some(i) = z.iter().position(|&c| c as u32 > max) {
+            if let Some(i) = first_above(z, max) {
                 return Err(crate::Error::invalid(
                     "zeros",
                     format!("{} at index {i}", z[i]),
@@ -155,6 +155,20 @@ impl QuantMatrix {
         }
         Ok(())
     }
+}
+
+/// The index of the first code above `max` (`2^bits - 1`), if any. Codes are checked on every kernel call, so the
+/// scan is a parallel, vectorisable OR over chunks; only a chunk with an offender is searched element by element.
+fn first_above(codes: &[u8], max: u8) -> Option<usize> {
+    use rayon::prelude::*;
+    const CHUNK: usize = 1 << 16;
+    if max == u8::MAX {
+        return None; // 8-bit: every byte is a code
+    }
+    let over = |chunk: &[u8]| chunk.iter().fold(0u8, |acc, &c| acc | c) & !max != 0;
+    let chunk = codes.par_chunks(CHUNK).position_first(over)?;
+    let offset = chunk * CHUNK;
+    codes[offset..].iter().position(|&c| c > max).map(|i| offset + i)
 }
 
 impl QuantMatrix {
