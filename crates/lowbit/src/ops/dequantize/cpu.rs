@@ -6,11 +6,14 @@
 //!
 //! Both layouts compute runs of up to [`RUN`] outputs in f32 (widen, subtract, multiply; compiled for AVX2 where the
 //! CPU has it) and round each run to `T` with one [`Float::from_f32_slice`] (eight values per instruction on F16C
-//! CPUs). `[N, K]` walks each weight row group by group. `[K, N]` is cut into tasks of [`BLOCK_K`] output rows, and
-//! those into tiles of [`TILE_K`] × [`TILE_N`]: a tile's codes are read along K and transposed in L1, 8 × 8 bytes at
-//! a time, so that every output row of the tile is written as one contiguous run. A task finishes one strip of
-//! `TILE_N` columns before the next, so the pages it reads and writes meanwhile stay within the TLB's reach (rows of
-//! `[N, K]` and of `[K, N]` lie a page or more apart; a page walk per access is what makes a plain scatter slow).
+//! CPUs). `[N, K]` walks each weight row group by group.
+//!
+//! `[K, N]` gives each task a band of output rows and walks it one strip of [`TILE_N`] columns at a time, each strip
+//! in tiles of [`TILE_K`] rows: a tile's codes are read along K and transposed in L1 (16 × 16 bytes per SSE2 step
+//! on x86-64), so every output row of the tile is written as one contiguous run. The rows of `[N, K]` (and of
+//! `[K, N]`) usually lie a whole number of pages apart, so a tile touches a page per row: walking a strip down the
+//! band reuses the same code pages while they are in the TLB, and the next tile's codes are prefetched into L2
+//! (into L1 they would evict each other: equal offsets in rows 4 KiB apart share one L1 set).
 
 use super::Layout;
 use crate::dtype::Float;
@@ -21,14 +24,14 @@ use std::iter::repeat;
 
 /// Outputs computed in f32 before one bulk rounding to `T` (a stack buffer that stays in L1).
 const RUN: usize = 256;
-/// `[K, N]` output rows per task.
-const BLOCK_K: usize = 256;
+/// Most `[K, N]` output rows per task (its code pages and output pages stay within the TLB's reach).
+const MAX_BLOCK_K: usize = 1024;
 /// `[K, N]` output rows per tile.
 const TILE_K: usize = 64;
 /// `[K, N]` output columns per tile: the tile's transposed codes (`TILE_K × TILE_N` bytes) stay in L1, and each
 /// output row receives whole cache lines.
 const TILE_N: usize = 128;
-const _: () = assert!(TILE_N <= RUN && TILE_K % 8 == 0 && TILE_N % 8 == 0);
+const _: () = assert!(TILE_N <= RUN && TILE_K % 16 == 0 && TILE_N % 16 == 0 && MAX_BLOCK_K % TILE_K == 0);
 
 /// Dequantizes `q` into `out` (`N * K` values) in `layout`.
 pub fn dequantize<T: Float>(q: &QuantMatrix, layout: Layout, out: &mut [T]) -> Result<()> {
@@ -44,10 +47,14 @@ pub fn dequantize<T: Float>(q: &QuantMatrix, layout: Layout, out: &mut [T]) -> R
             .par_chunks_mut(q.k)
             .enumerate()
             .for_each(|(n, row)| dequantize_row(q, n, row)),
-        Layout::Kn => out
-            .par_chunks_mut(BLOCK_K * q.n)
-            .enumerate()
-            .for_each(|(block, rows)| dequantize_transposed_rows(q, block * BLOCK_K, rows)),
+        Layout::Kn => {
+            // Bands of whole tiles, at least four per thread when K allows.
+            let band = q.k.div_ceil(4 * rayon::current_num_threads()).next_multiple_of(TILE_K);
+            let band = band.min(MAX_BLOCK_K);
+            out.par_chunks_mut(band * q.n)
+                .enumerate()
+                .for_each(|(i, rows)| dequantize_transposed_rows(q, i * band, rows))
+        }
     }
     Ok(())
 }
@@ -95,20 +102,15 @@ fn dequantize_transposed_rows<T: Float>(q: &QuantMatrix, k0: usize, out: &mut [T
         let mut group = usize::MAX;
         for r0 in (0..rows).step_by(TILE_K) {
             let tile_rows = TILE_K.min(rows - r0);
-            // The next tile's codes and outputs lie in as many pages as it has columns and rows: too many streams
-            // for the hardware prefetchers, so ask for them while this tile computes.
+            // The next tile's codes: one line in each of `cols` pages, too many streams for the hardware prefetchers.
             let next = if r0 + TILE_K < rows {
                 Some((n0, cols, r0 + TILE_K))
             } else {
                 (n0 + TILE_N < q.n).then(|| (n0 + TILE_N, TILE_N.min(q.n - n0 - TILE_N), 0))
             };
             if let Some((n0, cols, r0)) = next {
-                let tile_rows = TILE_K.min(rows - r0);
                 for j in n0..n0 + cols {
-                    prefetch(&q.codes[j * q.k + k0 + r0..][..tile_rows]);
-                }
-                for r in r0..r0 + tile_rows {
-                    prefetch(&out[r * q.n + n0..][..cols]);
+                    prefetch_l2(&q.codes[j * q.k + k0 + r0..][..TILE_K.min(rows - r0)]);
                 }
             }
             transpose_codes(q, n0, cols, k0 + r0, tile_rows, &mut codes_t);
@@ -136,17 +138,20 @@ fn dequantize_transposed_rows<T: Float>(q: &QuantMatrix, k0: usize, out: &mut [T
     }
 }
 
-/// `codes_t[r * TILE_N + j] = W[n0 + j, k0 + r]` for `j < cols`, `r < rows`: whole 8 × 8 blocks as words, the
-/// ragged edges (N or K not a multiple of 8) byte by byte.
+/// `codes_t[r * TILE_N + j] = W[n0 + j, k0 + r]` for `j < cols`, `r < rows`: whole 16 × 16 blocks with SSE2 on
+/// x86-64, the ragged edges (and everything elsewhere) byte by byte.
 fn transpose_codes(q: &QuantMatrix, n0: usize, cols: usize, k0: usize, rows: usize, codes_t: &mut [u8]) {
     let code_row = |j: usize| &q.codes[(n0 + j) * q.k + k0..][..rows];
-    let (block_cols, block_rows) = (cols / 8 * 8, rows / 8 * 8);
-    for j in (0..block_cols).step_by(8) {
-        for r in (0..block_rows).step_by(8) {
-            let block = std::array::from_fn(|c| u64::from_le_bytes(code_row(j + c)[r..r + 8].try_into().unwrap()));
-            for (i, word) in transpose_8x8(block).iter().enumerate() {
-                codes_t[(r + i) * TILE_N + j..][..8].copy_from_slice(&word.to_le_bytes());
-            }
+    let (block_cols, block_rows) = if cfg!(target_arch = "x86_64") {
+        (cols / 16 * 16, rows / 16 * 16)
+    } else {
+        (0, 0)
+    };
+    #[cfg(target_arch = "x86_64")]
+    for j in (0..block_cols).step_by(16) {
+        for r in (0..block_rows).step_by(16) {
+            let block = std::array::from_fn(|i| &code_row(j + i)[r..r + 16]);
+            transpose_16x16(block, &mut codes_t[r * TILE_N + j..], TILE_N);
         }
     }
     for j in 0..cols {
@@ -157,41 +162,52 @@ fn transpose_codes(q: &QuantMatrix, n0: usize, cols: usize, k0: usize, rows: usi
     }
 }
 
-/// Asks the cache for every line of `data`, ahead of use (a hint; nothing off x86-64).
+/// Transposes a 16 × 16 byte block with SSE2 (part of every x86-64 CPU): `dst[c * dst_stride + i] = rows[i][c]`.
+/// Four rounds interleave registers `i` and `i + d` (d = 1, 2, 4, 8) in units of `d` bytes; after the last, register
+/// `c` holds column `c`.
+#[cfg(target_arch = "x86_64")]
+fn transpose_16x16(rows: [&[u8]; 16], dst: &mut [u8], dst_stride: usize) {
+    use std::arch::x86_64::*;
+    #[inline(always)]
+    fn round(a: [__m128i; 16], d: usize, unpack: impl Fn(__m128i, __m128i) -> (__m128i, __m128i)) -> [__m128i; 16] {
+        let mut out = a;
+        for block in (0..16).step_by(2 * d) {
+            for h in 0..d {
+                (out[block + 2 * h], out[block + 2 * h + 1]) = unpack(a[block + h], a[block + h + d]);
+            }
+        }
+        out
+    }
+    assert!(rows.iter().all(|row| row.len() >= 16) && dst.len() >= 15 * dst_stride + 16);
+    // SAFETY: SSE2 is part of x86-64; every load and store stays inside `rows` and `dst` (asserted above).
+    unsafe {
+        let a = std::array::from_fn(|i| _mm_loadu_si128(rows[i].as_ptr().cast()));
+        let a = round(a, 1, |x, y| (_mm_unpacklo_epi8(x, y), _mm_unpackhi_epi8(x, y)));
+        let a = round(a, 2, |x, y| (_mm_unpacklo_epi16(x, y), _mm_unpackhi_epi16(x, y)));
+        let a = round(a, 4, |x, y| (_mm_unpacklo_epi32(x, y), _mm_unpackhi_epi32(x, y)));
+        let a = round(a, 8, |x, y| (_mm_unpacklo_epi64(x, y), _mm_unpackhi_epi64(x, y)));
+        for (c, column) in a.iter().enumerate() {
+            _mm_storeu_si128(dst[c * dst_stride..].as_mut_ptr().cast(), *column);
+        }
+    }
+}
+
+/// Asks for every cache line of `data` to be brought into L2 ahead of use (a hint; nothing off x86-64).
 #[inline]
-fn prefetch<T>(data: &[T]) {
+fn prefetch_l2<T>(data: &[T]) {
     #[cfg(target_arch = "x86_64")]
     {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
         const LINE: usize = 64;
         let (start, bytes) = (data.as_ptr().cast::<i8>(), std::mem::size_of_val(data));
         // One address in each line `data` touches: every LINE bytes, and its last byte.
         for offset in (0..bytes).step_by(LINE).chain(bytes.checked_sub(1)) {
             // SAFETY: a prefetch never faults and has no effect but on the cache; the address lies within `data`.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(start.wrapping_add(offset)) };
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(start.wrapping_add(offset)) };
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = data;
-}
-
-/// Transposes an 8 × 8 byte block held as eight little-endian words: byte `c` of `a[r]` becomes byte `r` of word
-/// `c`. Three rounds swap 1-, 2- and 4-byte sub-blocks between pairs of words (SWAR: plain integer operations).
-#[inline(always)]
-fn transpose_8x8(mut a: [u64; 8]) -> [u64; 8] {
-    const ROUNDS: [(u32, u64, [(usize, usize); 4]); 3] = [
-        (8, 0x00FF_00FF_00FF_00FF, [(0, 1), (2, 3), (4, 5), (6, 7)]),
-        (16, 0x0000_FFFF_0000_FFFF, [(0, 2), (1, 3), (4, 6), (5, 7)]),
-        (32, 0x0000_0000_FFFF_FFFF, [(0, 4), (1, 5), (2, 6), (3, 7)]),
-    ];
-    for (shift, mask, pairs) in ROUNDS {
-        for (i, j) in pairs {
-            let t = ((a[i] >> shift) ^ a[j]) & mask;
-            a[j] ^= t;
-            a[i] ^= t << shift;
-        }
-    }
-    a
 }
 
 /// `out[i] = T::from_f32((codes[i] - zeros[i]) * scales[i])` for a run of at most [`RUN`] outputs, through the f32
@@ -245,13 +261,15 @@ fn dequantize_run_body<T: Float>(
 mod tests {
     use super::*;
 
+    #[cfg(target_arch = "x86_64")]
     #[test]
-    fn transpose_8x8_moves_byte_c_of_word_r_to_byte_r_of_word_c() {
-        let a: [u64; 8] = std::array::from_fn(|r| u64::from_le_bytes(std::array::from_fn(|c| (16 * r + c) as u8)));
-        let t = transpose_8x8(a);
-        for (r, word) in a.iter().enumerate() {
-            for c in 0..8 {
-                assert_eq!(t[c].to_le_bytes()[r], word.to_le_bytes()[c], "r {r} c {c}");
+    fn transpose_16x16_puts_byte_c_of_row_i_at_row_c_column_i() {
+        let rows: Vec<Vec<u8>> = (0..16).map(|i| (0..16).map(|c| (16 * i + c) as u8).collect()).collect();
+        let mut dst = [0u8; 16 * 20];
+        transpose_16x16(std::array::from_fn(|i| &rows[i][..]), &mut dst, 20);
+        for (i, row) in rows.iter().enumerate() {
+            for (c, &byte) in row.iter().enumerate() {
+                assert_eq!(dst[c * 20 + i], byte, "row {i} column {c}");
             }
         }
     }
