@@ -27,6 +27,19 @@ struct Case {
     params: Conv2dParams,
 }
 
+impl Case {
+    /// The input shape `[batch, ci, h, w]`.
+    fn input(&self) -> [usize; 4] {
+        [self.batch, self.ci, self.hw.0, self.hw.1]
+    }
+
+    /// Whether `weight` and the input fit this configuration (a kernel larger than the padded input does not);
+    /// the CPU kernel's answer.
+    fn fits(&self, weight: &BlockQuantWeight) -> lowbit::Result<()> {
+        Conv2dCpu::new(weight, None, self.params).and_then(|c| c.output_shape(self.input()).map(drop))
+    }
+}
+
 fn make_weight(rng: &mut SplitMix64, case: &Case) -> BlockQuantWeight {
     let shape = BlockShape::conv(case.co, case.ci / case.params.groups, case.kernel, case.blocks).unwrap();
     let dense = rng.vec(shape.rows * shape.cols(), -0.5, 0.5);
@@ -38,7 +51,7 @@ fn make_weight(rng: &mut SplitMix64, case: &Case) -> BlockQuantWeight {
 fn check_case<T: Float>(rng: &mut SplitMix64, case: &Case, mean_rel_tol: f64, max_rel_tol: f64) {
     let weight = make_weight(rng, case);
     let bias = rng.vec(case.co, -1.0, 1.0);
-    let input = [case.batch, case.ci, case.hw.0, case.hw.1];
+    let input = case.input();
     let x: Vec<T> = from_f32(&rng.vec(input.iter().product(), -1.0, 1.0));
     let want = reference::conv2d(&to_f32(&x), input, &weight, Some(&bias), &case.params).unwrap();
     let conv = Conv2dCpu::new(&weight, Some(&bias), case.params).unwrap();
@@ -105,9 +118,9 @@ fn matches_reference_over_matrix_slice() {
     for _ in 0..160 {
         let case = random_case(&mut rng);
         let weight = make_weight(&mut rng, &case);
-        let input = [case.batch, case.ci, case.hw.0, case.hw.1];
+        let input = case.input();
         // Configurations whose kernel does not fit must be rejected the same way by both.
-        if let Err(e) = Conv2dCpu::new(&weight, None, case.params).and_then(|c| c.output_shape(input)) {
+        if let Err(e) = case.fits(&weight) {
             assert!(matches!(e, Error::Invalid { .. }), "{case:?}: {e}");
             let x = vec![1.0f32; input.iter().product()];
             assert!(reference::conv2d(&x, input, &weight, None, &case.params).is_err());
@@ -128,11 +141,7 @@ fn half_precision_activations() {
     let mut ran = 0;
     while ran < 24 {
         let case = random_case(&mut rng);
-        let probe = make_weight(&mut rng, &case);
-        let ok = Conv2dCpu::new(&probe, None, case.params)
-            .and_then(|c| c.output_shape([case.batch, case.ci, case.hw.0, case.hw.1]))
-            .is_ok();
-        if !ok {
+        if case.fits(&make_weight(&mut rng, &case)).is_err() {
             continue;
         }
         // Tolerance: output rounding of f16 (2^-11) and bf16 (2^-8) dominates; max is one rounding step of the
@@ -199,13 +208,10 @@ fn exact_integer_mode_is_bit_exact() {
         let scales = (0..params).map(|_| rng.pick(&[0.25, 0.5, 1.0, 2.0])).collect();
         let offsets = (0..params).map(|_| rng.int(-8, 8) as f32 * 0.5).collect();
         let weight = BlockQuantWeight::from_parts(shape, case.bits, codes, scales, offsets).unwrap();
-        let input = [case.batch, case.ci, case.hw.0, case.hw.1];
-        let Ok(conv) = Conv2dCpu::new(&weight, None, case.params) else {
-            continue;
-        };
-        if conv.output_shape(input).is_err() {
+        if case.fits(&weight).is_err() {
             continue;
         }
+        let input = case.input();
         let bias: Vec<f32> = (0..case.co).map(|_| rng.int(-4, 4) as f32).collect();
         let conv = Conv2dCpu::new(&weight, Some(&bias), case.params).unwrap();
         let x: Vec<f32> = (0..input.iter().product()).map(|_| rng.int(-3, 3) as f32).collect();
