@@ -115,7 +115,7 @@ fn quantize_compat_autoawq_reproduces_autoawq_bit_for_bit() {
             &names(case, &["weight"]),
             str::to_string,
         );
-        let output = dir.path(&format!("{case}.awq.safetensors"));
+        let output = dir.path(format!("{case}.awq.safetensors"));
         let g = group.to_string();
         let o = lowbit(&[
             &"quantize",
@@ -148,7 +148,7 @@ fn dequantize_reproduces_autoawq_dequantization_bit_for_bit() {
         let mut tensors = names(case, &AWQ_SUFFIXES);
         tensors.push(format!("{case}.x")); // an unrelated tensor, copied through
         let input = extract(&dir, &format!("{case}.awq.safetensors"), &tensors, str::to_string);
-        let output = dir.path(&format!("{case}.dense.safetensors"));
+        let output = dir.path(format!("{case}.dense.safetensors"));
         assert_ok(&lowbit(&[&"dequantize", &input, &"-o", &output]));
         let out = Checkpoint::open(&output).unwrap();
         assert_eq!(
@@ -169,7 +169,7 @@ fn dequantize_reproduces_autoawq_dequantization_bit_for_bit() {
 
 /// Runs `convert --to <to>` on `input`, returning the output path.
 fn convert(dir: &TempDir, input: &Path, to: &str, extra: &[&str]) -> PathBuf {
-    let output = dir.path(&format!(
+    let output = dir.path(format!(
         "{}.{to}{}.safetensors",
         input.file_stem().unwrap().to_string_lossy(),
         extra.join("")
@@ -722,14 +722,14 @@ fn quantize_into_every_format_agrees_after_dequantize() {
 
     // Group size 64 unless the arguments give one.
     let run = |tag: &str, args: &[&str]| -> (Checkpoint, Vec<u8>) {
-        let q = dir.path(&format!("{tag}.safetensors"));
+        let q = dir.path(format!("{tag}.safetensors"));
         let mut all: Vec<&dyn AsRef<std::ffi::OsStr>> = vec![&"quantize", &input, &"-o", &q];
         if !args.contains(&"--group-size") {
             all.extend([&"--group-size" as &dyn AsRef<std::ffi::OsStr>, &"64"]);
         }
         all.extend(args.iter().map(|a| a as &dyn AsRef<std::ffi::OsStr>));
         assert_ok(&lowbit(&all));
-        let d = dir.path(&format!("{tag}.dense.safetensors"));
+        let d = dir.path(format!("{tag}.dense.safetensors"));
         assert_ok(&lowbit(&[&"dequantize", &q, &"-o", &d]));
         let dense = Checkpoint::open(&d)
             .unwrap()
