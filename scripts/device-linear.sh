@@ -3,8 +3,11 @@
 # f64 reference, batch invariance, determinism, guard words), then `lowbit bench --op linear` (lowbit,
 # lowbit_graph and cuBLAS on the four target shapes x M in {1, 4, 16, 64}), then a table of speedups over cuBLAS.
 # Expects binaries prepared by `TESTS=cuda_linear scripts/prepare-devbin.sh` in $BIN (default .devbin); writes
-# logs and JSON lines under $OUT. Knobs: DTYPES (default "f16"), VARIANTS=1 (also time other pipeline depths),
-# SKIP_TESTS=1, SANITIZE=1 (compute-sanitizer memcheck on the exact-integer test).
+# logs and JSON lines under $OUT. Knobs: DTYPES (default "f16"), VARIANTS=1 (also time the grid at one and two CTAs
+# per SM), CTAS=66,88 (also time exactly these grid sizes, on CTAS_SHAPES, default 1x4096x4096 and 16x4096x4096),
+# BASELINE=<dir> (a previous build's `lowbit` in that dir, benched in the same run: "before" rows, impl prefixed
+# "base_"; BASELINE_DTYPES limits it, default all), SKIP_TESTS=1, TEST_TIMEOUT (s, default 300), SANITIZE=1
+# (compute-sanitizer memcheck on the exact-integer test).
 set -uo pipefail
 BIN=${BIN:-.devbin}
 OUT=${OUT:-/tmp/lowbit-out}
@@ -20,8 +23,8 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,po
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   echo "== tests/cuda_linear"
   start=$(date +%s)
-  "$BIN/tests/cuda_linear" --test-threads=1 --nocapture 2>&1 | tee "$OUT/test-cuda_linear.log" | grep -v "^ok " \
-    || status=1
+  timeout "${TEST_TIMEOUT:-300}" "$BIN/tests/cuda_linear" --test-threads=1 --nocapture 2>&1 \
+    | tee "$OUT/test-cuda_linear.log" | grep -v "^ok " || status=1
   grep -c "^ok " "$OUT/test-cuda_linear.log" | sed 's/^/cases passed: /'
   echo "tests took $(( $(date +%s) - start )) s"
 fi
@@ -37,10 +40,24 @@ J="$OUT/bench-linear.jsonl"
 for dt in ${DTYPES:-f16}; do
   "$BIN/lowbit" bench --device cuda --op linear --dtype "$dt" --json ${SHAPES:-} >> "$J" 2> "$OUT/bench-$dt.err" \
     || { status=1; tail -n 5 "$OUT/bench-$dt.err"; }
+  if [ -n "${BASELINE:-}" ] && [[ " ${BASELINE_DTYPES:-$dt} " == *" $dt "* ]]; then
+    echo "== baseline $BASELINE ($dt)"
+    "$BASELINE/lowbit" bench --device cuda --op linear --dtype "$dt" --json ${SHAPES:-} 2> "$OUT/base-$dt.err" \
+      | sed 's/"impl":"/"impl":"base_/' >> "$J" || { status=1; tail -n 5 "$OUT/base-$dt.err"; }
+  fi
 done
+if [ -n "${CTAS:-}" ]; then
+  echo "== grid sizes $CTAS"
+  shapes=""
+  for s in ${CTAS_SHAPES:-1x4096x4096 16x4096x4096}; do shapes="$shapes --shape $s"; done
+  LOWBIT_BENCH_CTAS=$CTAS "$BIN/lowbit" bench --device cuda --op linear --dtype f16 --json $shapes \
+    2> "$OUT/ctas.err" | sed 's/"impl":"lowbit/"impl":"grid_lowbit/; s/"impl":"cublas/"impl":"grid_cublas/' >> "$J" \
+    || { status=1; tail -n 5 "$OUT/ctas.err"; }
+fi
 python3 - "$J" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip().startswith("{")]
+rows.sort(key=lambda r: (r["dtype"], r["K"] * r["N"], r["K"], r["M"]))
 base = {(r["dtype"], r["M"], r["K"], r["N"]): r["us"] for r in rows if r["impl"].startswith("cublas")}
 print(f"{'dtype':>5} {'M':>3} {'K':>6} {'N':>6} {'impl':<14} {'us':>8} {'TB/s':>6} {'x cuBLAS':>8}")
 for r in rows:

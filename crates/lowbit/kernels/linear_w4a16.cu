@@ -12,7 +12,7 @@
 //   rows {g, g+8} x columns {2t, 2t+1, 2t+8, 2t+9} (g = lane / 4, t = lane % 4). The host stores exactly those 8
 //   codes in one 32-bit word, nibble order [a0 a2 a4 a6 a1 a3 a5 a7] (a0 = (g, 2t), a1 = (g, 2t+1), a2 = (g+8, 2t),
 //   ...), the AWQ interleave: one lop3 with mask 0x000f000f lifts nibbles 0 and 4 into the two halves of a
-//   register, i.e. the pair (a0, a1) as packed fp16, ready for mma with no shuffles (common.cuh dequant_int4).
+//   register, i.e. the pair (a0, a1) as packed fp16, ready for mma with no shuffles (Ops<T>::dequant).
 //   Four such words (two 16-row tiles x two k16 steps) form the lane's 16 bytes, and the 32 lanes' 16-byte pieces
 //   are contiguous: every global load is a coalesced 16-byte cp.async and every shared read an ld.shared.v4 of
 //   512 consecutive bytes per warp (no bank conflicts, no ldmatrix needed for the weight).
@@ -26,17 +26,30 @@
 //   only on the shape and the SM count, never on M, so row 0 of an M-row batch is bit-identical to M = 1.
 //
 // * PIPELINE. Each unit is one shared-memory stage (weights, the x rows, the scale and zero rows it touches).
-//   M <= 32 (LB_TMA): a ninth "producer" warp fills stages with TMA bulk copies (one cp.async.bulk for the 16 KB
-//   unit, one for the scale rows, one for the zero rows, one per x row), each stage guarded by a "full" mbarrier
-//   (expect_tx bytes) and an "empty" one (all 256 consumer threads arrive after reading), so the mma warps
-//   spend no instructions on address math and never meet at a CTA barrier. M = 64 keeps cp.async by every
-//   thread with one __syncthreads per stage (its 8 warps need ~240 registers; a ninth warp caps them at 168).
+//   M <= 32 on sm_90 (LB_TMA): a ninth "producer" warp fills stages with TMA bulk copies (one cp.async.bulk for the
+//   16 KB unit, one for the scale rows, one for the zero rows, one per x row), each stage guarded by a "full"
+//   mbarrier (expect_tx bytes) and an "empty" one (all consumer threads arrive after reading), so the mma warps
+//   spend no instructions on address math and never meet at a CTA barrier. M = 64, and every M before sm_90,
+//   uses cp.async by every thread with one __syncthreads per stage (M = 64: its 8 warps use ~230 registers; a
+//   ninth warp would cap them at 224).
 //   The grid is one or two CTAs per SM, chosen from the shape alone (two when each CTA still gets >= 6 units).
 //   Measured on H200 (M = 1, 8192 x 28672): the cp.async version was issue-bound at 74.7 us (IPC ~0.4 with 2
 //   warps per scheduler and a barrier per unit); TMA + 2 CTAs/SM gives 47 us.
-// * DEQUANT. (q - z) is formed exactly in the 16-bit type from the magic-number trick and multiplied by the
-//   scale with one rounding (common.cuh F16/BF16::dequant_int4), so each weight equals round((q - z) * s) exactly
-//   as a dequantize kernel would produce it; the products and sums are then fp32 in the tensor core.
+//
+// * DEQUANT WITHOUT THE SCALE. Decode is bound by instructions per weight (ncu: issue slots 65% busy, DRAM 44%),
+//   so the per-weight path is only: one lop3 per pair of codes (plus one shift per word), one f16x2 sub / fma
+//   that yields (q - z) exactly (the zero is folded into the magic-number constant, see Ops<T>::dequant), and the
+//   mma. (q - z) is a small integer, exact in fp16 and bf16. Each group's products go into a per-group fp32
+//   accumulator, started by the group's first mma with C = 0; at the group's end (or the unit's end) the scale is
+//   applied once per accumulator: acc = fma(acc_g, s[row], acc). With the weight as the A operand the scale is
+//   per accumulator row, so that is 8 * MT FFMAs per group per thread instead of 4 HMUL2 per 8 weights. The
+//   result is at least as accurate as multiplying round((q - z) * s) (the products are now exact), integer
+//   inputs with power-of-two scales are still exact, and the order of every sum depends on the shape only.
+//
+// * SCALE/ZERO LAYOUT. Per tile and group row, each warp's 32 columns are stored lane-group first: for g = 0..7
+//   the four columns (tile 0, row g), (tile 0, row g + 8), (tile 1, row g), (tile 1, row g + 8), i.e. exactly the
+//   four accumulator rows of lane g*4..g*4+3 (cuda.rs `param_slot`). A lane reads its four scales with one 8-byte
+//   ld.shared and its four zero codes with one 16-bit ld.shared, and forms all its zero terms with ~8 ALU ops.
 //
 // The host prepends the #defines selecting one variant (LB_DTYPE, LB_MT, LB_ZEROS, LB_WARPS, LB_STAGES, LB_TMA,
 // LB_MIN_BLOCKS) and launches the extern "C" kernels at the bottom.
@@ -52,10 +65,7 @@ constexpr int K_TILE = 128;          // k per unit (= per pipeline stage)
 constexpr int WARP_N = 32;           // output columns per warp: two 16-row A tiles
 constexpr int X_PITCH = K_TILE + 8;  // x row pitch in smem (halves): +16 B puts the 8 rows an ldmatrix reads in
                                      // 8 different 4-bank groups (a 256 B pitch would be an 8-way conflict)
-constexpr int MAX_GROUP_ROWS = 8;
-#ifndef KC_UNROLL
-#define KC_UNROLL 4
-#endif    // groups a 128-k unit can touch (group sizes are multiples of 16)
+constexpr int MAX_GROUP_ROWS = 8;     // groups a 128-k unit can touch (group sizes are multiples of 16)
 
 // ------------------------------------------------------------------------------------------------------------------
 // Tensor-core and async-copy primitives
@@ -111,43 +121,99 @@ __device__ __forceinline__ void consumer_sync(int threads) {
     asm volatile("bar.sync 1, %0;\n" ::"r"(threads) : "memory");
 }
 
-__device__ __forceinline__ uint4 lds128(const void* p) {
+__device__ __forceinline__ int lane_id() {
+    int lane;
+    asm volatile("mov.u32 %0, %%laneid;\n" : "=r"(lane));
+    return lane;
+}
+
+// Shared-memory loads by shared-space address (a u32 base plus constant offsets folds into the instruction's
+// immediate, where generic pointers would be converted per access).
+__device__ __forceinline__ uint4 lds128(u32 addr) {
     uint4 v;
     asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "r"(smem_addr(p)));
+                 : "r"(addr));
     return v;
+}
+__device__ __forceinline__ uint2 lds64(u32 addr) {
+    uint2 v;
+    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr));
+    return v;
+}
+__device__ __forceinline__ u32 lds16(u32 addr) {
+    unsigned short v;
+    asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(v) : "r"(addr));
+    return v;
+}
+
+// Two 8x8 b16 matrices (lanes 0-15 give the row addresses): one k16 step of a B fragment.
+__device__ __forceinline__ void ldmatrix_x2(u32& r0, u32& r1, u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(r0), "=r"(r1) : "r"(addr));
 }
 
 // Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i; the thread receives, of matrix i,
 // row lane/4, elements 2(lane%4) and 2(lane%4)+1 -- exactly an mma B fragment when the rows are tokens.
-__device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], const void* p) {
+__device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], u32 addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(p)));
+                 : "r"(addr));
 }
 
-// Per activation type: the mma instruction, zero-point terms for dequant_int4, and f32 <-> 16-bit conversions.
+// mma.sync m16n8k16 with fp32 accumulation for 16-bit operands of type TYPE ("f16" or "bf16"):
+// D = A(16x16, rows = output columns) * B(16x8, columns = tokens) + C, with C = D (ACCUMULATE) or C = 0 (the first
+// mma of a group's accumulator, which then needs no zeroing).
+#define LB_MMA_M16N8K16(TYPE)                                                                                      \
+    template <bool ACCUMULATE>                                                                                     \
+    __device__ static __forceinline__ void mma(float(&d)[4], uint4 a, u32 b0, u32 b1) {                            \
+        if (ACCUMULATE) {                                                                                          \
+            asm("mma.sync.aligned.m16n8k16.row.col.f32." TYPE "." TYPE ".f32 {%0, %1, %2, %3}, "                 \
+                "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"                                                  \
+                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                                   \
+                : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));                                       \
+        } else {                                                                                                   \
+            asm("mma.sync.aligned.m16n8k16.row.col.f32." TYPE "." TYPE ".f32 {%0, %1, %2, %3}, "                 \
+                "{%4, %5, %6, %7}, {%8, %9}, {%10, %10, %10, %10};\n"                                              \
+                : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])                                                   \
+                : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1), "f"(0.0f));                            \
+        }                                                                                                          \
+    }
+
+// Per activation type: the mma, the int4 -> (q - z) conversion of a fragment word, the per-group zero terms and
+// scales, and f32 <-> 16-bit conversions.
+//
+// Zero nibbles: a lane's four zero codes come as one 16-bit value, nibbles [z(tile 0, row g), z(tile 0, row g+8),
+// z(tile 1, row g), z(tile 1, row g+8)] (the SCALE/ZERO LAYOUT of the header); zero_terms takes it in both halves
+// of a register (z * 0x10001) and yields, per tile, the term of row g (`lo`) and of row g + 8 (`hi`) in the form
+// dequant wants, the same value in both halves.
 template <class T>
 struct Ops;
 
 template <>
 struct Ops<F16> {
-    // D = A(16x16, rows = output columns) * B(16x8, columns = tokens) + D, fp32 accumulate.
-    __device__ static __forceinline__ void mma(float (&d)[4], uint4 a, u32 b0, u32 b1) {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-            "{%0, %1, %2, %3};\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
+    LB_MMA_M16N8K16("f16")
+
+    // Row g codes (nibbles 0/4 of the word, and 2/6 after >> 8) become 1024 + q with one lop3 and are subtracted
+    // as 1024 + z: 0x6400 is 1024.0 and its mantissa step is 1, so OR-ing z in is the addition. Row g + 8 codes
+    // (nibbles 1/5, 3/7) land 4 bits up as 1024 + 16q; one fma scales by 1/16 and adds -(64 + z) (0xD400 is
+    // -64.0 with step 1/16, so z goes in 4 bits up): (1024 + 16q) / 16 - (64 + z) = q - z. Both are exact.
+    __device__ static __forceinline__ void zero_terms(u32 zz, u32 (&lo)[2], u32 (&hi)[2]) {
+        lo[0] = and_or<0x000F000Fu, 0x64006400u>(zz);
+        hi[0] = and_or<0x00F000F0u, 0xD400D400u>(zz);
+        lo[1] = and_or<0x000F000Fu, 0x64006400u>(zz >> 8);
+        hi[1] = and_or<0x00F000F0u, 0xD400D400u>(zz >> 8);
     }
-    // Zero terms for a fragment word: pairs x, z are row g and are subtracted as 1024 + z (0x6400 is 1024.0 and
-    // its mantissa step is 1, so OR-ing z in is the addition); pairs y, w are row g + 8, high nibbles, and are the
-    // fma addend -(64 + z) (0xD400 is -64.0 with step 1/16, so z goes in 4 bits up). See F16::dequant_int4.
-    __device__ static __forceinline__ uint4 zero_terms(u32 z_row_g, u32 z_row_g8) {
-        const u32 lo = (0x6400u | z_row_g) * 0x10001u;
-        const u32 hi = (0xD400u | (z_row_g8 << 4)) * 0x10001u;
-        return make_uint4(lo, hi, lo, hi);
+    // The 8 codes of a fragment word -> the A fragment registers {(g, k), (g+8, k), (g, k+8), (g+8, k+8)} of q - z.
+    __device__ static __forceinline__ uint4 dequant(u32 w, u32 lo, u32 hi) {
+        const u32 w8 = w >> 8;
+        return make_uint4(F16::sub(and_or<0x000F000Fu, F16::MAGIC>(w), lo),
+                          F16::fma(and_or<0x00F000F0u, F16::MAGIC>(w), F16::ONE_SIXTEENTH, hi),
+                          F16::sub(and_or<0x000F000Fu, F16::MAGIC>(w8), lo),
+                          F16::fma(and_or<0x00F000F0u, F16::MAGIC>(w8), F16::ONE_SIXTEENTH, hi));
+    }
+    // Two scales (low half, high half) as f32.
+    __device__ static __forceinline__ float2 scale_pair(u32 pair) {
+        return __half22float2(*reinterpret_cast<const __half2*>(&pair));
     }
     __device__ static __forceinline__ float to_f32(u16 v) { return __half2float(__ushort_as_half(v)); }
     __device__ static __forceinline__ u16 from_f32(float v) { return __half_as_ushort(__float2half_rn(v)); }
@@ -155,23 +221,37 @@ struct Ops<F16> {
 
 template <>
 struct Ops<BF16> {
-    __device__ static __forceinline__ void mma(float (&d)[4], uint4 a, u32 b0, u32 b1) {
-        asm volatile(
-            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-            "{%0, %1, %2, %3};\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
+    LB_MMA_M16N8K16("bf16")
+
+    // bf16 has 7 mantissa bits, too few for 1024 + 16q, so every nibble pair is shifted down to bits 0-3 / 16-19
+    // first (TensorRT-LLM does the same): 0x4300 | q = 128 + q, and fma((128 + q), 1, -(128 + z)) = q - z exactly
+    // (0xC300 | z = -(128 + z); sub.bf16x2 needs sm_90, fma.bf16x2 exists from sm_80).
+    __device__ static __forceinline__ void zero_terms(u32 zz, u32 (&lo)[2], u32 (&hi)[2]) {
+        lo[0] = and_or<0x000F000Fu, BF16::NEG_MAGIC>(zz);
+        hi[0] = and_or<0x000F000Fu, BF16::NEG_MAGIC>(zz >> 4);
+        lo[1] = and_or<0x000F000Fu, BF16::NEG_MAGIC>(zz >> 8);
+        hi[1] = and_or<0x000F000Fu, BF16::NEG_MAGIC>(zz >> 12);
     }
-    // Every pair is the fma addend -(128 + z): 0xC300 is -128.0 in bf16 with mantissa step 1.
-    __device__ static __forceinline__ uint4 zero_terms(u32 z_row_g, u32 z_row_g8) {
-        const u32 lo = (0xC300u | z_row_g) * 0x10001u;
-        const u32 hi = (0xC300u | z_row_g8) * 0x10001u;
-        return make_uint4(lo, hi, lo, hi);
+    __device__ static __forceinline__ uint4 dequant(u32 w, u32 lo, u32 hi) {
+        return make_uint4(BF16::fma(and_or<0x000F000Fu, BF16::MAGIC>(w), BF16::ONE, lo),
+                          BF16::fma(and_or<0x000F000Fu, BF16::MAGIC>(w >> 4), BF16::ONE, hi),
+                          BF16::fma(and_or<0x000F000Fu, BF16::MAGIC>(w >> 8), BF16::ONE, lo),
+                          BF16::fma(and_or<0x000F000Fu, BF16::MAGIC>(w >> 12), BF16::ONE, hi));
+    }
+    __device__ static __forceinline__ float2 scale_pair(u32 pair) {
+        return make_float2(__uint_as_float(pair << 16), __uint_as_float(pair & 0xFFFF0000u));
     }
     __device__ static __forceinline__ float to_f32(u16 v) { return __uint_as_float((u32)v << 16); }
     __device__ static __forceinline__ u16 from_f32(float v) {
         return __bfloat16_as_ushort(__float2bfloat16_rn(v));
     }
+};
+#undef LB_MMA_M16N8K16
+
+// This lane's per-group terms for its four accumulator rows (tile t = 0, 1 x rows g, g + 8).
+struct GroupTerms {
+    u32 lo[2], hi[2];  // zero terms of rows g / g + 8 per tile (Ops<T>::zero_terms)
+    float s[2][2];     // scales [tile][row g, row g + 8]
 };
 
 // ------------------------------------------------------------------------------------------------------------------
@@ -212,8 +292,8 @@ struct Linear {
 
     struct Args {
         const uint4* qweight;  // repacked codes, N_CTA * 4 uint4 per unit, units in (n_tile, k_tile) order
-        const u16* scales;     // [NT][GP][N_CTA] bits of T
-        const u8* zeros;       // [NT][GP][N_CTA / 2] two 4-bit zero codes per byte (low nibble = even column)
+        const u16* scales;     // [NT][GP][N_CTA] bits of T, columns in param_slot order (header)
+        const u8* zeros;       // [NT][GP][N_CTA / 2] 4-bit zero codes in param_slot order, low nibble first
         const u16* x;          // [M][x_stride] bits of T
         const u16* bias;       // [N] bits of T, or null
         u16* y;                // [M][y_stride] bits of T
@@ -267,71 +347,120 @@ struct Linear {
         }
     }
 
-    // Scale pairs and zero terms of this thread's four A rows (two tiles x rows g, g+8) for group row `row` of the
-    // stage.
-    __device__ static __forceinline__ void load_group(const char* stage, int row, int warp, int lane, uint4 (&sc)[2],
-                                                      uint4 (&zt)[2]) {
-        const u16* ss = reinterpret_cast<const u16*>(stage + W_BYTES + X_BYTES) + row * N_CTA;
-        const u8* zs = reinterpret_cast<const u8*>(stage + W_BYTES + X_BYTES + S_BYTES) + row * (N_CTA / 2);
-#pragma unroll
-        for (int t = 0; t < 2; ++t) {
-            const int n = warp * WARP_N + t * 16 + (lane >> 2);  // row g of tile t; row g + 8 is n + 8
-            const u32 s0 = ss[n], s8 = ss[n + 8];
-            sc[t] = make_uint4(s0 * 0x10001u, s8 * 0x10001u, s0 * 0x10001u, s8 * 0x10001u);
-            u32 z0 = 8, z8 = 8;  // symmetric: the zero is the midpoint
-            if (HAS_ZEROS) {
-                const int shift = (n & 1) * 4;  // n and n + 8 have the same parity
-                z0 = (zs[n >> 1] >> shift) & 15u;
-                z8 = (zs[(n + 8) >> 1] >> shift) & 15u;
-            }
-            zt[t] = Ops<T>::zero_terms(z0, z8);
-        }
+    // The zero terms and scales of this lane's four accumulator rows for group row `row` of the stage: one 8-byte
+    // and one 16-bit shared load (the SCALE/ZERO LAYOUT of the header puts a lane group's four values together).
+    __device__ static __forceinline__ GroupTerms load_group(u32 stage, int row, int warp, int lane) {
+        const u32 params = stage + W_BYTES + X_BYTES;
+        const int g = lane >> 2;
+        const uint2 sv = lds64(params + row * (N_CTA * 2) + warp * (WARP_N * 2) + g * 8);
+        u32 z = 0x8888u;  // symmetric: every zero is the midpoint 8
+        if (HAS_ZEROS) z = lds16(params + S_BYTES + row * (N_CTA / 2) + warp * (WARP_N / 2) + g * 2);
+        GroupTerms gt;
+        Ops<T>::zero_terms(z * 0x10001u, gt.lo, gt.hi);
+        const float2 s0 = Ops<T>::scale_pair(sv.x), s1 = Ops<T>::scale_pair(sv.y);
+        gt.s[0][0] = s0.x, gt.s[0][1] = s0.y, gt.s[1][0] = s1.x, gt.s[1][1] = s1.y;
+        return gt;
     }
 
-    // One unit: 8 k16 steps x 2 tiles x MT token tiles of mma.
-    __device__ static __forceinline__ void compute_stage(const char* stage, const Shape& s, int kt, int warp,
-                                                         int lane, float (&acc)[2][MT][4]) {
-        const char* ws = stage + warp * (4 * 512) + lane * 16;
-        const char* xs = stage + W_BYTES;
-        const int k0 = kt * K_TILE;
-        const int g_lo = s.group_shift >= 0 ? k0 >> s.group_shift : k0 / s.group;
-        const int steps_per_group = s.group >> 4;
-        int next = ((g_lo + 1) * s.group - k0) >> 4;  // k16 step where the next group starts (>= 1)
-        int row = 0;
-        uint4 sc[2], zt[2];
-        load_group(stage, 0, warp, lane, sc, zt);
-#pragma unroll KC_UNROLL
-        for (int kc = 0; kc < 4; ++kc) {
-            const uint4 wq = lds128(ws + kc * 512);
-            // B fragments of tokens mt*8..mt*8+7 for both k16 steps of this 32-k chunk: lanes 0-7 address rows
-            // at k offset 0, lanes 8-15 at 8, 16-23 at 16, 24-31 at 24 -> regs (step 0 lo, hi, step 1 lo, hi).
-            u32 xb[MT][4];
+    // Tiles per pass over a unit: both (one pass) while the group accumulators fit in registers next to `acc`;
+    // at M = 64 one tile per pass (the unit's words and x fragments are read from shared memory twice).
+    static constexpr int T_PASSES = MT >= 8 ? 2 : 1;
+    static constexpr int T_PER_PASS = 2 / T_PASSES;
+    // x fragments loaded per k16 step instead of per 32-k chunk (M = 64: 16 registers fewer live).
+    static constexpr bool X_PER_STEP = MT >= 8;
+
+    // acc[t] += acc_g * scale of its row, for the tiles of pass `pass`: element i of a C fragment is row g
+    // (i = 0, 1) or g + 8 (i = 2, 3). fmaf, so every variant rounds the same way (batch invariance).
+    __device__ static __forceinline__ void apply_scales(float (&acc)[2][MT][4], const float (&acc_g)[T_PER_PASS][MT][4],
+                                                        const GroupTerms& gt, int pass) {
+#pragma unroll
+        for (int tt = 0; tt < T_PER_PASS; ++tt)
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
-                ldmatrix_x4(xb[mt], xs + ((mt * 8 + (lane & 7)) * X_PITCH + kc * 32 + (lane >> 3) * 8) * 2);
 #pragma unroll
-            for (int ks = 0; ks < 2; ++ks) {
-                const int step = kc * 2 + ks;
-                if (step > 0 && step == next) {  // warp-uniform: a group boundary inside the unit
-                    ++row;
-                    next += steps_per_group;
-                    load_group(stage, row, warp, lane, sc, zt);
+                for (int i = 0; i < 4; ++i) {
+                    const int t = pass * T_PER_PASS + tt;
+                    acc[t][mt][i] = __fmaf_rn(acc_g[tt][mt][i], gt.s[t][i >> 1], acc[t][mt][i]);
+                }
+    }
+
+    // One unit: 8 k16 steps x 2 tiles x MT token tiles of mma on (q - z), into per-group accumulators that are
+    // scaled into `acc` at each group end and at the unit's end. UNIT_GROUPS: the group size is a multiple of 128,
+    // so the whole unit is in one group (row 0 of the stage) and no boundary needs checking.
+    template <bool UNIT_GROUPS>
+    __device__ static __forceinline__ void compute_stage(u32 stage, const Shape& s, int kt, int warp, int lane,
+                                                         float (&acc)[2][MT][4]) {
+        const u32 ws = stage + warp * (4 * 512) + lane * 16;
+        // Row lane % 8 of a token tile at k offset 8 * (lane / 8) (x4: the four 8x8 matrices of a 32-k chunk).
+        const u32 xs = stage + W_BYTES + ((lane & 7) * X_PITCH + (lane >> 3) * 8) * 2;
+        // Bit j set: a group starts at k16 step j of this unit (j >= 1). The group row of step j is then the
+        // number of bits set up to j, so no counter stays live across the steps.
+        u32 starts = 0;
+        if (!UNIT_GROUPS) {
+            const int k0 = kt * K_TILE;
+            const int g_lo = s.group_shift >= 0 ? k0 >> s.group_shift : k0 / s.group;
+            for (int j = ((g_lo + 1) * s.group - k0) >> 4; j < K_TILE / 16; j += s.group >> 4) starts |= 1u << j;
+        }
+#pragma unroll
+        for (int pass = 0; pass < T_PASSES; ++pass) {
+            GroupTerms gt = load_group(stage, 0, warp, lane);
+            float acc_g[T_PER_PASS][MT][4];
+#pragma unroll
+            for (int kc = 0; kc < 4; ++kc) {
+                const uint4 wq = lds128(ws + kc * 512);
+                // B fragments of tokens mt*8..mt*8+7 for both k16 steps of this 32-k chunk: lanes 0-7 address
+                // rows at k offset 0, lanes 8-15 at 8, 16-23 at 16, 24-31 at 24 -> regs (step 0 lo, hi, step 1
+                // lo, hi). At M = 64 one step at a time (ldmatrix.x2, lanes 0-15), for registers.
+                u32 xb[MT][4];
+                if constexpr (!X_PER_STEP) {
+#pragma unroll
+                    for (int mt = 0; mt < MT; ++mt)
+                        ldmatrix_x4(xb[mt], xs + (mt * 8 * X_PITCH + kc * 32) * 2);
                 }
 #pragma unroll
-                for (int t = 0; t < 2; ++t) {
-                    const u32 word = ks == 0 ? (t == 0 ? wq.x : wq.y) : (t == 0 ? wq.z : wq.w);
-                    const uint4 frag = T::dequant_int4(word, zt[t], sc[t]);
+                for (int ks = 0; ks < 2; ++ks) {
+                    const int step = kc * 2 + ks;
+                    if constexpr (X_PER_STEP) {
 #pragma unroll
-                    for (int mt = 0; mt < MT; ++mt) Ops<T>::mma(acc[t][mt], frag, xb[mt][2 * ks], xb[mt][2 * ks + 1]);
+                        for (int mt = 0; mt < MT; ++mt)
+                            ldmatrix_x2(xb[mt][2 * ks], xb[mt][2 * ks + 1], xs + (mt * 8 * X_PITCH + step * 16) * 2);
+                    }
+                    if (!UNIT_GROUPS && (starts >> step) & 1) {  // warp-uniform: a group starts here
+                        apply_scales(acc, acc_g, gt, pass);
+#pragma unroll
+                        for (int tt = 0; tt < T_PER_PASS; ++tt)
+#pragma unroll
+                            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                                for (int i = 0; i < 4; ++i) acc_g[tt][mt][i] = 0.0f;
+                        gt = load_group(stage, __popc(starts & ((2u << step) - 1)), warp, lane);
+                    }
+#pragma unroll
+                    for (int tt = 0; tt < T_PER_PASS; ++tt) {
+                        const int t = pass * T_PER_PASS + tt;
+                        const u32 word = ks == 0 ? (t == 0 ? wq.x : wq.y) : (t == 0 ? wq.z : wq.w);
+                        const uint4 frag = Ops<T>::dequant(word, gt.lo[t], gt.hi[t]);
+#pragma unroll
+                        for (int mt = 0; mt < MT; ++mt) {
+                            if (step == 0)
+                                Ops<T>::template mma<false>(acc_g[tt][mt], frag, xb[mt][2 * ks], xb[mt][2 * ks + 1]);
+                            else
+                                Ops<T>::template mma<true>(acc_g[tt][mt], frag, xb[mt][2 * ks], xb[mt][2 * ks + 1]);
+                        }
+                    }
                 }
             }
+            apply_scales(acc, acc_g, gt, pass);
         }
     }
 
     // Accumulator element i of (tile t, token tile mt) is column n = warp*32 + t*16 + g + 8*(i/2), token
     // m = mt*8 + 2*(lane%4) + i%2 (the mma C fragment with rows = columns of y).
-    __device__ static __forceinline__ void store_output(const Args& a, const Shape& s, int nt, int warp, int lane,
+    __device__ static __forceinline__ void store_output(const Args& a, const Shape& s, int nt, int warp, int,
                                                         const float (&v)[2][MT][4]) {
+        // The lane index is re-read here: derived from the caller's `lane`, the row addresses below would be
+        // hoisted out of the main loop and held (or spilled) in registers for its whole length.
+        const int lane = lane_id();
         const int n0 = nt * N_CTA + warp * WARP_N + (lane >> 2);
         float b[2][2];
 #pragma unroll
@@ -367,14 +496,14 @@ struct Linear {
 
     // End of a segment that does not cover its whole tile: publish the partial, and if this CTA is the last of the
     // tile to arrive, sum all partials in CTA order and write y.
-    __device__ static void fixup(const Args& a, const Shape& s, int units, int nt, int warp, int lane, int tid,
-                                 float (&acc)[2][MT][4]) {
+    __device__ static void fixup(const Args& a, const Shape& s, int nt, bool first_segment, int warp, int lane,
+                                 int tid, float (&acc)[2][MT][4]) {
         __shared__ int s_last;
-        const int c = blockIdx.x;
+        const int c = blockIdx.x, units = s.NT * s.KT;
         const int c_first = cta_of(nt * s.KT, units, s.ctas);
         const int c_last = cta_of(nt * s.KT + s.KT - 1, units, s.ctas);
         // A CTA's first segment uses slot 2c, a later one slot 2c + 1 (a CTA has at most two split segments).
-        const int my_slot = (unit_begin(c, units, s.ctas) / s.KT == nt) ? 2 * c : 2 * c + 1;
+        const int my_slot = first_segment ? 2 * c : 2 * c + 1;
 #pragma unroll
         for (int t = 0; t < 2; ++t)
 #pragma unroll
@@ -475,7 +604,7 @@ struct Linear {
                     make_uint4(0, 0, 0, 0);
             }
         }
-        if (TMA) {
+        if constexpr (TMA) {
             if (tid == 0) {
                 for (int st = 0; st < STAGES; ++st) {
                     mbar_init(bars + st * 8, 1);                     // full: the producer's expect_tx arrival
@@ -490,14 +619,29 @@ struct Linear {
             }
         }
 
-        // Units advance as (nt, kt) pairs: one division here, none per stage.
-        int ld_nt = u_begin / s.KT, ld_kt = u_begin - ld_nt * s.KT;  // next unit to load (cp.async path)
-        int nt = ld_nt, kt = ld_kt;                                  // unit being computed
-        if (!TMA) {
+        // Two copies of the consumer loop: one for group sizes that are multiples of 128 (every unit lies in one
+        // group: g128, per channel), which checks no group boundaries, and one for the rest.
+        if (s.group % K_TILE == 0)
+            consume<true>(a, s, smem, bars, u_begin, count, tid);
+        else
+            consume<false>(a, s, smem, bars, u_begin, count, tid);
+    }
+
+    // The mma warps' loop over this CTA's units: wait for a stage, compute it, release it; at each segment end
+    // store the tile or hand it to the fix-up.
+    template <bool UNIT_GROUPS>
+    __device__ static void consume(const Args& a, const Shape& s, char* smem, u32 bars, int u_begin, int count,
+                                   int tid) {
+        const int warp = tid >> 5, lane = tid & 31;
+        // Units advance as (nt, kt) pairs: one division here, none per stage. The loop keeps few registers live
+        // (units left, stage and phase instead of an index) so that the two-CTA variants fit in 96 registers.
+        int nt = u_begin / s.KT, kt = u_begin - nt * s.KT;  // unit being computed
+        int ld_u = u_begin, ld_nt = nt, ld_kt = kt;          // next unit to load (cp.async path)
+        if constexpr (!TMA) {
 #pragma unroll 1
             for (int st = 0; st < STAGES - 1; ++st) {
                 if (st < count) {
-                    load_stage(a, s, smem + st * STAGE_BYTES, u_begin + st, ld_nt, ld_kt, tid);
+                    load_stage(a, s, smem + st * STAGE_BYTES, ld_u++, ld_nt, ld_kt, tid);
                     if (++ld_kt == s.KT) ld_kt = 0, ++ld_nt;
                 }
                 cp_async_commit();
@@ -512,32 +656,33 @@ struct Linear {
 #pragma unroll
                 for (int i = 0; i < 4; ++i) acc[t][mt][i] = 0.0f;
 
-        int seg_first_kt = kt;
+        int seg_start = kt;  // k tile where the current segment starts; -1: a later segment (starts at 0)
         int buf = 0, ld_buf = STAGES - 1;
+        u32 phase = 0;  // parity of the current use of stage `buf` (TMA)
 #pragma unroll 1
-        for (int i = 0; i < count; ++i) {
-            if (TMA) {
-                mbar_wait(bars + buf * 8, (i / STAGES) & 1);
+        for (int left = count; left > 0; --left) {
+            if constexpr (TMA) {
+                mbar_wait(bars + buf * 8, phase);
             } else {
                 cp_async_wait<STAGES - 2>();
-                __syncthreads();  // stage i visible to all; every warp is done with the buffer refilled next
-                if (i + STAGES - 1 < count) {
-                    load_stage(a, s, smem + ld_buf * STAGE_BYTES, u_begin + i + STAGES - 1, ld_nt, ld_kt, tid);
+                __syncthreads();  // this stage visible to all; every warp is done with the buffer refilled next
+                if (left > STAGES - 1) {
+                    load_stage(a, s, smem + ld_buf * STAGE_BYTES, ld_u++, ld_nt, ld_kt, tid);
                     if (++ld_kt == s.KT) ld_kt = 0, ++ld_nt;
                 }
                 cp_async_commit();
                 if (++ld_buf == STAGES) ld_buf = 0;
             }
 
-            compute_stage(smem + buf * STAGE_BYTES, s, kt, warp, lane, acc);
-            if (TMA) mbar_arrive(bars + (STAGES + buf) * 8);  // this thread is done reading the stage
-            if (++buf == STAGES) buf = 0;
+            compute_stage<UNIT_GROUPS>(smem_addr(smem) + buf * STAGE_BYTES, s, kt, warp, lane, acc);
+            if constexpr (TMA) mbar_arrive(bars + (STAGES + buf) * 8);  // this thread is done reading the stage
+            if (++buf == STAGES) buf = 0, phase ^= 1;
 
-            if (kt == s.KT - 1 || i == count - 1) {  // segment end (CTA-uniform)
-                if (seg_first_kt == 0 && kt == s.KT - 1) {
+            if (kt == s.KT - 1 || left == 1) {  // segment end (CTA-uniform)
+                if (seg_start <= 0 && kt == s.KT - 1) {
                     store_output(a, s, nt, warp, lane, acc);
                 } else {
-                    fixup(a, s, units, nt, warp, lane, tid, acc);
+                    fixup(a, s, nt, seg_start >= 0, warp, lane, tid, acc);
                 }
 #pragma unroll
                 for (int t = 0; t < 2; ++t)
@@ -545,11 +690,11 @@ struct Linear {
                     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
                         for (int j = 0; j < 4; ++j) acc[t][mt][j] = 0.0f;
-                seg_first_kt = 0;
+                seg_start = -1;
             }
             if (++kt == s.KT) kt = 0, ++nt;
         }
-        if (!TMA) cp_async_wait<0>();
+        if constexpr (!TMA) cp_async_wait<0>();
     }
 };
 
@@ -571,14 +716,17 @@ __device__ __forceinline__ void stage_x(const unsigned short* x, long long x_str
 // ------------------------------------------------------------------------------------------------------------------
 // Entry points of the variant selected by the host's #defines
 // ------------------------------------------------------------------------------------------------------------------
-#ifndef LB_DTYPE
+#ifndef LB_DTYPE  // no variant selected (`lowbit doctor --compile-only`): the M <= 8 kernel of a large layer
 #define LB_DTYPE F16
 #define LB_MT 1
 #define LB_ZEROS 1
 #define LB_WARPS 8
-#define LB_STAGES 4
-#define LB_TMA 1
+#define LB_STAGES 3
+#define LB_TMA (__CUDA_ARCH__ >= 900)
 #define LB_MIN_BLOCKS 2
+#endif
+#if LB_TMA && __CUDA_ARCH__ < 900
+#error "the TMA pipeline (LB_TMA) needs sm_90: select LB_TMA 0 for older GPUs"
 #endif
 
 typedef lowbit::w4a16::Linear<lowbit::LB_DTYPE, LB_MT, LB_ZEROS != 0, LB_WARPS, LB_STAGES, LB_TMA != 0> LinearVariant;

@@ -1,9 +1,11 @@
 //! The CUDA W4A16 linear layer against the f64 reference on the same quantized weights.
 //!
 //! Every case draws a fresh random weight and activations (never zeros) and checks:
-//! - accuracy against `ops::linear::reference::linear`: the kernel rounds each dequantized weight once to the
-//!   activation type (2^-12 / 2^-9 relative for f16 / bf16), accumulates in fp32 and rounds the output once, so
-//!   mean |Δ| / mean |ref| must stay under 1e-3 (f16) and 8e-3 (bf16), and no output may be NaN/Inf;
+//! - accuracy against `ops::linear::reference::linear`: the kernel multiplies x by the exact integers (q - z) on
+//!   the tensor cores (fp32 sums), scales each group's sum once in fp32 and rounds the output once, which is at
+//!   least as accurate as rounding each dequantized weight to the activation type (2^-12 / 2^-9 relative for
+//!   f16 / bf16); mean |Δ| / mean |ref| must stay under 1e-3 (f16) and 8e-3 (bf16), the tolerances of that
+//!   weaker scheme, and no output may be NaN/Inf;
 //! - batch invariance: rows of an M-row call equal the same rows of the 64-row call bit for bit (row 0 equals
 //!   M = 1), because the split of K never depends on M;
 //! - determinism: a repeated call gives identical bytes;
@@ -362,6 +364,35 @@ fn exact_integer_mode_is_bit_exact() {
             bias: false,
             data: Data::ExactInteger,
             ctas_per_sm: (n == 4096).then_some(2),
+        };
+        dispatch(&dev, &mut rng, &case);
+    }
+}
+
+/// Group sizes that are not multiples of 128 (groups start inside a 128-k unit: the kernel applies the scales at
+/// each group start) or larger than 128 but not a multiple of it (groups span units at varying offsets).
+#[test]
+fn groups_not_aligned_to_units() {
+    let Some(dev) = device() else { return };
+    let mut rng = Rng(0x9a11);
+    for (n, k, group, act, act_order, data) in [
+        (256, 384, 48, DType::F16, false, Data::Random { x_scale: 1.0 }),
+        (192, 4160, 80, DType::Bf16, false, Data::Random { x_scale: 1.0 }),
+        (576, 768, 192, DType::F16, true, Data::Random { x_scale: 100.0 }),
+        (64, 384, 16, DType::Bf16, true, Data::Random { x_scale: 1.0 }),
+        (256, 384, 48, DType::F16, true, Data::ExactInteger),
+        (128, 960, 320, DType::Bf16, false, Data::ExactInteger),
+    ] {
+        let case = Case {
+            n,
+            k,
+            group,
+            act,
+            zeros: true,
+            act_order,
+            bias: n % 3 == 0,
+            data,
+            ctas_per_sm: (n == 192).then_some(2),
         };
         dispatch(&dev, &mut rng, &case);
     }

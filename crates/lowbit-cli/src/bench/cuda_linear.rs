@@ -11,7 +11,8 @@
 //! `bytes` is what the call must move at least: codes, scales and zeros (or the dense weight), x and y.
 //!
 //! `LOWBIT_BENCH_VARIANTS=1` adds records with the grid forced to one (`lowbit_1sm`) or two (`lowbit_2sm`) CTAs per
-//! SM instead of the per-shape default.
+//! SM instead of the per-shape default; `LOWBIT_BENCH_CTAS=66,88` adds records with exactly that many CTAs
+//! (`lowbit_c66`, ...: fewer, longer stream-K pieces, hence fewer fix-ups).
 
 use super::{BenchArgs, BenchRecord, Shape, Sink};
 use half::{bf16, f16};
@@ -59,29 +60,34 @@ pub fn run(args: &BenchArgs, sink: &mut Sink) -> Result<()> {
         }
     }
     let dtypes = args.dtypes(&[DType::F16])?;
-    let variants: Vec<(String, Tuning)> = if std::env::var("LOWBIT_BENCH_VARIANTS").is_ok_and(|v| v == "1") {
-        let t = Tuning::default();
-        vec![
-            (
-                "lowbit_1sm".into(),
-                Tuning {
-                    ctas_per_sm: Some(1),
-                    ..t
-                },
-            ),
-            (
-                "lowbit_2sm".into(),
-                Tuning {
-                    ctas_per_sm: Some(2),
-                    ..t
-                },
-            ),
-        ]
-    } else {
-        Vec::new()
-    };
+    let mut variants: Vec<(String, Tuning)> = Vec::new();
+    if std::env::var("LOWBIT_BENCH_VARIANTS").is_ok_and(|v| v == "1") {
+        for per_sm in [1, 2] {
+            let tuning = Tuning {
+                ctas_per_sm: Some(per_sm),
+                ..Tuning::default()
+            };
+            variants.push((format!("lowbit_{per_sm}sm"), tuning));
+        }
+    }
+    if let Ok(list) = std::env::var("LOWBIT_BENCH_CTAS") {
+        for item in list.split(',').filter(|s| !s.trim().is_empty()) {
+            let ctas: usize = item.trim().parse().map_err(|_| {
+                Error::invalid(
+                    "LOWBIT_BENCH_CTAS",
+                    item,
+                    "must be a comma-separated list of CTA counts",
+                )
+            })?;
+            let tuning = Tuning {
+                ctas: Some(ctas),
+                ..Tuning::default()
+            };
+            variants.push((format!("lowbit_c{ctas}"), tuning));
+        }
+    }
     let count: usize = problems.iter().map(|(_, ms)| ms.len()).sum();
-    sink.expect(count * dtypes.len() * (3 + variants.len()));
+    sink.expect(count * dtypes.len() * (3 + 2 * variants.len()));
     for ((k, n), ms) in &problems {
         for &dtype in &dtypes {
             match dtype {
@@ -201,24 +207,17 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
                 v[i].run(&stream, &xs[i], m, None, &mut ys[i], &mut ws_v)
             })?;
             sink.push(record(label, quant_bytes, us))?;
+            let replay = graph_replay_us(dev, &stream, sets, |i| {
+                v[i].run(&stream, &xs[i], m, None, &mut ys[i], &mut ws_v)
+            })?;
+            sink.push(record(&format!("{label}_graph"), quant_bytes, replay))?;
         }
 
         sink.status(format!("linear lowbit_graph {m}x{k}x{n} {dtype}"));
-        dev.synchronize()?;
-        let graph = capture_graph(&stream, || {
-            for c in 0..GRAPH_CALLS {
-                let i = c % sets;
-                ops[i].run(&stream, &xs[i], m, None, &mut ys[i], &mut ws)?;
-            }
-            Ok(())
+        let replay = graph_replay_us(dev, &stream, sets, |i| {
+            ops[i].run(&stream, &xs[i], m, None, &mut ys[i], &mut ws)
         })?;
-        let replay = median_of_batches(dev, &stream, 1, |_| {
-            graph.launch().map_err(|e| Error::Cuda {
-                context: "cuGraphLaunch".into(),
-                message: format!("{e:?}"),
-            })
-        })?;
-        sink.push(record("lowbit_graph", quant_bytes, replay / GRAPH_CALLS as f64))?;
+        sink.push(record("lowbit_graph", quant_bytes, replay))?;
 
         let baseline = if dtype == DType::Bf16 {
             "cublas_bf16"
@@ -232,6 +231,25 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
         sink.push(record(baseline, dense_bytes, theirs))?;
     }
     Ok(())
+}
+
+/// Median µs per call of `launch(set)` replayed from a CUDA graph of `GRAPH_CALLS` calls cycling through the sets
+/// (no launch gaps).
+fn graph_replay_us(
+    dev: &CudaDevice,
+    stream: &Arc<CudaStream>,
+    sets: usize,
+    mut launch: impl FnMut(usize) -> Result<()>,
+) -> Result<f64> {
+    dev.synchronize()?;
+    let graph = capture_graph(stream, || (0..GRAPH_CALLS).try_for_each(|c| launch(c % sets)))?;
+    let replay = median_of_batches(dev, stream, 1, |_| {
+        graph.launch().map_err(|e| Error::Cuda {
+            context: "cuGraphLaunch".into(),
+            message: format!("{e:?}"),
+        })
+    })?;
+    Ok(replay / GRAPH_CALLS as f64)
 }
 
 /// `W` as a dense `[N, K]` matrix of `T`: what cuBLAS multiplies (each element `(q - z) · s`, rounded once).

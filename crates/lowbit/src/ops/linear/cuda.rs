@@ -43,6 +43,13 @@ use std::sync::{Mutex, OnceLock};
 /// The kernel source; the host prepends the `#define`s of one variant.
 const SOURCE: &str = include_str!("../../../kernels/linear_w4a16.cu");
 
+/// The kernel source with no variant selected: its default block (the M <= 8 kernel of a large layer, TMA on
+/// sm_90) is what `lowbit doctor --compile-only` compiles (listed in [`crate::cuda::KERNELS`]).
+pub const KERNEL: KernelSource = KernelSource {
+    name: "linear_w4a16",
+    source: SOURCE,
+};
+
 /// k per unit (`K_TILE` in the kernel).
 pub const K_TILE: usize = 128;
 /// Output columns per warp (`WARP_N`).
@@ -51,8 +58,14 @@ const WARP_N: usize = 32;
 const X_PITCH: usize = K_TILE + 8;
 /// Scale/zero rows a unit can touch (`MAX_GROUP_ROWS`): group sizes are multiples of 16.
 const MAX_GROUP_ROWS: usize = K_TILE / 16;
-/// Dynamic shared memory one CTA may use on sm_90 (227 KB).
-const MAX_SMEM_BYTES: usize = 227 * 1024;
+/// Dynamic shared memory one CTA may use (opt-in limit) on a GPU of compute capability `cc`.
+fn max_smem_bytes(cc: (i32, i32)) -> usize {
+    match cc {
+        (9.., _) => 227 * 1024,
+        (8, 0) | (8, 7) => 163 * 1024,
+        _ => 99 * 1024,
+    }
+}
 /// Largest batch the kernel takes (8 token tiles of 8).
 pub const MAX_M: usize = 64;
 /// Nibble position of A-fragment element `i` in its word (the AWQ interleave, see the kernel header).
@@ -143,9 +156,10 @@ pub struct RepackedW4 {
     pub act: DType,
     /// Codes, `unit_words` per unit, units in (n tile, k tile) order; see the kernel header for a word's content.
     pub words: Vec<u32>,
-    /// `[n_tiles][group_rows][n_cta]` scale bits in `act`.
+    /// `[n_tiles][group_rows][n_cta]` scale bits in `act`, the columns of a tile in `param_slot` order.
     pub scales: Vec<u16>,
-    /// `[n_tiles][group_rows][n_cta / 2]`, two zero codes per byte (low nibble = even column); `None` = all 8.
+    /// `[n_tiles][group_rows][n_cta / 2]`, two zero codes per byte in `param_slot` order (low nibble first);
+    /// `None` = all 8.
     pub zeros: Option<Vec<u8>>,
     /// Act-order: source input of each position of the kernel's k order.
     pub perm: Option<Vec<u32>>,
@@ -200,6 +214,16 @@ fn fragment_element(lane: usize, j: usize, i: usize) -> (usize, usize) {
     (n, k)
 }
 
+/// Position of column `c` of a tile within its scale/zero rows. Each warp's 32 columns are stored lane group first:
+/// for g = 0..7 the columns of (16-row tile 0, row g), (tile 0, row g + 8), (tile 1, row g), (tile 1, row g + 8),
+/// which are the four accumulator rows of lanes 4g..4g+3, so a lane reads its four scales with one 8-byte load and
+/// its four zero codes with one 16-bit load (kernel header, SCALE/ZERO LAYOUT).
+fn param_slot(c: usize) -> usize {
+    let (warp, r) = (c / WARP_N, c % WARP_N);
+    let (tile, half, g) = (r / 16, (r / 8) % 2, r % 8);
+    warp * WARP_N + g * 4 + tile * 2 + half
+}
+
 /// Converts a 4-bit [`QuantMatrix`] into the layout of the CUDA kernel for activations of dtype `act`.
 ///
 /// Errors: bits other than 4, group sizes that are not multiples of 16 (per-channel is fine), act-order groups of
@@ -241,10 +265,10 @@ pub fn repack(w: &QuantMatrix, act: DType) -> Result<RepackedW4> {
                         format!("must be within the range of {act} activations"),
                     ));
                 }
-                let i = (nt * rows + r) * n_cta + c;
+                let i = (nt * rows + r) * n_cta + param_slot(c);
                 scales[i] = bits;
                 if let Some(z) = zeros.as_mut() {
-                    let shift = (c & 1) * 4;
+                    let shift = (i & 1) * 4;
                     z[i / 2] = (z[i / 2] & !(0xF << shift)) | (w.zero(n, r) << shift);
                 }
             }
@@ -325,7 +349,7 @@ impl RepackedW4 {
         let mut zeros = vec![PAD_CODE; p.n * p.groups];
         for n in 0..p.n {
             for g in 0..p.groups {
-                let i = ((n / n_cta) * rows + g) * n_cta + n % n_cta;
+                let i = ((n / n_cta) * rows + g) * n_cta + param_slot(n % n_cta);
                 scales[n * p.groups + g] = from_bits(self.act, self.scales[i]);
                 if let Some(z) = &self.zeros {
                     zeros[n * p.groups + g] = (z[i / 2] >> ((i & 1) * 4)) & 0xF;
@@ -385,10 +409,11 @@ pub struct Variant {
 }
 
 impl Variant {
-    /// The variant `new` picks for `mt` token tiles on a grid of `ctas_per_sm` CTAs per SM: TMA for M <= 32
-    /// (registers capped for two CTAs per SM when the grid has two and M <= 16), cp.async for M <= 64 (a producer
-    /// warp would cap the 8 mma warps at 168 registers; M = 64 needs ~240). Stages: 3 when two CTAs share an SM
-    /// (measured as good as 4 on H200), otherwise as many as fit.
+    /// The variant `new` picks on sm_90 for `mt` token tiles on a grid of `ctas_per_sm` CTAs per SM: TMA for
+    /// M <= 32 (registers capped for two CTAs per SM when the grid has two and M <= 16), cp.async for M <= 64 (a
+    /// producer warp would leave the 8 mma warps 224 registers, too tight for M = 64). Stages: 3 when two CTAs share
+    /// an SM (measured as good as 4 on H200), otherwise as many as fit. Older GPUs use cp.async throughout
+    /// (`with_tuning` clears `tma` there).
     pub fn default_for(act: DType, mt: usize, zeros: bool, warps: usize, ctas_per_sm: usize) -> Variant {
         let (tma, min_blocks, stages) = match (mt, ctas_per_sm) {
             (1 | 2, 2..) => (true, 2, 3),
@@ -527,6 +552,9 @@ pub struct Tuning {
     pub tma: Option<bool>,
     /// Grid = this many CTAs per SM (the same for every M); `None`: [`default_ctas_per_sm`].
     pub ctas_per_sm: Option<usize>,
+    /// Grid = exactly this many CTAs (fewer, longer stream-K pieces than one per SM, say), with the kernels of
+    /// `ctas_per_sm`; overrides its grid size.
+    pub ctas: Option<usize>,
 }
 
 /// CTAs per SM for a weight of `units` (128-k x tile-width pieces) on `sms` SMs: two when each CTA still gets at
@@ -620,19 +648,21 @@ impl LinearW4A16Cuda {
             .ctas_per_sm
             .unwrap_or_else(|| default_ctas_per_sm(units, sms))
             .max(1);
-        let ctas = (ctas_per_sm * sms).clamp(1, units);
+        let ctas = tuning.ctas.unwrap_or(ctas_per_sm * sms).clamp(1, units);
         let zeros = packed.zeros.is_some();
+        // TMA bulk copies and mbarrier transaction counts are sm_90 features.
+        let cc = device.info().compute_capability;
+        let (tma_supported, smem_limit) = (cc.0 >= 9, max_smem_bytes(cc));
         let mut kernels = Vec::new();
         for mt in [1, 2, 4, 8].into_iter().filter(|&mt| mt == 1 || 8 * mt / 2 < max_m) {
             let mut variant = Variant::default_for(act, mt, zeros, plan.warps, ctas_per_sm);
-            if let Some(tma) = tuning.tma {
-                variant.tma = tma && variant.tma; // M = 64 has no TMA variant (registers)
-            }
+            // M = 64 has no TMA variant (registers); nothing before sm_90 has.
+            variant.tma = variant.tma && tma_supported && tuning.tma.unwrap_or(true);
             if let Some(stages) = tuning.stages {
                 variant.stages = stages.max(2);
             }
-            // A forced depth is capped at what fits in a Hopper SM's 227 KB of shared memory.
-            while variant.stages > 2 && variant.smem_bytes() > MAX_SMEM_BYTES {
+            // The depth (forced or default) is capped at what fits in the GPU's shared memory.
+            while variant.stages > 2 && variant.smem_bytes() > smem_limit {
                 variant.stages -= 1;
             }
             let function = device.function(variant.source(), "w4a16_linear")?;
@@ -1073,8 +1103,21 @@ mod tests {
         // Columns 100.. of every row have scale 0.
         for r in 0..p.group_rows {
             for c in 100..p.n_cta {
-                assert_eq!(packed.scales[r * p.n_cta + c], 0);
+                assert_eq!(packed.scales[r * p.n_cta + param_slot(c)], 0);
             }
+        }
+    }
+
+    #[test]
+    fn param_slots_group_a_lanes_rows() {
+        // Lane group g = 3 of warp 1 reads slots 32 + 12..16: columns 32 + {3, 11, 19, 27}.
+        let slots: Vec<usize> = [35, 43, 51, 59].into_iter().map(param_slot).collect();
+        assert_eq!(slots, [44, 45, 46, 47]);
+        // A permutation of every tile width.
+        for n_cta in [64, 128, 256] {
+            let mut seen: Vec<usize> = (0..n_cta).map(param_slot).collect();
+            seen.sort_unstable();
+            assert_eq!(seen, (0..n_cta).collect::<Vec<_>>());
         }
     }
 
@@ -1105,34 +1148,51 @@ mod tests {
         assert!(matches!(Plan::new(64, 128, 8, 16), Err(Error::Unsupported(_))));
     }
 
-    /// Every launched variant compiles for Hopper without register spills (NVRTC only, no GPU needed).
+    /// Every launched variant compiles without register spills: all of them for Hopper, the cp.async ones (what
+    /// older GPUs get) for sm_80 and sm_89 too (NVRTC only, no GPU needed). Prints registers per variant;
+    /// `LOWBIT_DUMP_CUBIN=<dir>` also writes each CUBIN there (for `cuobjdump -sass`).
     #[test]
     fn kernel_variants_compile_without_spills() {
         if !crate::cuda::nvrtc_present() || crate::cuda::include_dir().is_none() {
             println!("skipped: NVRTC or cuda_fp16.h not found");
             return;
         }
+        let mut cases = Vec::new();
         for act in [DType::F16, DType::Bf16] {
             for mt in [1, 2, 4, 8] {
                 for (zeros, warps, ctas_per_sm) in [(true, 8, 2), (false, 2, 1)] {
                     let v = Variant::default_for(act, mt, zeros, warps, ctas_per_sm);
-                    let compiled = crate::cuda::compile(v.source(), "sm_90a").unwrap();
-                    let report: Vec<&str> = compiled.log.lines().filter(|l| l.contains("spill")).collect();
-                    assert!(
-                        report
-                            .iter()
-                            .all(|l| l.contains(" 0 bytes spill stores, 0 bytes spill loads")),
-                        "{}: {report:?}",
-                        v.name()
-                    );
-                    assert!(
-                        v.smem_bytes() <= 227 * 1024,
-                        "{}: {} bytes of shared memory",
-                        v.name(),
-                        v.smem_bytes()
-                    );
+                    cases.push((v, "sm_90a"));
+                    if zeros && (mt == 1 || mt == 8) {
+                        for arch in ["sm_80", "sm_89"] {
+                            cases.push((Variant { tma: false, ..v }, arch));
+                        }
+                    }
                 }
             }
+        }
+        for (v, arch) in cases {
+            let compiled = crate::cuda::compile(v.source(), arch).unwrap();
+            for line in compiled.resource_lines().filter(|l| l.contains("registers")) {
+                println!("{} {arch}: {}", v.name(), line.trim());
+            }
+            if let Ok(dir) = std::env::var("LOWBIT_DUMP_CUBIN") {
+                std::fs::write(format!("{dir}/{}_{arch}.cubin", v.name()), &compiled.cubin).unwrap();
+            }
+            let report: Vec<&str> = compiled.log.lines().filter(|l| l.contains("spill")).collect();
+            assert!(
+                report
+                    .iter()
+                    .all(|l| l.contains(" 0 bytes spill stores, 0 bytes spill loads")),
+                "{} {arch}: {report:?}",
+                v.name()
+            );
+            assert!(
+                v.smem_bytes() <= 227 * 1024,
+                "{}: {} bytes of shared memory",
+                v.name(),
+                v.smem_bytes()
+            );
         }
     }
 
