@@ -60,6 +60,9 @@ pub fn run(args: PlotArgs) -> Result<()> {
     Ok(())
 }
 
+/// A panel's x categories by sort key (M, K, N), and its points as (implementation, category, speed-up).
+type PanelPoints = (BTreeMap<(usize, usize, usize), String>, Vec<(String, String, f64)>);
+
 fn panels(records: &[BenchRecord]) -> Vec<Panel> {
     // A record's panel and x category. Batched ops get one panel per shape with M along x; unbatched ones (M = 0)
     // one panel per op and dtype with the shapes along x.
@@ -89,8 +92,7 @@ fn panels(records: &[BenchRecord]) -> Vec<Panel> {
         let (title, _, x) = key(r);
         baselines.entry((title, x)).or_insert(r.us);
     }
-    let mut panels: BTreeMap<String, (BTreeMap<(usize, usize, usize), String>, Vec<(String, String, f64)>)> =
-        BTreeMap::new();
+    let mut panels: BTreeMap<String, PanelPoints> = BTreeMap::new();
     for r in records
         .iter()
         .filter(|r| !BASELINES.contains(&r.implementation.as_str()) && r.us > 0.0)
@@ -180,11 +182,11 @@ fn render_panel(s: &mut String, p: &Panel, ox: f64, oy: f64) {
         let y = y_at(v);
         let _ = writeln!(
             s,
-            r##"<line x1="{x0}" y1="{y}" x2="{x1}" y2="{y}" stroke="#eee"/><text x="{}" y="{}" text-anchor="end">{}</text>"##,
+            r##"<line x1="{x0}" y1="{y}" x2="{x1}" y2="{y}" stroke="#eee"/><text x="{}" y="{}" text-anchor="end">{v:.*}</text>"##,
             x0 - 4.0,
             y + 4.0,
             // Enough decimals to tell the ticks apart, no more.
-            format!("{v:.*}", if step < 1.0 { 1 } else { 0 })
+            if step < 1.0 { 1 } else { 0 }
         );
         v += step;
     }
