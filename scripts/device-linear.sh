@@ -4,7 +4,8 @@
 # lowbit_graph and cuBLAS on the four target shapes x M in {1, 4, 16, 64}), then a table of speedups over cuBLAS.
 # Expects binaries prepared by `TESTS=cuda_linear scripts/prepare-devbin.sh` in $BIN (default .devbin); writes
 # logs and JSON lines under $OUT. Knobs: DTYPES (default "f16"), VARIANTS=1 (also time the grid at one and two CTAs
-# per SM), CTAS=66,88 (also time exactly these grid sizes, on CTAS_SHAPES, default 1x4096x4096 and 16x4096x4096),
+# per SM), CTAS=66,88 / STAGES=3,4 (also time exactly these grid sizes / pipeline depths, f16, on EXTRA_SHAPES,
+# default 1x4096x4096 and 16x4096x4096; rows prefixed "extra_"),
 # BASELINE=<dir> (a previous build's `lowbit` in that dir, benched in the same run: "before" rows, impl prefixed
 # "base_"; BASELINE_DTYPES limits it, default all), SKIP_TESTS=1, TEST_TIMEOUT (s, default 300), SANITIZE=1
 # (compute-sanitizer memcheck on the exact-integer test).
@@ -46,13 +47,14 @@ for dt in ${DTYPES:-f16}; do
       | sed 's/"impl":"/"impl":"base_/' >> "$J" || { status=1; tail -n 5 "$OUT/base-$dt.err"; }
   fi
 done
-if [ -n "${CTAS:-}" ]; then
-  echo "== grid sizes $CTAS"
+if [ -n "${CTAS:-}${STAGES:-}" ]; then
+  echo "== grid sizes ${CTAS:-default}, pipeline depths ${STAGES:-default}"
   shapes=""
-  for s in ${CTAS_SHAPES:-1x4096x4096 16x4096x4096}; do shapes="$shapes --shape $s"; done
-  LOWBIT_BENCH_CTAS=$CTAS "$BIN/lowbit" bench --device cuda --op linear --dtype f16 --json $shapes \
-    2> "$OUT/ctas.err" | sed 's/"impl":"lowbit/"impl":"grid_lowbit/; s/"impl":"cublas/"impl":"grid_cublas/' >> "$J" \
-    || { status=1; tail -n 5 "$OUT/ctas.err"; }
+  for s in ${EXTRA_SHAPES:-1x4096x4096 16x4096x4096}; do shapes="$shapes --shape $s"; done
+  LOWBIT_BENCH_CTAS=${CTAS:-} LOWBIT_BENCH_STAGES=${STAGES:-} "$BIN/lowbit" bench --device cuda --op linear \
+    --dtype f16 --json $shapes 2> "$OUT/extra.err" \
+    | sed 's/"impl":"lowbit/"impl":"extra_lowbit/; s/"impl":"cublas/"impl":"extra_cublas/' >> "$J" \
+    || { status=1; tail -n 5 "$OUT/extra.err"; }
 fi
 python3 - "$J" <<'PY'
 import json, sys
@@ -67,10 +69,11 @@ for r in rows:
 PY
 if [ "${PROFILE:-0}" = 1 ] && command -v ncu >/dev/null; then
   echo "== ncu (M=1, 8192 x 28672, f16)"
-  ncu --kernel-name w4a16_linear --launch-skip 40 --launch-count 1 --section SpeedOfLight --section WarpStateStats \
-    --section SchedulerStats --section LaunchStats --section Occupancy --section MemoryWorkloadAnalysis \
+  timeout "${PROFILE_TIMEOUT:-150}" ncu --kernel-name w4a16_linear --launch-skip 40 --launch-count 1 \
+    --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section InstructionStats \
+    --section LaunchStats --section Occupancy --section MemoryWorkloadAnalysis \
     "$BIN/lowbit" bench --device cuda --op linear --shape 1x8192x28672 --json > "$OUT/ncu.txt" 2>&1 || status=1
-  grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Issued Ipc|Eligible|No Eligible|Stall|Warp Cycles|Achieved Occupancy|Registers|Block Limit|One or More|Waves" \
+  grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Issued Ipc|Executed Instructions|Issue Slots|Eligible|No Eligible|Stall|Warp Cycles|Achieved Occupancy|Registers|Block Limit|One or More|Waves" \
     "$OUT/ncu.txt" | head -40
 fi
 echo "device-linear: status $status"

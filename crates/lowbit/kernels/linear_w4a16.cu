@@ -33,6 +33,9 @@
 //   uses cp.async by every thread with one __syncthreads per stage (M = 64: its 8 warps use ~230 registers; a
 //   ninth warp would cap them at 224).
 //   The grid is one or two CTAs per SM, chosen from the shape alone (two when each CTA still gets >= 6 units).
+//   Depth (host: Variant::default_for): 3 stages with two CTAs per SM; deeper was slower on H200 (8192 x 28672,
+//   M = 1: 39.4 us at 3, 41.7 at 4, 46.6 at 6). When the group size is a multiple of 128 (LB_UNIT_GROUPS) a stage
+//   holds one scale/zero row instead of eight (19 KB instead of 23 KB at M <= 8).
 //   Measured on H200 (M = 1, 8192 x 28672): the cp.async version was issue-bound at 74.7 us (IPC ~0.4 with 2
 //   warps per scheduler and a barrier per unit); TMA + 2 CTAs/SM gives 47 us.
 //
@@ -52,7 +55,7 @@
 //   ld.shared and its four zero codes with one 16-bit ld.shared, and forms all its zero terms with ~8 ALU ops.
 //
 // The host prepends the #defines selecting one variant (LB_DTYPE, LB_MT, LB_ZEROS, LB_WARPS, LB_STAGES, LB_TMA,
-// LB_MIN_BLOCKS) and launches the extern "C" kernels at the bottom.
+// LB_MIN_BLOCKS, LB_UNIT_GROUPS) and launches the extern "C" kernels at the bottom.
 #include "common.cuh"
 
 namespace lowbit {
@@ -273,7 +276,9 @@ struct Shape {
     long long y_stride;  // elements between rows of y
 };
 
-template <class T, int MT, bool HAS_ZEROS, int WARPS, int STAGES, bool TMA>
+// UNIT_GROUPS: the group size is a multiple of 128 (g128, per channel, ...), so each unit lies in one group: a
+// stage holds one scale/zero row instead of MAX_GROUP_ROWS (more stages fit) and no group boundary is checked.
+template <class T, int MT, bool HAS_ZEROS, int WARPS, int STAGES, bool TMA, bool UNIT_GROUPS>
 struct Linear {
     static constexpr int THREADS = WARPS * 32;           // consumer (mma) threads
     static constexpr int BLOCK = THREADS + (TMA ? 32 : 0);  // + one producer warp issuing the TMA copies
@@ -282,8 +287,9 @@ struct Linear {
     // Bytes of one stage: weights, x rows, scale rows, zero rows (each a multiple of 16).
     static constexpr int W_BYTES = N_CTA * K_TILE / 2;
     static constexpr int X_BYTES = M_ROWS * X_PITCH * 2;
-    static constexpr int S_BYTES = MAX_GROUP_ROWS * N_CTA * 2;
-    static constexpr int Z_BYTES = HAS_ZEROS ? MAX_GROUP_ROWS * N_CTA / 2 : 0;
+    static constexpr int GROUP_ROWS = UNIT_GROUPS ? 1 : MAX_GROUP_ROWS;  // scale/zero rows per stage
+    static constexpr int S_BYTES = GROUP_ROWS * N_CTA * 2;
+    static constexpr int Z_BYTES = HAS_ZEROS ? GROUP_ROWS * N_CTA / 2 : 0;
     static constexpr int STAGE_BYTES = W_BYTES + X_BYTES + S_BYTES + Z_BYTES;
     // Stages, then (TMA) one full and one empty mbarrier per stage.
     static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + (TMA ? STAGES * 16 : 0);
@@ -385,9 +391,7 @@ struct Linear {
     }
 
     // One unit: 8 k16 steps x 2 tiles x MT token tiles of mma on (q - z), into per-group accumulators that are
-    // scaled into `acc` at each group end and at the unit's end. UNIT_GROUPS: the group size is a multiple of 128,
-    // so the whole unit is in one group (row 0 of the stage) and no boundary needs checking.
-    template <bool UNIT_GROUPS>
+    // scaled into `acc` at each group end and at the unit's end (UNIT_GROUPS: the whole unit is group row 0).
     __device__ static __forceinline__ void compute_stage(u32 stage, const Shape& s, int kt, int warp, int lane,
                                                          float (&acc)[2][MT][4]) {
         const u32 ws = stage + warp * (4 * 512) + lane * 16;
@@ -619,17 +623,11 @@ struct Linear {
             }
         }
 
-        // Two copies of the consumer loop: one for group sizes that are multiples of 128 (every unit lies in one
-        // group: g128, per channel), which checks no group boundaries, and one for the rest.
-        if (s.group % K_TILE == 0)
-            consume<true>(a, s, smem, bars, u_begin, count, tid);
-        else
-            consume<false>(a, s, smem, bars, u_begin, count, tid);
+        consume(a, s, smem, bars, u_begin, count, tid);
     }
 
     // The mma warps' loop over this CTA's units: wait for a stage, compute it, release it; at each segment end
     // store the tile or hand it to the fix-up.
-    template <bool UNIT_GROUPS>
     __device__ static void consume(const Args& a, const Shape& s, char* smem, u32 bars, int u_begin, int count,
                                    int tid) {
         const int warp = tid >> 5, lane = tid & 31;
@@ -674,7 +672,7 @@ struct Linear {
                 if (++ld_buf == STAGES) ld_buf = 0;
             }
 
-            compute_stage<UNIT_GROUPS>(smem_addr(smem) + buf * STAGE_BYTES, s, kt, warp, lane, acc);
+            compute_stage(smem_addr(smem) + buf * STAGE_BYTES, s, kt, warp, lane, acc);
             if constexpr (TMA) mbar_arrive(bars + (STAGES + buf) * 8);  // this thread is done reading the stage
             if (++buf == STAGES) buf = 0, phase ^= 1;
 
@@ -724,12 +722,15 @@ __device__ __forceinline__ void stage_x(const unsigned short* x, long long x_str
 #define LB_STAGES 3
 #define LB_TMA (__CUDA_ARCH__ >= 900)
 #define LB_MIN_BLOCKS 2
+#define LB_UNIT_GROUPS 1
 #endif
 #if LB_TMA && __CUDA_ARCH__ < 900
 #error "the TMA pipeline (LB_TMA) needs sm_90: select LB_TMA 0 for older GPUs"
 #endif
 
-typedef lowbit::w4a16::Linear<lowbit::LB_DTYPE, LB_MT, LB_ZEROS != 0, LB_WARPS, LB_STAGES, LB_TMA != 0> LinearVariant;
+typedef lowbit::w4a16::Linear<lowbit::LB_DTYPE, LB_MT, LB_ZEROS != 0, LB_WARPS, LB_STAGES, LB_TMA != 0,
+                              LB_UNIT_GROUPS != 0>
+    LinearVariant;
 
 extern "C" __global__ void __launch_bounds__(LinearVariant::BLOCK, LB_MIN_BLOCKS)
     w4a16_linear(LinearVariant::Args args, lowbit::w4a16::Shape shape) {

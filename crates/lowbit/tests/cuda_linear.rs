@@ -72,6 +72,10 @@ struct Case {
     data: Data,
     /// Grid override (CTAs per SM); `None` = the per-shape default (one CTA per SM for every shape here).
     ctas_per_sm: Option<usize>,
+    /// Pipeline depth override; `None` = the variant's default.
+    stages: Option<usize>,
+    /// Grid size override (CTAs); `None` = `ctas_per_sm` times the SM count.
+    ctas: Option<usize>,
 }
 
 fn quant(rng: &mut Rng, c: &Case) -> QuantMatrix {
@@ -239,11 +243,13 @@ fn check_case<T: Float + DeviceRepr>(dev: &CudaDevice, rng: &mut Rng, c: &Case) 
     let want = reference::linear(&x, 64, &w, bias.as_deref());
     let tuning = Tuning {
         ctas_per_sm: c.ctas_per_sm,
+        stages: c.stages,
+        ctas: c.ctas,
         ..Tuning::default()
     };
     let op = LinearW4A16Cuda::with_tuning(dev, &repack(&w, c.act).unwrap(), 64, tuning).unwrap();
     let label = format!(
-        "N={} K={} G={} {} zeros={} act_order={} bias={} {:?} (n_cta {}, {} CTAs)",
+        "N={} K={} G={} {} zeros={} act_order={} bias={} {:?} stages={:?} (n_cta {}, {} CTAs)",
         c.n,
         c.k,
         c.group,
@@ -252,6 +258,7 @@ fn check_case<T: Float + DeviceRepr>(dev: &CudaDevice, rng: &mut Rng, c: &Case) 
         c.act_order,
         c.bias,
         c.data,
+        c.stages,
         op.plan().n_cta,
         op.ctas()
     );
@@ -335,8 +342,10 @@ fn matches_reference_across_shapes_and_batches() {
                         x_scale: if index % 3 == 2 { 100.0 } else { 1.0 },
                     },
                     // Half the cases on the two-CTAs-per-SM grid (its own kernel variants: fewer registers,
-                    // 3 stages, more split tiles), which only large layers get by default.
+                    // fewer stages, more split tiles), which only large layers get by default.
                     ctas_per_sm: (index % 2 == 1).then_some(2),
+                    stages: None,
+                    ctas: None,
                 };
                 dispatch(&dev, &mut rng, &case);
             }
@@ -364,6 +373,8 @@ fn exact_integer_mode_is_bit_exact() {
             bias: false,
             data: Data::ExactInteger,
             ctas_per_sm: (n == 4096).then_some(2),
+            stages: None,
+            ctas: None,
         };
         dispatch(&dev, &mut rng, &case);
     }
@@ -393,8 +404,39 @@ fn groups_not_aligned_to_units() {
             bias: n % 3 == 0,
             data,
             ctas_per_sm: (n == 192).then_some(2),
+            stages: None,
+            ctas: None,
         };
         dispatch(&dev, &mut rng, &case);
+    }
+}
+
+/// Every pipeline depth from 2 to 6 on a grid of 7 CTAs (dozens of units each, so the ring of stages and its
+/// mbarrier phases wrap many times), with the one- and two-CTA-per-SM kernels, groups inside and across units.
+#[test]
+fn pipeline_depths() {
+    let Some(dev) = device() else { return };
+    let mut rng = Rng(0xde97);
+    for stages in 2..=6 {
+        for (n, k, group, act, ctas_per_sm) in [
+            (576, 4224, 128, DType::F16, Some(2)),
+            (2048, 3072, 64, DType::Bf16, None),
+        ] {
+            let case = Case {
+                n,
+                k,
+                group,
+                act,
+                zeros: true,
+                act_order: false,
+                bias: false,
+                data: Data::Random { x_scale: 1.0 },
+                ctas_per_sm,
+                stages: Some(stages),
+                ctas: Some(7),
+            };
+            dispatch(&dev, &mut rng, &case);
+        }
     }
 }
 
@@ -412,6 +454,8 @@ fn strided_and_unaligned_activation_rows() {
         bias: true,
         data: Data::Random { x_scale: 1.0 },
         ctas_per_sm: None,
+        stages: None,
+        ctas: None,
     };
     let w = quant(&mut rng, &c);
     let op = LinearW4A16Cuda::new(&dev, &w, DType::F16, 16).unwrap();
@@ -472,6 +516,8 @@ fn bad_inputs_give_typed_errors() {
         bias: false,
         data: Data::Random { x_scale: 1.0 },
         ctas_per_sm: None,
+        stages: None,
+        ctas: None,
     };
     let mut w = quant(&mut rng, &c);
     assert!(matches!(repack(&w, DType::F32), Err(Error::Invalid { .. })));

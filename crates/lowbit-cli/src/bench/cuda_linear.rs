@@ -12,7 +12,8 @@
 //!
 //! `LOWBIT_BENCH_VARIANTS=1` adds records with the grid forced to one (`lowbit_1sm`) or two (`lowbit_2sm`) CTAs per
 //! SM instead of the per-shape default; `LOWBIT_BENCH_CTAS=66,88` adds records with exactly that many CTAs
-//! (`lowbit_c66`, ...: fewer, longer stream-K pieces, hence fewer fix-ups).
+//! (`lowbit_c66`, ...: fewer, longer stream-K pieces, hence fewer fix-ups), `LOWBIT_BENCH_STAGES=3,4` with that
+//! pipeline depth (`lowbit_s3`, ...; capped at what fits). Each variant also gets a CUDA-graph record (`_graph`).
 
 use super::{BenchArgs, BenchRecord, Shape, Sink};
 use half::{bf16, f16};
@@ -70,20 +71,24 @@ pub fn run(args: &BenchArgs, sink: &mut Sink) -> Result<()> {
             variants.push((format!("lowbit_{per_sm}sm"), tuning));
         }
     }
-    if let Ok(list) = std::env::var("LOWBIT_BENCH_CTAS") {
+    for (var, prefix) in [("LOWBIT_BENCH_CTAS", "c"), ("LOWBIT_BENCH_STAGES", "s")] {
+        let Ok(list) = std::env::var(var) else { continue };
         for item in list.split(',').filter(|s| !s.trim().is_empty()) {
-            let ctas: usize = item.trim().parse().map_err(|_| {
-                Error::invalid(
-                    "LOWBIT_BENCH_CTAS",
-                    item,
-                    "must be a comma-separated list of CTA counts",
-                )
-            })?;
-            let tuning = Tuning {
-                ctas: Some(ctas),
-                ..Tuning::default()
+            let value: usize = item
+                .trim()
+                .parse()
+                .map_err(|_| Error::invalid(var, item, "must be a comma-separated list of counts"))?;
+            let tuning = match prefix {
+                "c" => Tuning {
+                    ctas: Some(value),
+                    ..Tuning::default()
+                },
+                _ => Tuning {
+                    stages: Some(value),
+                    ..Tuning::default()
+                },
             };
-            variants.push((format!("lowbit_c{ctas}"), tuning));
+            variants.push((format!("lowbit_{prefix}{value}"), tuning));
         }
     }
     let count: usize = problems.iter().map(|(_, ms)| ms.len()).sum();

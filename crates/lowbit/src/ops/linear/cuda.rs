@@ -58,14 +58,28 @@ const WARP_N: usize = 32;
 const X_PITCH: usize = K_TILE + 8;
 /// Scale/zero rows a unit can touch (`MAX_GROUP_ROWS`): group sizes are multiples of 16.
 const MAX_GROUP_ROWS: usize = K_TILE / 16;
-/// Dynamic shared memory one CTA may use (opt-in limit) on a GPU of compute capability `cc`.
-fn max_smem_bytes(cc: (i32, i32)) -> usize {
-    match cc {
-        (9.., _) => 227 * 1024,
-        (8, 0) | (8, 7) => 163 * 1024,
-        _ => 99 * 1024,
+/// Shared memory of a GPU of compute capability `cc`: what one SM has and the most one CTA may use (opt-in).
+fn smem_limits(cc: (i32, i32)) -> SmemLimits {
+    let (per_sm, per_cta) = match cc {
+        (9.., _) => (228, 227),
+        (8, 0) | (8, 7) => (164, 163),
+        _ => (100, 99),
+    };
+    SmemLimits {
+        per_sm: per_sm * 1024,
+        per_cta: per_cta * 1024,
     }
 }
+
+/// Shared-memory capacities in bytes ([`smem_limits`]).
+#[derive(Debug, Clone, Copy)]
+struct SmemLimits {
+    per_sm: usize,
+    per_cta: usize,
+}
+
+/// Shared memory the system reserves per CTA (sm_80 and later).
+const SMEM_RESERVED_PER_CTA: usize = 1024;
 /// Largest batch the kernel takes (8 token tiles of 8).
 pub const MAX_M: usize = 64;
 /// Nibble position of A-fragment element `i` in its word (the AWQ interleave, see the kernel header).
@@ -406,15 +420,26 @@ pub struct Variant {
     pub tma: bool,
     /// CTAs per SM the registers are capped for (`__launch_bounds__` minimum blocks).
     pub min_blocks: usize,
+    /// The group size is a multiple of 128: a stage holds one scale/zero row (not 8) and no group boundary is
+    /// checked inside a unit.
+    pub unit_groups: bool,
 }
 
 impl Variant {
     /// The variant `new` picks on sm_90 for `mt` token tiles on a grid of `ctas_per_sm` CTAs per SM: TMA for
     /// M <= 32 (registers capped for two CTAs per SM when the grid has two and M <= 16), cp.async for M <= 64 (a
-    /// producer warp would leave the 8 mma warps 224 registers, too tight for M = 64). Stages: 3 when two CTAs share
-    /// an SM (measured as good as 4 on H200), otherwise as many as fit. Older GPUs use cp.async throughout
-    /// (`with_tuning` clears `tma` there).
-    pub fn default_for(act: DType, mt: usize, zeros: bool, warps: usize, ctas_per_sm: usize) -> Variant {
+    /// producer warp would leave the 8 mma warps 224 registers, too tight for M = 64). Stages: 3 when two CTAs
+    /// share an SM -- deeper is slower (H200, 8192 x 28672, M = 1: 39.4 us at 3 stages, 41.7 at 4, 46.6 at 6) --
+    /// otherwise 8, 6, 5 for M <= 16, 32, 64; `with_tuning` lowers them to what the GPU's shared memory holds.
+    /// Older GPUs use cp.async throughout (`with_tuning` clears `tma` there).
+    pub fn default_for(
+        act: DType,
+        mt: usize,
+        zeros: bool,
+        unit_groups: bool,
+        warps: usize,
+        ctas_per_sm: usize,
+    ) -> Variant {
         let (tma, min_blocks, stages) = match (mt, ctas_per_sm) {
             (1 | 2, 2..) => (true, 2, 3),
             (1 | 2, _) => (true, 1, 8),
@@ -429,6 +454,18 @@ impl Variant {
             stages,
             tma,
             min_blocks,
+            unit_groups,
+        }
+    }
+
+    /// Lowers `stages` (to no fewer than 2) until `min_blocks` CTAs (those its registers are capped for) fit in
+    /// one SM's shared memory together, and one CTA within the per-CTA limit.
+    fn fit_stages(&mut self, limits: SmemLimits) {
+        let fits = |v: &Variant| {
+            v.smem_bytes() <= limits.per_cta && v.min_blocks * (v.smem_bytes() + SMEM_RESERVED_PER_CTA) <= limits.per_sm
+        };
+        while self.stages > 2 && !fits(self) {
+            self.stages -= 1;
         }
     }
 
@@ -440,10 +477,11 @@ impl Variant {
     /// Dynamic shared memory of one CTA (`Linear::SMEM_BYTES`).
     pub fn smem_bytes(&self) -> usize {
         let n_cta = self.warps * WARP_N;
+        let group_rows = if self.unit_groups { 1 } else { MAX_GROUP_ROWS };
         let stage = n_cta * K_TILE / 2
             + self.mt * 8 * X_PITCH * 2
-            + MAX_GROUP_ROWS * n_cta * 2
-            + if self.zeros { MAX_GROUP_ROWS * n_cta / 2 } else { 0 };
+            + group_rows * n_cta * 2
+            + if self.zeros { group_rows * n_cta / 2 } else { 0 };
         self.stages * stage + if self.tma { self.stages * 16 } else { 0 }
     }
 
@@ -454,10 +492,11 @@ impl Variant {
 
     fn name(&self) -> String {
         format!(
-            "linear_w4a16_{}_m{}_z{}_w{}_s{}_{}{}",
+            "linear_w4a16_{}_m{}_z{}_g{}_w{}_s{}_{}{}",
             self.act.name(),
             self.mt,
             u8::from(self.zeros),
+            if self.unit_groups { "unit" } else { "any" },
             self.warps,
             self.stages,
             if self.tma { "tma" } else { "cpasync" },
@@ -475,14 +514,15 @@ impl Variant {
         map.entry(*self).or_insert_with(|| {
             let defines = format!(
                 "#define LB_DTYPE {}\n#define LB_MT {}\n#define LB_ZEROS {}\n#define LB_WARPS {}\n#define LB_STAGES {}\n\
-                 #define LB_TMA {}\n#define LB_MIN_BLOCKS {}\n",
+                 #define LB_TMA {}\n#define LB_MIN_BLOCKS {}\n#define LB_UNIT_GROUPS {}\n",
                 if self.act == DType::Bf16 { "BF16" } else { "F16" },
                 self.mt,
                 u8::from(self.zeros),
                 self.warps,
                 self.stages,
                 u8::from(self.tma),
-                self.min_blocks
+                self.min_blocks,
+                u8::from(self.unit_groups)
             );
             // Leaked once per variant (a handful per process): KernelSource holds &'static strs.
             Box::leak(Box::new(KernelSource {
@@ -652,19 +692,18 @@ impl LinearW4A16Cuda {
         let zeros = packed.zeros.is_some();
         // TMA bulk copies and mbarrier transaction counts are sm_90 features.
         let cc = device.info().compute_capability;
-        let (tma_supported, smem_limit) = (cc.0 >= 9, max_smem_bytes(cc));
+        let (tma_supported, limits) = (cc.0 >= 9, smem_limits(cc));
+        let unit_groups = plan.group % K_TILE == 0;
         let mut kernels = Vec::new();
         for mt in [1, 2, 4, 8].into_iter().filter(|&mt| mt == 1 || 8 * mt / 2 < max_m) {
-            let mut variant = Variant::default_for(act, mt, zeros, plan.warps, ctas_per_sm);
+            let mut variant = Variant::default_for(act, mt, zeros, unit_groups, plan.warps, ctas_per_sm);
             // M = 64 has no TMA variant (registers); nothing before sm_90 has.
             variant.tma = variant.tma && tma_supported && tuning.tma.unwrap_or(true);
             if let Some(stages) = tuning.stages {
                 variant.stages = stages.max(2);
             }
-            // The depth (forced or default) is capped at what fits in the GPU's shared memory.
-            while variant.stages > 2 && variant.smem_bytes() > smem_limit {
-                variant.stages -= 1;
-            }
+            // The depth (forced or default) is capped at what fits in this GPU's shared memory.
+            variant.fit_stages(limits);
             let function = device.function(variant.source(), "w4a16_linear")?;
             function
                 .set_attribute(
@@ -1160,10 +1199,10 @@ mod tests {
         let mut cases = Vec::new();
         for act in [DType::F16, DType::Bf16] {
             for mt in [1, 2, 4, 8] {
-                for (zeros, warps, ctas_per_sm) in [(true, 8, 2), (false, 2, 1)] {
-                    let v = Variant::default_for(act, mt, zeros, warps, ctas_per_sm);
+                for (zeros, unit_groups, warps, ctas_per_sm) in [(true, true, 8, 2), (false, false, 2, 1)] {
+                    let v = Variant::default_for(act, mt, zeros, unit_groups, warps, ctas_per_sm);
                     cases.push((v, "sm_90a"));
-                    if zeros && (mt == 1 || mt == 8) {
+                    if mt == 1 || mt == 8 {
                         for arch in ["sm_80", "sm_89"] {
                             cases.push((Variant { tma: false, ..v }, arch));
                         }
@@ -1179,6 +1218,7 @@ mod tests {
             if let Ok(dir) = std::env::var("LOWBIT_DUMP_CUBIN") {
                 std::fs::write(format!("{dir}/{}_{arch}.cubin", v.name()), &compiled.cubin).unwrap();
             }
+            println!("{} {arch}: {} bytes of shared memory", v.name(), v.smem_bytes());
             let report: Vec<&str> = compiled.log.lines().filter(|l| l.contains("spill")).collect();
             assert!(
                 report
