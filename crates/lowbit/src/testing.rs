@@ -3,6 +3,7 @@
 //! - [`SplitMix64`]: a tiny seeded PRNG (the project uses no `rand` crate), so every run draws the same inputs.
 //! - [`random_quant`]: a random [`QuantMatrix`] as a [`QuantSpec`] describes it.
 //! - [`TempDir`]: a fresh directory removed on drop.
+//! - [`cuda_device`]: the GPU for GPU tests, or a printed reason to skip them.
 
 use crate::dtype::{round_to, DType};
 use crate::formats::QuantMatrix;
@@ -235,5 +236,19 @@ impl TempDir {
 impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// GPU 0, opened once per process (so kernels compile once per test binary), or `None` after printing
+/// `skipped: <why>` when there is no usable GPU: GPU tests call this first and return on `None`.
+pub fn cuda_device() -> Option<std::sync::Arc<crate::cuda::CudaDevice>> {
+    use std::sync::{Arc, OnceLock};
+    static DEVICE: OnceLock<Result<Arc<crate::cuda::CudaDevice>, String>> = OnceLock::new();
+    match DEVICE.get_or_init(|| crate::cuda::CudaDevice::new(0).map_err(|e| e.to_string())) {
+        Ok(d) => Some(d.clone()),
+        Err(why) => {
+            println!("skipped: {why}");
+            None
+        }
     }
 }

@@ -15,40 +15,16 @@ use lowbit::formats::gptq::{GptqVersion, GptqWeight};
 use lowbit::formats::int8::Int8Weight;
 use lowbit::ops::dequantize::cuda::{DequantDesc, DequantizeInt4, DequantizeInt8, Int4Layout, Int4Weight};
 use lowbit::ops::dequantize::{cpu, Layout};
+use lowbit::testing::SplitMix64 as Rng;
 use lowbit::{DType, Error, Float, QuantMatrix};
-use std::sync::{Arc, OnceLock};
+// One device for the whole test binary (kernels compile once), or a printed reason to skip.
+use lowbit::testing::cuda_device as device;
 
-/// One device for the whole test binary (kernels compile once).
-fn device() -> Option<Arc<CudaDevice>> {
-    static DEV: OnceLock<Result<Arc<CudaDevice>, String>> = OnceLock::new();
-    match DEV.get_or_init(|| CudaDevice::new(0).map_err(|e| e.to_string())) {
-        Ok(d) => Some(d.clone()),
-        Err(why) => {
-            println!("skipped: {why}");
-            None
-        }
-    }
-}
-
-/// SplitMix64.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    /// A scale spanning 2^-16 (subnormal results in f16) to 2^3, one in eight negative.
-    fn scale(&mut self, dtype: DType) -> f32 {
-        let mag = 2f32.powf(-16.0 + 19.0 * (self.next() >> 40) as f32 / (1u64 << 24) as f32);
-        let s = if self.below(8) == 0 { -mag } else { mag };
-        round_to(dtype, s)
-    }
+/// A scale spanning 2^-16 (subnormal results in f16) to 2^3, one in eight negative.
+fn random_scale(rng: &mut Rng, dtype: DType) -> f32 {
+    let mag = 2f32.powf(rng.uniform(-16.0, 3.0));
+    let s = if rng.below(8) == 0 { -mag } else { mag };
+    round_to(dtype, s)
 }
 
 /// Zero points of a case: none (symmetric), a constant, or random codes covering every nibble.
@@ -77,7 +53,7 @@ fn random_quant(
         Zeros::Const(z) => Some(vec![z; n * groups]),
         Zeros::Random => Some((0..n * groups).map(|_| rng.below(max + 1) as u8).collect()),
     };
-    let scales = (0..n * groups).map(|_| rng.scale(dtype)).collect();
+    let scales = (0..n * groups).map(|_| random_scale(rng, dtype)).collect();
     // Act-order: every group keeps `group` members, scattered over K.
     let g_idx = act_order.then(|| {
         let mut g: Vec<u32> = (0..k).map(|i| (i / group) as u32).collect();
@@ -449,9 +425,11 @@ fn more_than_2_pow_31_outputs() {
     let (k, n, g) = (69632usize, 32768usize, 128usize);
     assert!(k * n > 1 << 31);
     let mut rng = Rng(9);
-    let qweight: Vec<i32> = (0..k * n / 8).map(|_| rng.next() as i32).collect();
-    let qzeros: Vec<i32> = (0..k / g * n / 8).map(|_| rng.next() as i32).collect();
-    let scales: Vec<f16> = (0..k / g * n).map(|_| f16::from_f32(rng.scale(DType::F16))).collect();
+    let qweight: Vec<i32> = (0..k * n / 8).map(|_| rng.next_u64() as i32).collect();
+    let qzeros: Vec<i32> = (0..k / g * n / 8).map(|_| rng.next_u64() as i32).collect();
+    let scales: Vec<f16> = (0..k / g * n)
+        .map(|_| f16::from_f32(random_scale(&mut rng, DType::F16)))
+        .collect();
     let desc = DequantDesc {
         layout: Int4Layout::Awq,
         k,

@@ -19,38 +19,10 @@ use half::{bf16, f16};
 use lowbit::cuda::{CudaDevice, CudaSlice, DevicePtr, DeviceRepr};
 use lowbit::ops::linear::cuda::{repack, LinearW4A16Cuda, Tuning};
 use lowbit::ops::linear::reference;
+use lowbit::testing::SplitMix64 as Rng;
 use lowbit::{DType, Error, Float, QuantMatrix};
-use std::sync::{Arc, OnceLock};
-
-/// One device for the whole test binary (kernels compile once).
-fn device() -> Option<Arc<CudaDevice>> {
-    static DEV: OnceLock<Result<Arc<CudaDevice>, String>> = OnceLock::new();
-    match DEV.get_or_init(|| CudaDevice::new(0).map_err(|e| e.to_string())) {
-        Ok(d) => Some(d.clone()),
-        Err(why) => {
-            println!("skipped: {why}");
-            None
-        }
-    }
-}
-
-/// SplitMix64.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
-        lo + (hi - lo) * ((self.next() >> 40) as f32 / (1u64 << 24) as f32)
-    }
-}
+// One device for the whole test binary (kernels compile once), or a printed reason to skip.
+use lowbit::testing::cuda_device as device;
 
 /// How a case's numbers are drawn.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -17,6 +17,7 @@ use super::{BenchArgs, BenchRecord, Shape, Sink};
 use half::{bf16, f16};
 use lowbit::cuda::{copy_device, CudaDevice, CudaSlice, CudaStream, Device, DeviceRepr, StreamTimer, ValidAsZeroBits};
 use lowbit::ops::dequantize::cuda::{DequantDesc, DequantizeInt4, DequantizeInt8, Int4Layout, Int4Weight};
+use lowbit::testing::SplitMix64;
 use lowbit::{DType, Error, Float, Result};
 use std::sync::Arc;
 
@@ -90,7 +91,7 @@ fn bench_dequant<T: Float + DeviceRepr + ValidAsZeroBits>(
     let stream = dev.stream().clone();
     let name = dev.info().name.clone();
     let dtype = T::DTYPE;
-    let mut rng = SplitMix(0x5EED ^ (k * 31 + n) as u64);
+    let mut rng = SplitMix64(0x5EED ^ (k * 31 + n) as u64);
     let record = |implementation: &str, bytes: usize, us: f64| {
         let mut r = BenchRecord::new(
             "dequant",
@@ -111,8 +112,8 @@ fn bench_dequant<T: Float + DeviceRepr + ValidAsZeroBits>(
         let op = DequantizeInt8::new(dev, k, n, dtype)?;
         let bytes = op.bytes();
         let sets = rotation(dev, bytes);
-        let weight: Vec<i8> = (0..k * n).map(|_| rng.next() as i8).collect();
-        let scales: Vec<T> = (0..n).map(|_| T::from_f32(rng.scale())).collect();
+        let weight: Vec<i8> = (0..k * n).map(|_| rng.next_u64() as i8).collect();
+        let scales: Vec<T> = (0..n).map(|_| T::from_f32(random_scale(&mut rng))).collect();
         let mut data = Vec::new();
         for _ in 0..sets {
             data.push((dev.upload(&weight)?, dev.upload(&scales)?, dev.alloc_zeros::<T>(k * n)?));
@@ -140,9 +141,9 @@ fn bench_dequant<T: Float + DeviceRepr + ValidAsZeroBits>(
     let sets = rotation(dev, bytes);
     let (q_len, z_len, s_len, o_len) = awq.lens();
     // Random codes and zeros covering every nibble; scales of a realistic magnitude.
-    let qweight: Vec<i32> = (0..q_len).map(|_| rng.next() as i32).collect();
-    let zeros: Vec<i32> = (0..z_len).map(|_| rng.next() as i32).collect();
-    let scales: Vec<T> = (0..s_len).map(|_| T::from_f32(rng.scale())).collect();
+    let qweight: Vec<i32> = (0..q_len).map(|_| rng.next_u64() as i32).collect();
+    let zeros: Vec<i32> = (0..z_len).map(|_| rng.next_u64() as i32).collect();
+    let scales: Vec<T> = (0..s_len).map(|_| T::from_f32(random_scale(&mut rng))).collect();
     let mut data: Vec<Set<T>> = Vec::new();
     for _ in 0..sets {
         data.push(Set {
@@ -267,19 +268,7 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// SplitMix64: random words for codes and zeros, and scales in [2^-10, 2^-6).
-struct SplitMix(u64);
-
-impl SplitMix {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn scale(&mut self) -> f32 {
-        let unit = (self.next() >> 40) as f32 / (1u64 << 24) as f32;
-        (2.0f32).powf(-10.0 + 4.0 * unit)
-    }
+/// A random scale in [2^-10, 2^-6): products stay well inside fp16 range.
+fn random_scale(rng: &mut SplitMix64) -> f32 {
+    2f32.powf(rng.uniform(-10.0, -6.0))
 }

@@ -19,6 +19,7 @@ use super::{BenchArgs, BenchRecord, Shape, Sink};
 use half::{bf16, f16};
 use lowbit::cuda::{capture_graph, CudaDevice, CudaSlice, CudaStream, Device, StreamTimer, ValidAsZeroBits};
 use lowbit::ops::linear::cuda::{repack, CublasLinear, DenseElement, LinearW4A16Cuda, Tuning};
+use lowbit::testing::SplitMix64;
 use lowbit::{DType, Error, QuantMatrix, Result};
 use std::sync::Arc;
 
@@ -106,11 +107,11 @@ pub fn run(args: &BenchArgs, sink: &mut Sink) -> Result<()> {
 }
 
 /// A random int4 weight: codes and zeros over every nibble, f16/bf16-exact scales of realistic size.
-fn random_weight(rng: &mut SplitMix, n: usize, k: usize, group: usize, zeros: bool, dtype: DType) -> QuantMatrix {
+fn random_weight(rng: &mut SplitMix64, n: usize, k: usize, group: usize, zeros: bool, dtype: DType) -> QuantMatrix {
     let groups = k / group;
     let mut codes = vec![0u8; n * k];
     for chunk in codes.chunks_mut(16) {
-        let mut bits = rng.next();
+        let mut bits = rng.next_u64();
         for c in chunk {
             *c = (bits & 15) as u8;
             bits >>= 4;
@@ -122,9 +123,9 @@ fn random_weight(rng: &mut SplitMix, n: usize, k: usize, group: usize, zeros: bo
         bits: 4,
         group_size: group,
         codes,
-        zeros: zeros.then(|| (0..n * groups).map(|_| (rng.next() & 15) as u8).collect()),
+        zeros: zeros.then(|| (0..n * groups).map(|_| (rng.next_u64() & 15) as u8).collect()),
         scales: (0..n * groups)
-            .map(|_| lowbit::dtype::round_to(dtype, rng.scale()))
+            .map(|_| lowbit::dtype::round_to(dtype, 2f32.powf(rng.uniform(-9.0, -5.0))))
             .collect(),
         scale_dtype: dtype,
         g_idx: None,
@@ -145,7 +146,7 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
     let group = args.group_for(k)?;
     let stream = dev.stream().clone();
     let name = dev.info().name.clone();
-    let mut rng = SplitMix(0x11ea ^ (k * 131 + n) as u64);
+    let mut rng = SplitMix64(0x11ea ^ (k * 131 + n) as u64);
     sink.status(format!("linear {k}x{n} {dtype}: preparing weights"));
     let w = random_weight(&mut rng, n, k, group, !args.symmetric, dtype);
     let packed = repack(&w, dtype)?;
@@ -182,7 +183,7 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
         }
         let xs: Vec<CudaSlice<T>> = (0..sets.max(dense_sets))
             .map(|_| {
-                let x: Vec<T> = (0..m * k).map(|_| T::from_f32(rng.uniform())).collect();
+                let x: Vec<T> = (0..m * k).map(|_| T::from_f32(rng.uniform(-1.0, 1.0))).collect();
                 dev.upload(&x)
             })
             .collect::<Result<_>>()?;
@@ -299,26 +300,4 @@ fn median_of_batches(
     dev.synchronize()?;
     samples.sort_by(f64::total_cmp);
     Ok(samples[BATCHES / 2])
-}
-
-/// SplitMix64: codes, zeros, activations in [-1, 1), scales in [2^-9, 2^-5).
-struct SplitMix(u64);
-
-impl SplitMix {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn unit(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32
-    }
-    fn uniform(&mut self) -> f32 {
-        2.0 * self.unit() - 1.0
-    }
-    fn scale(&mut self) -> f32 {
-        2f32.powf(-9.0 + 4.0 * self.unit())
-    }
 }
