@@ -242,8 +242,10 @@ __device__ __forceinline__ void dequant_transposed(const DequantParams& p) {
         dequant_transposed<CONV, BITS, VEC>(p);                                                     \
     }
 
+ROWS_KERNEL(dequant_awq_f16_r2, F16, false, 2)
 ROWS_KERNEL(dequant_awq_f16_r4, F16, false, 4)
 ROWS_KERNEL(dequant_awq_f16_r8, F16, false, 8)
+ROWS_KERNEL(dequant_awq_bf16_r2, BF16, false, 2)
 ROWS_KERNEL(dequant_awq_bf16_r4, BF16, false, 4)
 ROWS_KERNEL(dequant_awq_bf16_r8, BF16, false, 8)
 ROWS_KERNEL(dequant_gptq_f16_r8, F16, true, 8)

@@ -326,7 +326,7 @@ fn kernel_variants_match_cpu() {
         for dtype in [DType::F16, DType::Bf16] {
             let q = random_quant(&mut rng, k, n, g, 4, Zeros::Random, dtype, false);
             for (layout, variants) in [
-                (Int4Layout::Awq, &["r4", "r8", "p8"][..]),
+                (Int4Layout::Awq, &["r2", "r4", "r8", "p8"][..]),
                 (Int4Layout::Gptq, &["r8", "p8"][..]),
             ] {
                 for &v in variants {

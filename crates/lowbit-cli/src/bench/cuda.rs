@@ -8,7 +8,7 @@
 //! reads from device memory; a warm-up; then 7 batches, each timing the kernel and then the copy with CUDA events
 //! around ~20 ms of back-to-back launches; the median batch is reported.
 //!
-//! `LOWBIT_BENCH_VARIANTS=1` adds records for every AWQ kernel variant (`lowbit_r4`, `lowbit_r8`: one tile of 4 / 8
+//! `LOWBIT_BENCH_VARIANTS=1` adds records for every AWQ kernel variant (`lowbit_r2`, `lowbit_r4`, `lowbit_r8`: one tile of 2 / 4 / 8
 //! rows per thread; `lowbit_p8`: persistent and pipelined), the
 //! GPTQ and compressed-tensors kernels (`lowbit_gptq`, `lowbit_gptq_r8`, `lowbit_ct`) at the same shape, and
 //! `memset_out` (the output bytes written alone: the write-only ceiling), for tuning.
@@ -57,7 +57,7 @@ pub fn run(args: &BenchArgs, sink: &mut Sink) -> Result<()> {
     };
     let dtypes = args.dtypes(&[DType::F16])?;
     let variants = std::env::var("LOWBIT_BENCH_VARIANTS").is_ok_and(|v| v == "1");
-    let impls = if variants && args.wbits == 4 { 9 } else { 2 };
+    let impls = if variants && args.wbits == 4 { 10 } else { 2 };
     sink.expect(shapes.len() * dtypes.len() * impls);
     for &(k, n) in &shapes {
         for &dtype in &dtypes {
@@ -157,7 +157,7 @@ fn bench_dequant<T: Float + DeviceRepr + ValidAsZeroBits>(
     // are transposed for compressed-tensors, which only changes which value is read).
     let mut runs: Vec<(String, DequantizeInt4)> = vec![("lowbit".into(), DequantizeInt4::new(dev, awq)?)];
     if variants {
-        for v in ["r4", "r8", "p8"] {
+        for v in ["r2", "r4", "r8", "p8"] {
             runs.push((format!("lowbit_{v}"), DequantizeInt4::with_variant(dev, awq, Some(v))?));
         }
         let gptq = desc(Int4Layout::Gptq);

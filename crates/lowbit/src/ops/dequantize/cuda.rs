@@ -231,7 +231,7 @@ impl DequantizeInt4 {
     }
 
     /// As [`DequantizeInt4::new`], with the AWQ/GPTQ kernel variant forced instead of the tuned default:
-    /// `r4`/`r8` (one tile of 4/8 rows x 8 columns per thread; GPTQ: `r8`) or `p8` (persistent and pipelined).
+    /// `r2`/`r4`/`r8` (one tile of 2/4/8 rows x 8 columns per thread; GPTQ: `r8`) or `p8` (persistent and pipelined).
     /// For benchmarking and tests.
     #[doc(hidden)]
     pub fn with_variant(device: &CudaDevice, desc: DequantDesc, variant: Option<&str>) -> Result<Self> {
@@ -265,19 +265,20 @@ impl DequantizeInt4 {
             }
             // Tuned on an H200 (bench `LOWBIT_BENCH_VARIANTS=1`): the persistent, pipelined kernel is best when
             // every thread gets at most 2 tiles (small layers, e.g. 4096 x 4096, where a one-tile-per-thread grid
-            // ends on a partial wave); one 4-row tile per thread is best for large AWQ layers. GPTQ: p8 always.
+            // ends on a partial wave); one 2-row tile per thread is best for large AWQ layers (8192 x 28672: r2 1.03x
+            // the copy time, r4 1.04x, r8 1.06x, p8 1.15x). GPTQ: p8 always.
             (Int4Layout::Awq, None) => {
                 let (p8, tiles_per_thread) = Launch::persistent(device, kernel("p8"), k.div_ceil(8) * (n / 8), params)?;
                 if tiles_per_thread <= 2 {
                     p8
                 } else {
-                    Launch::new(device, kernel("r4"), k.div_ceil(4) * (n / 8), params)?
+                    Launch::new(device, kernel("r2"), k.div_ceil(2) * (n / 8), params)?
                 }
             }
             (Int4Layout::Gptq, None) => Launch::persistent(device, kernel("p8"), k.div_ceil(8) * (n / 8), params)?.0,
             (_, Some(v)) => {
                 let allowed: &[&str] = match desc.layout {
-                    Int4Layout::Awq => &["r4", "r8", "p8"],
+                    Int4Layout::Awq => &["r2", "r4", "r8", "p8"],
                     _ => &["r8", "p8"],
                 };
                 ensure(
