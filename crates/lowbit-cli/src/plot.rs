@@ -68,7 +68,11 @@ fn panels(records: &[BenchRecord]) -> Vec<Panel> {
     // one panel per op and dtype with the shapes along x.
     let key = |r: &BenchRecord| {
         let bits = r.wbits.map(|b| format!(" w{b}")).unwrap_or_default();
-        let group = r.group.map(|g| format!(" g{g}")).unwrap_or_default();
+        let group = match r.group {
+            Some(-1) => " per-channel".to_string(),
+            Some(g) => format!(" g{g}"),
+            None => String::new(),
+        };
         let conv = r.conv.clone().unwrap_or_else(|| format!("K={} N={}", r.k, r.n));
         if r.m == 0 {
             (
