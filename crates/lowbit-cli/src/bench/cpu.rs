@@ -5,19 +5,29 @@
 //! - `dequant`: `ops::dequantize::cpu::dequantize` into `[N, K]` (impl `lowbit`) and `[K, N]` (impl `lowbit_kn`)
 //!   against a parallel copy of half the bytes it moves (impl `memcpy`, so the copy reads and writes the same total).
 //!   Records have `M = 0`.
+//! - `w8a8`: per-block W8A8 with online activation quantization included (impl `lowbit`, block = `--group`, 128 by
+//!   default) and SmoothQuant per-token × per-channel (impl `lowbit_smoothquant`), against `dense_f32` on the same
+//!   weight dequantized.
 
 use super::{time_us, BenchArgs, BenchRecord, Shape, Sink};
+use lowbit::formats::block::{BlockBits, BlockQuantWeight, BlockShape};
 use lowbit::ops::dequantize::{cpu::dequantize, Layout};
 use lowbit::ops::linear::LinearCpu;
+use lowbit::ops::w8a8::cpu::{BlockW8a8Cpu, SmoothQuantCpu};
+use lowbit::ops::w8a8::{quantize_activations, ActivationQuant};
 use lowbit::testing::{random_quant, QuantSpec, Scales, SplitMix64, Zeros};
 use lowbit::{DType, Error, Float, QuantMatrix, Result};
 use rayon::prelude::*;
 
 /// Benchmarks every op the CPU has that `args` asks for.
 pub fn run(args: &BenchArgs, sink: &mut Sink) -> Result<()> {
-    if let Some(op) = args.op.as_deref().filter(|op| !["linear", "dequant"].contains(op)) {
+    if let Some(op) = args
+        .op
+        .as_deref()
+        .filter(|op| !["linear", "dequant", "w8a8"].contains(op))
+    {
         return Err(Error::Unsupported(format!(
-            "bench --op {op} on the CPU (CPU benches: linear, dequant)"
+            "bench --op {op} on the CPU (CPU benches: linear, dequant, w8a8)"
         )));
     }
     if args.wbits != 4 && args.wbits != 8 {
@@ -40,6 +50,9 @@ pub fn run(args: &BenchArgs, sink: &mut Sink) -> Result<()> {
     if args.wants("dequant") {
         sink.expect(dequant_shapes.len() * (1 + DEQUANT_LAYOUTS.len()) * dequant_dtypes.len());
     }
+    if args.wants("w8a8") {
+        sink.expect(shapes.len() * 3);
+    }
     if args.wants("linear") {
         for &shape in &shapes {
             bench_linear(args, shape, &linear_dtypes, &device, sink)?;
@@ -50,7 +63,64 @@ pub fn run(args: &BenchArgs, sink: &mut Sink) -> Result<()> {
             bench_dequant(args, shape, &dequant_dtypes, &device, sink)?;
         }
     }
+    if args.wants("w8a8") {
+        for &shape in &shapes {
+            bench_w8a8(args, shape, &device, sink)?;
+        }
+    }
     Ok(())
+}
+
+/// W8A8 in f32: the activation quantization is inside the timed region (it runs on every call in a real layer).
+fn bench_w8a8(args: &BenchArgs, shape: Shape, device: &str, sink: &mut Sink) -> Result<()> {
+    let Shape { m, k, n } = shape;
+    let block = if args.group == -1 { k } else { args.group_for(k)? };
+    let mut rng = SplitMix64(0x88A8 ^ (k * 31 + n) as u64);
+    let dense: Vec<f32> = (0..n * k).map(|_| rng.signed_unit() * 0.05).collect();
+    let x: Vec<f32> = (0..m * k).map(|_| rng.signed_unit()).collect();
+    let block_weight = BlockQuantWeight::quantize(&dense, BlockShape::linear(n, k, block), BlockBits::Int8)?;
+    let channel_weight = BlockQuantWeight::quantize_per_channel_symmetric(&dense, n, k)?;
+
+    sink.status(format!("w8a8 dense_f32 {m}x{k}x{n}"));
+    let mut y = vec![0.0f32; m * n];
+    let us = time_us(|| dense_f32_linear(&x, &dense, shape, &mut y));
+    let dense_bytes = 4 * (n * k + m * k + m * n) as u64;
+    sink.push(BenchRecord::new(
+        "w8a8",
+        "dense_f32",
+        device,
+        DType::F32,
+        shape,
+        dense_bytes,
+        us,
+    ))?;
+
+    let bytes = (n * k + 4 * (m * k + m * n)) as u64;
+    let record = |implementation: &str, us: f64, group: i64| {
+        let mut r = BenchRecord::new("w8a8", implementation, device, DType::F32, shape, bytes, us);
+        r.wbits = Some(8);
+        r.group = Some(group);
+        r
+    };
+    sink.status(format!("w8a8 lowbit {m}x{k}x{n}"));
+    let gemm = BlockW8a8Cpu::new(&block_weight, None)?;
+    let run = |y: &mut [f32]| -> Result<()> {
+        let a = quantize_activations(&x, m, k, block, ActivationQuant::Asymmetric)?;
+        gemm.forward_into(&a, y)
+    };
+    run(&mut y)?;
+    let us = time_us(|| run(&mut y).expect("arguments checked above"));
+    sink.push(record("lowbit", us, BenchArgs::group_field(block, k)))?;
+
+    sink.status(format!("w8a8 lowbit_smoothquant {m}x{k}x{n}"));
+    let gemm = SmoothQuantCpu::new(&channel_weight, None)?;
+    let run = |y: &mut [f32]| -> Result<()> {
+        let a = quantize_activations(&x, m, k, k, ActivationQuant::Symmetric)?;
+        gemm.forward_into(&a, y)
+    };
+    run(&mut y)?;
+    let us = time_us(|| run(&mut y).expect("arguments checked above"));
+    sink.push(record("lowbit_smoothquant", us, -1))
 }
 
 fn bench_linear(args: &BenchArgs, shape: Shape, dtypes: &[DType], device: &str, sink: &mut Sink) -> Result<()> {

@@ -256,7 +256,7 @@ impl Sink {
 /// Columns: op, impl, dtype, M, K, N, µs, and the speedup over the baseline of the same op and shape.
 fn print_table(records: &[BenchRecord]) {
     println!(
-        "{:<8} {:<14} {:<5} {:>5} {:>6} {:>6} {:>12} {:>9}",
+        "{:<8} {:<18} {:<5} {:>5} {:>6} {:>6} {:>12} {:>9}",
         "op", "impl", "dtype", "M", "K", "N", "µs", "speedup"
     );
     for r in records {
@@ -272,7 +272,7 @@ fn print_table(records: &[BenchRecord]) {
             .or_else(|| candidates().next());
         let speedup = baseline.map_or("-".to_string(), |b| format!("{:.2}x", b.us / r.us));
         println!(
-            "{:<8} {:<14} {:<5} {:>5} {:>6} {:>6} {:>12.1} {:>9}",
+            "{:<8} {:<18} {:<5} {:>5} {:>6} {:>6} {:>12.1} {:>9}",
             r.op, r.implementation, r.dtype, r.m, r.k, r.n, r.us, speedup
         );
     }
