@@ -8,9 +8,11 @@ fn cpu_bench_emits_records_for_every_op() {
         ("linear", &["dense_f32", "lowbit"][..]),
         ("dequant", &["memcpy", "lowbit", "lowbit_kn"][..]),
         ("w8a8", &["dense_f32", "lowbit", "lowbit_smoothquant"][..]),
+        ("conv", &["dense_f32", "lowbit"][..]),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_lowbit"))
             .args(["bench", "--device", "cpu", "--op", op, "--shape", "3x256x128", "--json"])
+            .args(["--conv", "2x17x9x9,k3s2p1,co24"])
             .output()
             .unwrap();
         assert!(out.status.success(), "{op}: {}", String::from_utf8_lossy(&out.stderr));
@@ -20,6 +22,13 @@ fn cpu_bench_emits_records_for_every_op() {
         assert_eq!(got, impls, "{op}");
         for r in &records {
             assert_eq!(r["op"], op);
+            if op == "conv" {
+                assert_eq!(r["conv"], "2x17x9x9,k3s2p1");
+                assert_eq!(
+                    (r["M"].as_u64(), r["K"].as_u64(), r["N"].as_u64()),
+                    (Some(2 * 5 * 5), Some(17 * 9), Some(24))
+                );
+            }
             assert!(r["us"].as_f64().unwrap() > 0.0);
             for field in ["device", "dtype", "M", "K", "N", "bytes", "source_commit"] {
                 assert!(!r[field].is_null(), "{op}: {field} missing in {r}");
@@ -29,12 +38,15 @@ fn cpu_bench_emits_records_for_every_op() {
 }
 
 #[test]
-fn unknown_cpu_op_is_a_one_line_error() {
+fn unknown_op_is_a_one_line_error() {
     let out = Command::new(env!("CARGO_BIN_EXE_lowbit"))
-        .args(["bench", "--device", "cpu", "--op", "conv"])
+        .args(["bench", "--device", "cpu", "--op", "pool"])
         .output()
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("--op conv") && err.trim().lines().count() == 1, "{err}");
+    assert!(
+        err.contains("--op") && err.contains("pool") && err.trim().lines().count() == 1,
+        "{err}"
+    );
 }

@@ -8,9 +8,12 @@
 //! - `w8a8`: per-block W8A8 with online activation quantization included (impl `lowbit`, block = `--group`, 128 by
 //!   default) and SmoothQuant per-token × per-channel (impl `lowbit_smoothquant`), against `dense_f32` on the same
 //!   weight dequantized.
+//! - `conv`: [`Conv2dCpu`] (int8 or int4 per-block weights, f32 NCHW) against im2col + the same dense f32 GEMM on
+//!   the unquantized weight (the im2col is timed too: a dense convolution has to do it).
 
 use super::{time_us, BenchArgs, BenchRecord, Shape, Sink};
 use lowbit::formats::block::{BlockBits, BlockQuantWeight, BlockShape};
+use lowbit::ops::conv::{cpu::Conv2dCpu, Conv2dParams};
 use lowbit::ops::dequantize::{cpu::dequantize, Layout};
 use lowbit::ops::linear::LinearCpu;
 use lowbit::ops::w8a8::cpu::{BlockW8a8Cpu, SmoothQuantCpu};
@@ -24,10 +27,10 @@ pub fn run(args: &BenchArgs, sink: &mut Sink) -> Result<()> {
     if let Some(op) = args
         .op
         .as_deref()
-        .filter(|op| !["linear", "dequant", "w8a8"].contains(op))
+        .filter(|op| !["linear", "dequant", "w8a8", "conv"].contains(op))
     {
         return Err(Error::Unsupported(format!(
-            "bench --op {op} on the CPU (CPU benches: linear, dequant, w8a8)"
+            "bench --op {op} on the CPU (CPU benches: linear, dequant, w8a8, conv)"
         )));
     }
     if args.wbits != 4 && args.wbits != 8 {
@@ -53,6 +56,17 @@ pub fn run(args: &BenchArgs, sink: &mut Sink) -> Result<()> {
     if args.wants("w8a8") {
         sink.expect(shapes.len() * 3);
     }
+    let convs: Vec<ConvCase> = if args.conv.is_empty() {
+        DEFAULT_CONVS
+            .iter()
+            .map(|c| ConvCase::parse(c))
+            .collect::<Result<_>>()?
+    } else {
+        args.conv.iter().map(|c| ConvCase::parse(c)).collect::<Result<_>>()?
+    };
+    if args.wants("conv") {
+        sink.expect(convs.len() * 2);
+    }
     if args.wants("linear") {
         for &shape in &shapes {
             bench_linear(args, shape, &linear_dtypes, &device, sink)?;
@@ -68,7 +82,145 @@ pub fn run(args: &BenchArgs, sink: &mut Sink) -> Result<()> {
             bench_w8a8(args, shape, &device, sink)?;
         }
     }
+    if args.wants("conv") {
+        for case in &convs {
+            bench_conv(args, case, &device, sink)?;
+        }
+    }
     Ok(())
+}
+
+/// Small enough for a 2-core machine: a ResNet 3×3 stage and a 1×1 projection.
+const DEFAULT_CONVS: [&str; 2] = ["1x64x56x56,k3s1p1", "1x256x14x14,k1s1p0,co512"];
+
+/// A square-kernel convolution case, `BxCxHxW,kKsSpP[,coN]` (the `conv` field of a bench record, without `co`).
+struct ConvCase {
+    input: [usize; 4],
+    co: usize,
+    kernel: usize,
+    stride: usize,
+    padding: usize,
+    label: String,
+}
+
+impl ConvCase {
+    fn parse(spec: &str) -> Result<Self> {
+        let bad = || {
+            Error::invalid(
+                "--conv",
+                spec,
+                "must be BxCxHxW,kKsSpP or BxCxHxW,kKsSpP,coN (positive integers)",
+            )
+        };
+        let parts: Vec<&str> = spec.split(',').collect();
+        let dims: Vec<usize> = parts[0]
+            .split('x')
+            .map(|d| d.parse().map_err(|_| bad()))
+            .collect::<Result<_>>()?;
+        let geometry = parts.get(1).ok_or_else(bad)?;
+        let number = |after: char, until: Option<char>| -> Result<usize> {
+            let start = geometry.find(after).ok_or_else(bad)? + 1;
+            let end = until.and_then(|c| geometry.find(c)).unwrap_or(geometry.len());
+            geometry.get(start..end).and_then(|v| v.parse().ok()).ok_or_else(bad)
+        };
+        let (kernel, stride, padding) = (number('k', Some('s'))?, number('s', Some('p'))?, number('p', None)?);
+        let co = match parts.get(2) {
+            Some(c) => c.strip_prefix("co").and_then(|v| v.parse().ok()).ok_or_else(bad)?,
+            None => dims.get(1).copied().unwrap_or(0),
+        };
+        match dims[..] {
+            [b, c, h, w] if [b, c, h, w, co, kernel, stride].iter().all(|&d| d > 0) && parts.len() <= 3 => Ok(Self {
+                input: [b, c, h, w],
+                co,
+                kernel,
+                stride,
+                padding,
+                label: format!("{},k{kernel}s{stride}p{padding}", parts[0]),
+            }),
+            _ => Err(bad()),
+        }
+    }
+}
+
+fn bench_conv(args: &BenchArgs, case: &ConvCase, device: &str, sink: &mut Sink) -> Result<()> {
+    let [b, ci, h, w] = case.input;
+    let (co, kk) = (case.co, case.kernel);
+    let params = Conv2dParams {
+        stride: (case.stride, case.stride),
+        padding: (case.padding, case.padding),
+        ..Conv2dParams::default()
+    };
+    // Blocks of `--group` input channels where that divides Ci, else one block per output channel.
+    let blocks = match args.group {
+        g if g > 0 && ci % g as usize == 0 => ci / g as usize,
+        _ => 1,
+    };
+    let bits = if args.wbits == 4 {
+        BlockBits::Int4
+    } else {
+        BlockBits::Int8
+    };
+    let mut rng = SplitMix64(0xC0DE ^ (ci * 31 + co) as u64);
+    let dense: Vec<f32> = (0..co * ci * kk * kk).map(|_| rng.signed_unit() * 0.05).collect();
+    let x: Vec<f32> = (0..b * ci * h * w).map(|_| rng.signed_unit()).collect();
+    let weight = BlockQuantWeight::quantize(&dense, BlockShape::conv(co, ci, (kk, kk), blocks)?, bits)?;
+    let conv = Conv2dCpu::new(&weight, None, params)?;
+    let out = conv.output_shape(case.input)?;
+    let shape = Shape {
+        m: b * out[2] * out[3],
+        k: ci * kk * kk,
+        n: co,
+    };
+    let record = |implementation: &str, us: f64, bytes: u64| {
+        let mut r = BenchRecord::new("conv", implementation, device, DType::F32, shape, bytes, us);
+        r.conv = Some(case.label.clone());
+        r
+    };
+
+    sink.status(format!("conv dense_f32 {}", case.label));
+    let mut cols = vec![0.0f32; shape.m * shape.k];
+    let mut y = vec![0.0f32; shape.m * shape.n];
+    let us = time_us(|| {
+        im2col(&x, case, out, &mut cols);
+        dense_f32_linear(&cols, &dense, shape, &mut y)
+    });
+    let io_bytes = 4 * (x.len() + shape.m * shape.n) as u64;
+    sink.push(record("dense_f32", us, io_bytes + 4 * dense.len() as u64))?;
+
+    sink.status(format!("conv lowbit {}", case.label));
+    let mut y = vec![0.0f32; b * co * out[2] * out[3]];
+    conv.forward_into(&x, case.input, &mut y)?;
+    let us = time_us(|| {
+        conv.forward_into(&x, case.input, &mut y)
+            .expect("arguments checked above");
+    });
+    let weight_bytes = (dense.len() * args.wbits as usize / 8 + 8 * co * blocks) as u64;
+    let mut r = record("lowbit", us, io_bytes + weight_bytes);
+    r.wbits = Some(args.wbits);
+    r.group = Some(if blocks == 1 { -1 } else { (ci / blocks) as i64 });
+    sink.push(r)
+}
+
+/// `cols[(b, oh, ow), (c, kh, kw)]`: the input patch of every output pixel, zero outside the image.
+fn im2col(x: &[f32], case: &ConvCase, out: [usize; 4], cols: &mut [f32]) {
+    let [_, ci, h, w] = case.input;
+    let (kk, stride, pad) = (case.kernel, case.stride, case.padding);
+    let (ho, wo) = (out[2], out[3]);
+    cols.par_chunks_mut(ci * kk * kk).enumerate().for_each(|(m, row)| {
+        let (b, oh, ow) = (m / (ho * wo), m / wo % ho, m % wo);
+        for (t, v) in row.iter_mut().enumerate() {
+            let (c, kh, kw) = (t / (kk * kk), t / kk % kk, t % kk);
+            let (ih, iw) = (
+                (oh * stride + kh) as isize - pad as isize,
+                (ow * stride + kw) as isize - pad as isize,
+            );
+            *v = if ih >= 0 && iw >= 0 && (ih as usize) < h && (iw as usize) < w {
+                x[((b * ci + c) * h + ih as usize) * w + iw as usize]
+            } else {
+                0.0
+            };
+        }
+    });
 }
 
 /// W8A8 in f32: the activation quantization is inside the timed region (it runs on every call in a real layer).

@@ -39,6 +39,10 @@ pub struct BenchArgs {
     /// Symmetric weights (no zero points)
     #[arg(long)]
     pub symmetric: bool,
+    /// Convolution cases for `--op conv`: `BxCxHxW,kKsSpP` with Co = C, or `...,coN` (repeatable).
+    /// Default on the CPU: 1x64x56x56,k3s1p1 and 1x256x14x14,k1s1p0,co512.
+    #[arg(long)]
+    pub conv: Vec<String>,
     /// JSON lines (shared/bench-format.md) instead of a table
     #[arg(long)]
     pub json: bool,
