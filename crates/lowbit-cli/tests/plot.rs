@@ -1,7 +1,7 @@
 //! `lowbit plot`: records in, one SVG out; bad records are a one-line error and leave no file.
 
-use std::path::PathBuf;
-use std::process::Command;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
 
 fn temp_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("lowbit-plot-{name}-{}", std::process::id()));
@@ -16,6 +16,17 @@ fn record(implementation: &str, m: usize, us: f64) -> String {
     )
 }
 
+/// Runs `lowbit plot INPUT -o SVG`.
+fn plot(input: &Path, svg: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_lowbit"))
+        .arg("plot")
+        .arg(input)
+        .arg("-o")
+        .arg(svg)
+        .output()
+        .unwrap()
+}
+
 #[test]
 fn plots_speedup_against_the_baseline_of_the_same_shape() {
     let dir = temp_dir("ok");
@@ -28,13 +39,7 @@ fn plots_speedup_against_the_baseline_of_the_same_shape() {
     ];
     std::fs::write(&input, lines.join("\n")).unwrap();
     let svg = dir.join("bench.svg");
-    let out = Command::new(env!("CARGO_BIN_EXE_lowbit"))
-        .arg("plot")
-        .arg(&input)
-        .arg("-o")
-        .arg(&svg)
-        .output()
-        .unwrap();
+    let out = plot(&input, &svg);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = std::fs::read_to_string(&svg).unwrap();
     assert!(text.starts_with("<svg") && text.trim_end().ends_with("</svg>"));
@@ -44,13 +49,7 @@ fn plots_speedup_against_the_baseline_of_the_same_shape() {
         "speed-ups 100/25 and 100/50"
     );
     // Existing output without --force: refused.
-    let again = Command::new(env!("CARGO_BIN_EXE_lowbit"))
-        .arg("plot")
-        .arg(&input)
-        .arg("-o")
-        .arg(&svg)
-        .output()
-        .unwrap();
+    let again = plot(&input, &svg);
     assert!(!again.status.success());
     assert!(String::from_utf8_lossy(&again.stderr).contains("output exists"));
 }
@@ -61,13 +60,7 @@ fn a_corrupt_record_is_an_error_naming_the_line() {
     let input = dir.join("bench.jsonl");
     std::fs::write(&input, format!("{}\n{{not json\n", record("lowbit", 1, 1.0))).unwrap();
     let svg = dir.join("bench.svg");
-    let out = Command::new(env!("CARGO_BIN_EXE_lowbit"))
-        .arg("plot")
-        .arg(&input)
-        .arg("-o")
-        .arg(&svg)
-        .output()
-        .unwrap();
+    let out = plot(&input, &svg);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("line 2") && err.lines().count() == 1, "{err}");
