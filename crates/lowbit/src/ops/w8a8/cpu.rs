@@ -9,8 +9,8 @@
 //! hands every `MR × NR` micro-tile of block dots to the scheme's combination.
 
 use super::{
-    check_activation_shape, check_bias, check_smoothquant_activations, check_smoothquant_weight, check_weight_for,
-    quantize_row, ActivationQuant, QuantizedActivations, QuantizedRow, MAX_EXACT_BLOCK,
+    check_activation_input, check_linear, check_smoothquant_activations, check_smoothquant_weight, quantize_row,
+    ActivationQuant, QuantizedActivations, QuantizedRow, MAX_EXACT_BLOCK,
 };
 use crate::dtype::Float;
 use crate::error::{ensure, Result};
@@ -27,7 +27,9 @@ const TILE_ROWS: usize = 64;
 /// Weight panels per parallel tile (fewer when that leaves threads idle).
 const TILE_PANELS: usize = 4;
 
-/// The online activation quantizer (see [`super::quantize_activations`]), parallel over rows.
+/// Quantizes activations `x` (`[M, K]` row-major, f32/f16/bf16) per row and K block of `block_size` (the last
+/// block may be partial; `block_size = K` is per token). Fails on non-finite values or a block whose range
+/// `max − min` overflows f32. Rows are quantized in parallel.
 pub fn quantize_activations<T: Float>(
     x: &[T],
     m: usize,
@@ -35,18 +37,14 @@ pub fn quantize_activations<T: Float>(
     block_size: usize,
     mode: ActivationQuant,
 ) -> Result<QuantizedActivations> {
-    check_activation_shape(m, k, block_size)?;
-    check_len("activations", x.len(), m * k, "M · K")?;
-    let blocks = k.div_ceil(block_size);
-    let mut codes = vec![0i8; m * k];
-    let mut scales = vec![0f32; m * blocks];
-    let mut offsets = vec![0f32; m * blocks];
-    let mut code_sums = vec![0i32; m * blocks];
-    codes
+    check_activation_input("activations", x.len(), m, k, block_size)?;
+    let mut a = QuantizedActivations::zeroed(m, k, block_size);
+    let blocks = a.blocks();
+    a.codes
         .par_chunks_mut(k)
-        .zip(scales.par_chunks_mut(blocks))
-        .zip(offsets.par_chunks_mut(blocks))
-        .zip(code_sums.par_chunks_mut(blocks))
+        .zip(a.scales.par_chunks_mut(blocks))
+        .zip(a.offsets.par_chunks_mut(blocks))
+        .zip(a.code_sums.par_chunks_mut(blocks))
         .enumerate()
         .try_for_each(|(r, (((codes, scales), offsets), code_sums))| {
             let out = QuantizedRow {
@@ -57,46 +55,35 @@ pub fn quantize_activations<T: Float>(
             };
             quantize_row(&x[r * k..(r + 1) * k], r, block_size, mode, out)
         })?;
-    Ok(QuantizedActivations {
-        m,
-        k,
-        block_size,
-        codes,
-        scales,
-        offsets,
-        code_sums,
-    })
+    Ok(a)
 }
 
 /// Per-block W8A8 prepared for the CPU: int8 (or int4) offset-form weights `[N, K]` with the activations' K
 /// blocks, packed into panels, with the per-(column, block) code sums folded into `offset_terms`.
 #[derive(Debug, Clone)]
 pub struct BlockW8a8Cpu {
-    weight: PackedWeight,
+    linear: PackedLinear,
     /// `[panels][blocks][NR]` (zero for padding columns).
     scales: Vec<f32>,
     /// `[panels][blocks][NR]`.
     offsets: Vec<f32>,
     /// `[panels][blocks][NR]`: `sB · Σ b_q + bs · oB`, the weight-only factor of the `oA` terms.
     offset_terms: Vec<f32>,
-    bias: Option<Vec<f32>>,
 }
 
 impl BlockW8a8Cpu {
     /// Prepares a linear weight (`[N, K]`, blocks of at most [`MAX_EXACT_BLOCK`] along K) and optional bias `[N]`.
     pub fn new(weight: &BlockQuantWeight, bias: Option<&[f32]>) -> Result<Self> {
         let shape = *weight.shape();
-        check_weight_for(weight, shape.channels, shape.block_channels, "per-block W8A8")?;
         ensure(
             shape.block_channels <= MAX_EXACT_BLOCK,
             "block_size",
             shape.block_channels,
             "blocks longer than 65536 could overflow the int32 block dot",
         )?;
-        check_bias(bias, shape.rows)?;
-        let (n, k, block, blocks) = (shape.rows, shape.channels, shape.block_channels, shape.blocks());
-        let packed = PackedWeight::new(weight.codes(), n, k, block);
-        let params = packed.panels * blocks * NR;
+        let linear = PackedLinear::new(weight, bias, "per-block W8A8", shape.block_channels)?;
+        let (k, block, blocks) = (shape.channels, shape.block_channels, shape.blocks());
+        let params = linear.weight.panels * blocks * NR;
         let (mut scales, mut offsets, mut offset_terms) = (vec![0f32; params], vec![0f32; params], vec![0f32; params]);
         for (c, row) in weight.codes().chunks_exact(k).enumerate() {
             for (b, block_codes) in row.chunks(block).enumerate() {
@@ -108,29 +95,26 @@ impl BlockW8a8Cpu {
             }
         }
         Ok(Self {
-            weight: packed,
+            linear,
             scales,
             offsets,
             offset_terms,
-            bias: bias.map(<[f32]>::to_vec),
         })
     }
 
     /// Output features `N`.
     pub fn n(&self) -> usize {
-        self.weight.n
+        self.linear.weight.n
     }
 
     /// `C [M, N]` for activations quantized with this weight's K blocks.
     pub fn forward<T: Float>(&self, a: &QuantizedActivations) -> Result<Vec<T>> {
-        let mut out = vec![T::default(); a.m * self.weight.n];
-        self.forward_into(a, &mut out)?;
-        Ok(out)
+        self.linear.forward(a, |out| self.forward_into(a, out))
     }
 
     /// Like [`BlockW8a8Cpu::forward`], writing into `out` (`[M, N]`).
     pub fn forward_into<T: Float>(&self, a: &QuantizedActivations, out: &mut [T]) -> Result<()> {
-        let w = &self.weight;
+        let w = &self.linear.weight;
         ensure(
             a.block_size == w.block,
             "block_size",
@@ -157,7 +141,7 @@ impl BlockW8a8Cpu {
                     }
                 }
             },
-            |_, c, v| v + self.bias.as_ref().map_or(0.0, |b| b[c]),
+            |_, c, v| v + self.linear.bias(c),
         )
     }
 }
@@ -166,45 +150,38 @@ impl BlockW8a8Cpu {
 #[derive(Debug, Clone)]
 pub struct SmoothQuantCpu {
     /// Packed with int32 chunks of at most [`MAX_EXACT_BLOCK`] as its K blocks; chunks are summed in int64.
-    weight: PackedWeight,
+    linear: PackedLinear,
     /// `[N]`.
     channel_scales: Vec<f32>,
-    bias: Option<Vec<f32>>,
 }
 
 impl SmoothQuantCpu {
     /// Prepares a per-channel symmetric weight (one block per row, zero offsets, e.g. from
     /// [`BlockQuantWeight::quantize_per_channel_symmetric`]) and optional bias `[N]`.
     pub fn new(weight: &BlockQuantWeight, bias: Option<&[f32]>) -> Result<Self> {
-        let shape = *weight.shape();
         check_smoothquant_weight(weight)?;
-        check_weight_for(weight, shape.channels, shape.channels, "SmoothQuant")?;
-        check_bias(bias, shape.rows)?;
-        let (n, k) = (shape.rows, shape.channels);
+        let k = weight.shape().channels;
         Ok(Self {
-            weight: PackedWeight::new(weight.codes(), n, k, k.min(MAX_EXACT_BLOCK)),
+            linear: PackedLinear::new(weight, bias, "SmoothQuant", k.min(MAX_EXACT_BLOCK))?,
             channel_scales: weight.scales().to_vec(),
-            bias: bias.map(<[f32]>::to_vec),
         })
     }
 
     /// Output features `N`.
     pub fn n(&self) -> usize {
-        self.weight.n
+        self.linear.weight.n
     }
 
     /// `y [M, N]` for per-token activations (one symmetric block per row, see
     /// [`QuantizedActivations::per_token`] or [`ActivationQuant::Symmetric`] with `block_size = K`).
     pub fn forward<T: Float>(&self, a: &QuantizedActivations) -> Result<Vec<T>> {
-        let mut out = vec![T::default(); a.m * self.weight.n];
-        self.forward_into(a, &mut out)?;
-        Ok(out)
+        self.linear.forward(a, |out| self.forward_into(a, out))
     }
 
     /// Like [`SmoothQuantCpu::forward`], writing into `out` (`[M, N]`).
     pub fn forward_into<T: Float>(&self, a: &QuantizedActivations, out: &mut [T]) -> Result<()> {
         check_smoothquant_activations(a)?;
-        self.weight.gemm(
+        self.linear.weight.gemm(
             a,
             out,
             |acc: &mut [[i64; NR]; MR], _, _, _, dots| {
@@ -217,9 +194,46 @@ impl SmoothQuantCpu {
             // One rounding: the exact dot times the two f32 scales (exact in f64), plus bias, rounded to f32.
             |r, c, dot| {
                 let y = dot as f64 * a.scales[r] as f64 * self.channel_scales[c] as f64;
-                (y + self.bias.as_ref().map_or(0.0, |b| b[c] as f64)) as f32
+                (y + self.linear.bias(c) as f64) as f32
             },
         )
+    }
+}
+
+/// What both GEMMs hold besides their scheme's parameters: a checked linear weight's codes, packed, and the bias.
+#[derive(Debug, Clone)]
+struct PackedLinear {
+    weight: PackedWeight,
+    /// `[N]`.
+    bias: Option<Vec<f32>>,
+}
+
+impl PackedLinear {
+    /// Checks `weight` as `scheme`'s linear weight `[N, K]` and `bias` as `[N]`, then packs the codes with K blocks
+    /// of `pack_block` (the span of one int32 dot).
+    fn new(weight: &BlockQuantWeight, bias: Option<&[f32]>, scheme: &str, pack_block: usize) -> Result<Self> {
+        let shape = weight.shape();
+        check_linear(weight, bias, shape.channels, shape.block_channels, scheme)?;
+        Ok(Self {
+            weight: PackedWeight::new(weight.codes(), shape.rows, shape.channels, pack_block),
+            bias: bias.map(<[f32]>::to_vec),
+        })
+    }
+
+    /// The bias of output column `c` (0 without a bias).
+    fn bias(&self, c: usize) -> f32 {
+        self.bias.as_ref().map_or(0.0, |b| b[c])
+    }
+
+    /// A new output `[M, N]` for activations `a`, filled by the scheme's `forward_into`.
+    fn forward<T: Float>(
+        &self,
+        a: &QuantizedActivations,
+        forward_into: impl FnOnce(&mut [T]) -> Result<()>,
+    ) -> Result<Vec<T>> {
+        let mut out = vec![T::default(); a.m * self.weight.n];
+        forward_into(&mut out)?;
+        Ok(out)
     }
 }
 

@@ -66,8 +66,7 @@ impl QuantizedActivations {
         scales: Vec<f32>,
         offsets: Vec<f32>,
     ) -> Result<Self> {
-        check_activation_shape(m, k, block_size)?;
-        check_len("activation_codes", codes.len(), m * k, "M · K")?;
+        check_activation_input("activation_codes", codes.len(), m, k, block_size)?;
         let params = m * k.div_ceil(block_size);
         check_len("activation_scales", scales.len(), params, "M · ⌈K / block_size⌉")?;
         check_len("activation_offsets", offsets.len(), params, "M · ⌈K / block_size⌉")?;
@@ -86,6 +85,20 @@ impl QuantizedActivations {
             offsets,
             code_sums,
         })
+    }
+
+    /// All-zero activations of a checked geometry, for a quantizer to fill in.
+    fn zeroed(m: usize, k: usize, block_size: usize) -> Self {
+        let params = m * k.div_ceil(block_size);
+        Self {
+            m,
+            k,
+            block_size,
+            codes: vec![0; m * k],
+            scales: vec![0.0; params],
+            offsets: vec![0.0; params],
+            code_sums: vec![0; params],
+        }
     }
 
     /// SmoothQuant's activations from their parts: codes `[M, K]` and per-token scales `[M]` (one block per row,
@@ -153,22 +166,12 @@ impl QuantizedActivations {
     }
 }
 
-/// Quantizes activations `x` (`[M, K]` row-major, f32/f16/bf16) per row and K block of `block_size` (the last
-/// block may be partial; `block_size = K` is per token). Fails on non-finite values or a block whose range
-/// `max − min` overflows f32. Rows are quantized in parallel.
-pub fn quantize_activations<T: Float>(
-    x: &[T],
-    m: usize,
-    k: usize,
-    block_size: usize,
-    mode: ActivationQuant,
-) -> Result<QuantizedActivations> {
-    cpu::quantize_activations(x, m, k, block_size, mode)
-}
+pub use cpu::quantize_activations;
 
-/// Checks the activation geometry: positive M and K, `1 ≤ block_size ≤ K`, and blocks short enough that a code
-/// sum (|q| ≤ 128 per element) fits in int32.
-fn check_activation_shape(m: usize, k: usize, block_size: usize) -> Result<()> {
+/// The one check of every activation input (to a quantizer, or codes to [`QuantizedActivations::from_parts`]):
+/// positive M and K, `1 ≤ block_size ≤ K`, blocks short enough that a code sum (|q| ≤ 128 per element) fits in
+/// int32, and `len` (of `tensor`) equal to `M · K`.
+fn check_activation_input(tensor: &str, len: usize, m: usize, k: usize, block_size: usize) -> Result<()> {
     ensure(
         m > 0 && k > 0 && m.checked_mul(k).is_some(),
         "activations",
@@ -186,7 +189,8 @@ fn check_activation_shape(m: usize, k: usize, block_size: usize) -> Result<()> {
         "block_size",
         block_size,
         "a block's code sum must fit in int32 (block_size ≤ 16777215)",
-    )
+    )?;
+    check_len(tensor, len, m * k, "M · K")
 }
 
 /// Where the quantizer writes one row: codes `[K]` and per-block scale, offset and code sum.
@@ -246,8 +250,15 @@ fn quantize_row<T: Float>(
     Ok(())
 }
 
-/// The weight side of a W8A8 GEMM, checked against the activations it will meet.
-fn check_weight_for(weight: &BlockQuantWeight, a_k: usize, a_block: usize, scheme: &str) -> Result<()> {
+/// The weight side of a W8A8 GEMM, checked against the activations it will meet, and its optional bias (`N` finite
+/// values).
+fn check_linear(
+    weight: &BlockQuantWeight,
+    bias: Option<&[f32]>,
+    a_k: usize,
+    a_block: usize,
+    scheme: &str,
+) -> Result<()> {
     let shape = weight.shape();
     ensure(
         shape.kernel == (1, 1),
@@ -266,13 +277,9 @@ fn check_weight_for(weight: &BlockQuantWeight, a_k: usize, a_block: usize, schem
         "block_size",
         format!("weight {} vs activations {a_block}", shape.block_channels),
         "weight and activation K blocks must be equal",
-    )
-}
-
-/// Validates the optional bias: `N` finite values.
-pub(crate) fn check_bias(bias: Option<&[f32]>, n: usize) -> Result<()> {
+    )?;
     if let Some(bias) = bias {
-        check_len("bias", bias.len(), n, "N")?;
+        check_len("bias", bias.len(), shape.rows, "N")?;
         check_finite("bias", bias)?;
     }
     Ok(())

@@ -2,12 +2,12 @@
 //! f64 from the dequantized operands (so the per-block decomposition of the fast kernels is checked, not assumed).
 
 use super::{
-    check_activation_shape, check_bias, check_smoothquant_activations, check_smoothquant_weight, check_weight_for,
-    ActivationQuant, QuantizedActivations,
+    check_activation_input, check_linear, check_smoothquant_activations, check_smoothquant_weight, ActivationQuant,
+    QuantizedActivations,
 };
 use crate::dtype::Float;
 use crate::error::{Error, Result};
-use crate::formats::block::{check_len, check_range, BlockQuantWeight};
+use crate::formats::block::{check_range, BlockQuantWeight};
 
 /// The online activation quantizer, one element at a time, literally as formats.md states it (f32 arithmetic).
 /// The CPU quantizer must agree with it bit for bit.
@@ -18,8 +18,7 @@ pub fn quantize_activations<T: Float>(
     block_size: usize,
     mode: ActivationQuant,
 ) -> Result<QuantizedActivations> {
-    check_activation_shape(m, k, block_size)?;
-    check_len("activations", x.len(), m * k, "M · K")?;
+    check_activation_input("activations", x.len(), m, k, block_size)?;
     let mut codes = Vec::with_capacity(m * k);
     let (mut scales, mut offsets) = (Vec::new(), Vec::new());
     for r in 0..m {
@@ -68,9 +67,7 @@ pub fn quantize_activations<T: Float>(
 /// Per-block W8A8 in f64: `C[m, n] = Σ_k (sA·a_q + oA)(sB·b_q + oB) + bias[n]`, each factor dequantized in f64
 /// with its own block's parameters. Returns `[M, N]`.
 pub fn block_w8a8(a: &QuantizedActivations, weight: &BlockQuantWeight, bias: Option<&[f32]>) -> Result<Vec<f64>> {
-    check_weight_for(weight, a.k(), a.block_size(), "per-block W8A8")?;
-    let n = weight.shape().rows;
-    check_bias(bias, n)?;
+    check_linear(weight, bias, a.k(), a.block_size(), "per-block W8A8")?;
     let a_deq = dequantize_f64(a.codes(), a.k(), a.block_size(), a.scales(), a.offsets());
     let w_deq = dequantize_f64(weight.codes(), a.k(), a.block_size(), weight.scales(), weight.offsets());
     Ok(matmul_nt(&a_deq, &w_deq, a.k(), bias))
@@ -80,8 +77,7 @@ pub fn block_w8a8(a: &QuantizedActivations, weight: &BlockQuantWeight, bias: Opt
 pub fn smoothquant(a: &QuantizedActivations, weight: &BlockQuantWeight, bias: Option<&[f32]>) -> Result<Vec<f64>> {
     check_smoothquant_weight(weight)?;
     check_smoothquant_activations(a)?;
-    check_weight_for(weight, a.k(), a.block_size(), "SmoothQuant")?;
-    check_bias(bias, weight.shape().rows)?;
+    check_linear(weight, bias, a.k(), a.block_size(), "SmoothQuant")?;
     let k = a.k();
     let a_deq = dequantize_f64(a.codes(), k, k, a.scales(), a.offsets());
     let w_deq = dequantize_f64(weight.codes(), k, k, weight.scales(), weight.offsets());
