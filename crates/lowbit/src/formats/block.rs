@@ -239,13 +239,7 @@ impl BlockQuantWeight {
                 offsets.push(offset);
             }
         }
-        Ok(Self {
-            shape,
-            bits,
-            codes,
-            scales,
-            offsets,
-        })
+        Self::from_parts(shape, bits, codes, scales, offsets)
     }
 
     /// Quantizes a dense linear weight `[N, K]` per output channel, symmetric int8 (SmoothQuant's weights):
@@ -265,17 +259,12 @@ impl BlockQuantWeight {
             }
             scales.push(scale);
         }
-        Ok(Self {
-            shape,
-            bits: BlockBits::Int8,
-            codes,
-            scales,
-            offsets: vec![0.0; n],
-        })
+        Self::from_parts(shape, BlockBits::Int8, codes, scales, vec![0.0; n])
     }
 
     /// Builds a weight from its parts: codes `[rows, channels, Kh, Kw]` (signed, within `bits`), scales and
-    /// offsets `[rows, blocks]` (finite). Every part is validated and named in the error.
+    /// offsets `[rows, blocks]` (finite). Every part is validated and named in the error. Every constructor ends
+    /// here, so the invariants are checked in one place.
     pub fn from_parts(
         shape: BlockShape,
         bits: BlockBits,
