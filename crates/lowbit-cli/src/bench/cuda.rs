@@ -15,7 +15,7 @@
 
 use super::{BenchArgs, BenchRecord, Shape, Sink};
 use half::{bf16, f16};
-use lowbit::cuda::{copy_device, CudaDevice, CudaSlice, CudaStream, Device, DeviceRepr, StreamTimer, ValidAsZeroBits};
+use lowbit::cuda::{copy_device, CudaDevice, CudaSlice, CudaStream, DeviceRepr, StreamTimer, ValidAsZeroBits};
 use lowbit::ops::dequantize::cuda::{DequantDesc, DequantizeInt4, DequantizeInt8, Int4Layout, Int4Weight};
 use lowbit::testing::SplitMix64;
 use lowbit::{DType, Error, Float, Result};
@@ -40,14 +40,7 @@ pub fn run(args: &BenchArgs, sink: &mut Sink) -> Result<()> {
             "bench --op {op} on CUDA (CUDA benches: dequant)"
         )));
     }
-    let spec = if args.device == "auto" {
-        "cuda"
-    } else {
-        args.device.as_str()
-    };
-    let Device::Cuda(dev) = Device::from_spec(spec)? else {
-        return Err(Error::CudaUnavailable("no GPU selected".into()));
-    };
+    let dev = args.cuda_device()?;
     let shapes: Vec<(usize, usize)> = if args.shape.is_empty() {
         DEQUANT_SHAPES.to_vec()
     } else {

@@ -17,7 +17,7 @@
 
 use super::{BenchArgs, BenchRecord, Shape, Sink};
 use half::{bf16, f16};
-use lowbit::cuda::{capture_graph, CudaDevice, CudaSlice, CudaStream, Device, StreamTimer, ValidAsZeroBits};
+use lowbit::cuda::{capture_graph, CudaDevice, CudaSlice, CudaStream, StreamTimer, ValidAsZeroBits};
 use lowbit::ops::linear::cuda::{repack, CublasLinear, DenseElement, LinearW4A16Cuda, Tuning};
 use lowbit::testing::SplitMix64;
 use lowbit::{DType, Error, QuantMatrix, Result};
@@ -35,14 +35,7 @@ const GRAPH_CALLS: usize = 32;
 
 /// Benchmarks the linear op on the GPU `args.device` names.
 pub fn run(args: &BenchArgs, sink: &mut Sink) -> Result<()> {
-    let spec = if args.device == "auto" {
-        "cuda"
-    } else {
-        args.device.as_str()
-    };
-    let Device::Cuda(dev) = Device::from_spec(spec)? else {
-        return Err(Error::CudaUnavailable("no GPU selected".into()));
-    };
+    let dev = args.cuda_device()?;
     if args.wbits != 4 {
         return Err(Error::Unsupported(format!(
             "bench --op linear --wbits {} on CUDA (4 only)",

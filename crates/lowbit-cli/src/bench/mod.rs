@@ -112,6 +112,19 @@ impl BenchArgs {
         }
     }
 
+    /// The GPU `--device` names (`auto` means GPU 0 here: the caller already chose CUDA).
+    pub fn cuda_device(&self) -> Result<std::sync::Arc<lowbit::cuda::CudaDevice>> {
+        let spec = if self.device == "auto" {
+            "cuda"
+        } else {
+            self.device.as_str()
+        };
+        match lowbit::cuda::Device::from_spec(spec)? {
+            lowbit::cuda::Device::Cuda(dev) => Ok(dev),
+            _ => Err(Error::CudaUnavailable("no GPU selected".into())),
+        }
+    }
+
     /// The `--dtype` values, or `default`.
     pub fn dtypes(&self, default: &[lowbit::DType]) -> Result<Vec<lowbit::DType>> {
         use lowbit::DType;

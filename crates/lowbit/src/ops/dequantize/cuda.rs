@@ -148,6 +148,24 @@ struct DequantParams {
 // SAFETY: plain-old-data, `#[repr(C)]`, layout identical to the CUDA struct (5 pointers, then 5 u32).
 unsafe impl DeviceRepr for DequantParams {}
 
+impl DequantParams {
+    /// The shape part, fixed when the operator is created; `run` fills in the buffer pointers.
+    fn shape(k: usize, n: usize, group_size: usize, groups: usize) -> Self {
+        Self {
+            qweight: 0,
+            zeros: 0,
+            scales: 0,
+            g_idx: 0,
+            out: 0,
+            k: k as u32,
+            n: n as u32,
+            group_size: group_size as u32,
+            groups: groups as u32,
+            group_shift: group_shift(group_size, groups),
+        }
+    }
+}
+
 /// The validated, ready-to-launch part every dequantize operator shares.
 #[derive(Debug, Clone)]
 struct Launch {
@@ -237,18 +255,7 @@ impl DequantizeInt4 {
     pub fn with_variant(device: &CudaDevice, desc: DequantDesc, variant: Option<&str>) -> Result<Self> {
         desc.validate()?;
         let t = dtype_name(desc.dtype);
-        let params = DequantParams {
-            qweight: 0,
-            zeros: 0,
-            scales: 0,
-            g_idx: 0,
-            out: 0,
-            k: desc.k as u32,
-            n: desc.n as u32,
-            group_size: desc.group_size as u32,
-            groups: desc.groups() as u32,
-            group_shift: group_shift(desc.group_size, desc.groups()),
-        };
+        let params = DequantParams::shape(desc.k, desc.n, desc.group_size, desc.groups());
         let (k, n) = (desc.k as u64, desc.n as u64);
         let layout = desc.layout.name();
         let kernel = |v: &str| format!("dequant_{layout}_{t}_{v}");
@@ -382,18 +389,7 @@ impl DequantizeInt8 {
         // Vector loads need each weight row (K bytes) to be a multiple of 16 bytes.
         let vec = if k % 16 == 0 { "_vec" } else { "" };
         let kernel = format!("dequant_int8_{}{vec}", dtype_name(dtype));
-        let params = DequantParams {
-            qweight: 0,
-            zeros: 0,
-            scales: 0,
-            g_idx: 0,
-            out: 0,
-            k: k as u32,
-            n: n as u32,
-            group_size: k as u32,
-            groups: 1,
-            group_shift: group_shift(k, 1),
-        };
+        let params = DequantParams::shape(k, n, k, 1);
         let launch = Launch::new(device, kernel, transposed_threads(k, n, 16), params)?;
         Ok(Self { k, n, dtype, launch })
     }
