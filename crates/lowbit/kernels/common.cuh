@@ -1,5 +1,5 @@
-// Shared device code of every lowbit kernel: integer -> fp16/bf16 conversions, nibble/byte shuffles and memory
-// helpers. Compiled by NVRTC at run time (the host passes this file as an in-memory header named "common.cuh").
+// Shared device code of every lowbit kernel: integer -> fp16/bf16 conversions, nibble/byte shuffles, memory
+// helpers, and the tensor-core / async-copy primitives (cp.async, TMA bulk copies, mbarriers, ldmatrix). Compiled by NVRTC at run time (the host passes this file as an in-memory header named "common.cuh").
 //
 // Conventions used throughout:
 // - A "word" is 32 bits holding 8 int4 codes or 4 int8 codes, little-endian (nibble i = bits 4i..4i+3).
@@ -229,5 +229,98 @@ __device__ __forceinline__ u32 load_cached(const u32* p) { return __ldg(p); }
 __device__ __forceinline__ uint4 load_cached_v4(const void* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
 // Write-once outputs: evict-first (st.global.cs).
 __device__ __forceinline__ void store_stream_v4(void* p, uint4 v) { __stcs(reinterpret_cast<uint4*>(p), v); }
+
+// ------------------------------------------------------------------------------------------------------------------
+// Tensor-core and async-copy primitives
+// ------------------------------------------------------------------------------------------------------------------
+
+__device__ __forceinline__ u32 smem_addr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+
+// 16-byte global -> shared copy that bypasses L1 (.cg: the weights are read once). When src_bytes < 16 the rest of
+// the 16 bytes is zero-filled and nothing past src_bytes is read (the K tail of x).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes = 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem),
+                 "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// --- mbarrier pipeline (sm_90) -----------------------------------------------------------------------------------
+// A stage's "full" barrier completes when the TMA engine has written all its bytes (expect_tx + complete_tx); its
+// "empty" barrier completes when every consumer thread has arrived after reading it. Waiting uses the phase parity:
+// the j-th use of a stage waits for phase j & 1.
+__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::); }
+__device__ __forceinline__ void mbar_arrive(u32 bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(u32 bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+    asm volatile(
+        "{\n.reg .pred done;\nWAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra WAIT;\n}\n" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+}
+// One TMA bulk copy global -> shared (16-byte aligned, size a multiple of 16), completing on `bar`.
+__device__ __forceinline__ void bulk_copy(void* smem, const void* gmem, u32 bytes, u32 bar) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+            smem_addr(smem)),
+        "l"(gmem), "r"(bytes), "r"(bar)
+        : "memory");
+}
+// Barrier among the first `threads` threads of the CTA only (the consumer warps; the producer warp never joins).
+__device__ __forceinline__ void consumer_sync(int threads) {
+    asm volatile("bar.sync 1, %0;\n" ::"r"(threads) : "memory");
+}
+
+__device__ __forceinline__ int lane_id() {
+    int lane;
+    asm volatile("mov.u32 %0, %%laneid;\n" : "=r"(lane));
+    return lane;
+}
+
+// Shared-memory loads by shared-space address (a u32 base plus constant offsets folds into the instruction's
+// immediate, where generic pointers would be converted per access).
+__device__ __forceinline__ uint4 lds128(u32 addr) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(addr));
+    return v;
+}
+__device__ __forceinline__ uint2 lds64(u32 addr) {
+    uint2 v;
+    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr));
+    return v;
+}
+__device__ __forceinline__ u32 lds16(u32 addr) {
+    unsigned short v;
+    asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(v) : "r"(addr));
+    return v;
+}
+
+// Two 8x8 b16 matrices (lanes 0-15 give the row addresses): one k16 step of a B fragment.
+__device__ __forceinline__ void ldmatrix_x2(u32& r0, u32& r1, u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n" : "=r"(r0), "=r"(r1) : "r"(addr));
+}
+
+// Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i; the thread receives, of matrix i,
+// row lane/4, elements 2(lane%4) and 2(lane%4)+1 -- exactly an mma B fragment when the rows are tokens.
+__device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
 
 }  // namespace lowbit
