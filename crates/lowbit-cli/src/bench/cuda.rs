@@ -27,17 +27,24 @@ const BATCHES: usize = 7;
 /// Target duration of one timed batch.
 const BATCH_MS: f64 = 20.0;
 
+#[path = "cuda_conv.rs"]
+mod conv;
 #[path = "cuda_linear.rs"]
 mod linear;
+#[path = "cuda_w8a8.rs"]
+mod w8a8;
 
 /// Benchmarks every op CUDA has that `args` asks for.
 pub fn run(args: &BenchArgs, sink: &mut Sink) -> Result<()> {
-    if args.op.as_deref() == Some("linear") {
-        return linear::run(args, sink);
+    match args.op.as_deref() {
+        Some("linear") => return linear::run(args, sink),
+        Some("w8a8") => return w8a8::run(args, sink),
+        Some("conv") => return conv::run(args, sink),
+        _ => {}
     }
     if let Some(op) = args.op.as_deref().filter(|op| *op != "dequant") {
         return Err(Error::Unsupported(format!(
-            "bench --op {op} on CUDA (CUDA benches: dequant)"
+            "bench --op {op} on CUDA (CUDA benches: dequant, linear, w8a8, conv)"
         )));
     }
     let dev = args.cuda_device()?;
