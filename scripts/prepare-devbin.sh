@@ -4,14 +4,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -p lowbit-cli
-mkdir -p .devbin/tests
-cp target/release/lowbit .devbin/
+DEVBIN=${DEVBIN:-.devbin}  # a git-ignored folder (.devbin*) to carry
+mkdir -p "$DEVBIN/tests"
+cp target/release/lowbit "$DEVBIN/"
 for t in ${TESTS:-cuda_dequantize}; do
   exe=$(cargo test --release -p lowbit --test "$t" --no-run --message-format=json 2>/dev/null |
     python3 -c 'import json,sys
 for l in sys.stdin:
     m = json.loads(l)
     if m.get("reason") == "compiler-artifact" and m.get("executable"): print(m["executable"])' | tail -n 1)
-  cp "$exe" ".devbin/tests/$t"
+  cp "$exe" "$DEVBIN/tests/$t"
 done
-ls -la .devbin .devbin/tests
+ls -la "$DEVBIN" "$DEVBIN/tests"
