@@ -323,4 +323,121 @@ __device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], u32 addr) {
                  : "r"(addr));
 }
 
+// ------------------------------------------------------------------------------------------------------------------
+// int4 weights as mma A fragments (the linear kernels' repacked layout, see linear_w4a16.cu)
+// ------------------------------------------------------------------------------------------------------------------
+
+typedef unsigned short u16;
+
+// mma.sync m16n8k16 with fp32 accumulation for 16-bit operands of type TYPE ("f16" or "bf16"):
+// D = A(16x16, rows = output columns) * B(16x8, columns = tokens) + C, with C = D (ACCUMULATE) or C = 0 (the first
+// mma of a group's accumulator, which then needs no zeroing).
+#define LB_MMA_M16N8K16(TYPE)                                                                                      \
+    template <bool ACCUMULATE>                                                                                     \
+    __device__ static __forceinline__ void mma(float(&d)[4], uint4 a, u32 b0, u32 b1) {                            \
+        if (ACCUMULATE) {                                                                                          \
+            asm("mma.sync.aligned.m16n8k16.row.col.f32." TYPE "." TYPE ".f32 {%0, %1, %2, %3}, "                 \
+                "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"                                                  \
+                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                                   \
+                : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));                                       \
+        } else {                                                                                                   \
+            asm("mma.sync.aligned.m16n8k16.row.col.f32." TYPE "." TYPE ".f32 {%0, %1, %2, %3}, "                 \
+                "{%4, %5, %6, %7}, {%8, %9}, {%10, %10, %10, %10};\n"                                              \
+                : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])                                                   \
+                : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1), "f"(0.0f));                            \
+        }                                                                                                          \
+    }
+
+// Per activation type: the mma, the int4 -> (q - z) conversion of a fragment word, the per-group zero terms and
+// scales, and f32 <-> 16-bit conversions.
+//
+// Zero nibbles: a lane's four zero codes come as one 16-bit value, nibbles [z(tile 0, row g), z(tile 0, row g+8),
+// z(tile 1, row g), z(tile 1, row g+8)] (the SCALE/ZERO LAYOUT of the header); zero_terms takes it in both halves
+// of a register (z * 0x10001) and yields, per tile, the term of row g (`lo`) and of row g + 8 (`hi`) in the form
+// dequant wants, the same value in both halves.
+template <class T>
+struct FragmentOps;
+
+template <>
+struct FragmentOps<F16> {
+    LB_MMA_M16N8K16("f16")
+
+    // Row g codes (nibbles 0/4 of the word, and 2/6 after >> 8) become 1024 + q with one lop3 and are subtracted
+    // as 1024 + z: 0x6400 is 1024.0 and its mantissa step is 1, so OR-ing z in is the addition. Row g + 8 codes
+    // (nibbles 1/5, 3/7) land 4 bits up as 1024 + 16q; one fma scales by 1/16 and adds -(64 + z) (0xD400 is
+    // -64.0 with step 1/16, so z goes in 4 bits up): (1024 + 16q) / 16 - (64 + z) = q - z. Both are exact.
+    __device__ static __forceinline__ void zero_terms(u32 zz, u32 (&lo)[2], u32 (&hi)[2]) {
+        lo[0] = and_or<0x000F000Fu, 0x64006400u>(zz);
+        hi[0] = and_or<0x00F000F0u, 0xD400D400u>(zz);
+        lo[1] = and_or<0x000F000Fu, 0x64006400u>(zz >> 8);
+        hi[1] = and_or<0x00F000F0u, 0xD400D400u>(zz >> 8);
+    }
+    // The 8 codes of a fragment word -> the A fragment registers {(g, k), (g+8, k), (g, k+8), (g+8, k+8)} of q - z.
+    __device__ static __forceinline__ uint4 dequant(u32 w, u32 lo, u32 hi) {
+        const u32 w8 = w >> 8;
+        return make_uint4(F16::sub(and_or<0x000F000Fu, F16::MAGIC>(w), lo),
+                          F16::fma(and_or<0x00F000F0u, F16::MAGIC>(w), F16::ONE_SIXTEENTH, hi),
+                          F16::sub(and_or<0x000F000Fu, F16::MAGIC>(w8), lo),
+                          F16::fma(and_or<0x00F000F0u, F16::MAGIC>(w8), F16::ONE_SIXTEENTH, hi));
+    }
+    // Two scales (low half, high half) as f32.
+    __device__ static __forceinline__ float2 scale_pair(u32 pair) {
+        return __half22float2(*reinterpret_cast<const __half2*>(&pair));
+    }
+    __device__ static __forceinline__ float to_f32(u16 v) { return __half2float(__ushort_as_half(v)); }
+    __device__ static __forceinline__ u16 from_f32(float v) { return __half_as_ushort(__float2half_rn(v)); }
+};
+
+template <>
+struct FragmentOps<BF16> {
+    LB_MMA_M16N8K16("bf16")
+
+    // bf16 has 7 mantissa bits, too few for 1024 + 16q, so every nibble pair is shifted down to bits 0-3 / 16-19
+    // first (TensorRT-LLM does the same): 0x4300 | q = 128 + q, and fma((128 + q), 1, -(128 + z)) = q - z exactly
+    // (0xC300 | z = -(128 + z); sub.bf16x2 needs sm_90, fma.bf16x2 exists from sm_80).
+    __device__ static __forceinline__ void zero_terms(u32 zz, u32 (&lo)[2], u32 (&hi)[2]) {
+        lo[0] = and_or<0x000F000Fu, BF16::NEG_MAGIC>(zz);
+        hi[0] = and_or<0x000F000Fu, BF16::NEG_MAGIC>(zz >> 4);
+        lo[1] = and_or<0x000F000Fu, BF16::NEG_MAGIC>(zz >> 8);
+        hi[1] = and_or<0x000F000Fu, BF16::NEG_MAGIC>(zz >> 12);
+    }
+    __device__ static __forceinline__ uint4 dequant(u32 w, u32 lo, u32 hi) {
+        return make_uint4(BF16::fma(and_or<0x000F000Fu, BF16::MAGIC>(w), BF16::ONE, lo),
+                          BF16::fma(and_or<0x000F000Fu, BF16::MAGIC>(w >> 4), BF16::ONE, hi),
+                          BF16::fma(and_or<0x000F000Fu, BF16::MAGIC>(w >> 8), BF16::ONE, lo),
+                          BF16::fma(and_or<0x000F000Fu, BF16::MAGIC>(w >> 12), BF16::ONE, hi));
+    }
+    __device__ static __forceinline__ float2 scale_pair(u32 pair) {
+        return make_float2(__uint_as_float(pair << 16), __uint_as_float(pair & 0xFFFF0000u));
+    }
+    __device__ static __forceinline__ float to_f32(u16 v) { return __uint_as_float((u32)v << 16); }
+    __device__ static __forceinline__ u16 from_f32(float v) {
+        return __bfloat16_as_ushort(__float2bfloat16_rn(v));
+    }
+};
+#undef LB_MMA_M16N8K16
+
+// This lane's per-group terms for its four accumulator rows (tile t = 0, 1 x rows g, g + 8).
+struct GroupTerms {
+    u32 lo[2], hi[2];  // zero terms of rows g / g + 8 per tile (FragmentOps<T>::zero_terms)
+    float s[2][2];     // scales [tile][row g, row g + 8]
+};
+
+// The zero terms and scales of this lane's four accumulator rows for scale/zero row `row` of a stage whose scale
+// rows start at shared address `params` (zero rows follow after `s_bytes`): one 8-byte and one 16-bit shared load,
+// because the SCALE/ZERO LAYOUT of linear_w4a16.cu puts a lane group's four values together. `warp` is the 32-column
+// slice of the N_CTA-wide tile.
+template <class T, bool HAS_ZEROS, int N_CTA>
+__device__ __forceinline__ GroupTerms load_group_terms(u32 params, int s_bytes, int row, int warp, int lane) {
+    const int g = lane >> 2;
+    const uint2 sv = lds64(params + row * (N_CTA * 2) + warp * 64 + g * 8);
+    u32 z = 0x8888u;  // symmetric: every zero is the midpoint 8
+    if (HAS_ZEROS) z = lds16(params + s_bytes + row * (N_CTA / 2) + warp * 16 + g * 2);
+    GroupTerms gt;
+    FragmentOps<T>::zero_terms(z * 0x10001u, gt.lo, gt.hi);
+    const float2 s0 = FragmentOps<T>::scale_pair(sv.x), s1 = FragmentOps<T>::scale_pair(sv.y);
+    gt.s[0][0] = s0.x, gt.s[0][1] = s0.y, gt.s[1][0] = s1.x, gt.s[1][1] = s1.y;
+    return gt;
+}
+
 }  // namespace lowbit

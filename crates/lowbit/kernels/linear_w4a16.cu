@@ -12,7 +12,7 @@
 //   rows {g, g+8} x columns {2t, 2t+1, 2t+8, 2t+9} (g = lane / 4, t = lane % 4). The host stores exactly those 8
 //   codes in one 32-bit word, nibble order [a0 a2 a4 a6 a1 a3 a5 a7] (a0 = (g, 2t), a1 = (g, 2t+1), a2 = (g+8, 2t),
 //   ...), the AWQ interleave: one lop3 with mask 0x000f000f lifts nibbles 0 and 4 into the two halves of a
-//   register, i.e. the pair (a0, a1) as packed fp16, ready for mma with no shuffles (Ops<T>::dequant).
+//   register, i.e. the pair (a0, a1) as packed fp16, ready for mma with no shuffles (FragmentOps<T>::dequant).
 //   Four such words (two 16-row tiles x two k16 steps) form the lane's 16 bytes, and the 32 lanes' 16-byte pieces
 //   are contiguous: every global load is a coalesced 16-byte cp.async and every shared read an ld.shared.v4 of
 //   512 consecutive bytes per warp (no bank conflicts, no ldmatrix needed for the weight).
@@ -41,7 +41,7 @@
 //
 // * DEQUANT WITHOUT THE SCALE. Decode is bound by instructions per weight (ncu: issue slots 65% busy, DRAM 44%),
 //   so the per-weight path is only: one lop3 per pair of codes (plus one shift per word), one f16x2 sub / fma
-//   that yields (q - z) exactly (the zero is folded into the magic-number constant, see Ops<T>::dequant), and the
+//   that yields (q - z) exactly (the zero is folded into the magic-number constant, see FragmentOps<T>::dequant), and the
 //   mma. (q - z) is a small integer, exact in fp16 and bf16. Each group's products go into a per-group fp32
 //   accumulator, started by the group's first mma with C = 0; at the group's end (or the unit's end) the scale is
 //   applied once per accumulator: acc = fma(acc_g, s[row], acc). With the weight as the A operand the scale is
@@ -61,7 +61,6 @@
 namespace lowbit {
 namespace w4a16 {
 
-typedef unsigned short u16;
 typedef unsigned char u8;
 
 constexpr int K_TILE = 128;          // k per unit (= per pipeline stage)
@@ -70,99 +69,6 @@ constexpr int X_PITCH = K_TILE + 8;  // x row pitch in smem (halves): +16 B puts
                                      // 8 different 4-bank groups (a 256 B pitch would be an 8-way conflict)
 constexpr int MAX_GROUP_ROWS = 8;     // groups a 128-k unit can touch (group sizes are multiples of 16)
 
-// mma.sync m16n8k16 with fp32 accumulation for 16-bit operands of type TYPE ("f16" or "bf16"):
-// D = A(16x16, rows = output columns) * B(16x8, columns = tokens) + C, with C = D (ACCUMULATE) or C = 0 (the first
-// mma of a group's accumulator, which then needs no zeroing).
-#define LB_MMA_M16N8K16(TYPE)                                                                                      \
-    template <bool ACCUMULATE>                                                                                     \
-    __device__ static __forceinline__ void mma(float(&d)[4], uint4 a, u32 b0, u32 b1) {                            \
-        if (ACCUMULATE) {                                                                                          \
-            asm("mma.sync.aligned.m16n8k16.row.col.f32." TYPE "." TYPE ".f32 {%0, %1, %2, %3}, "                 \
-                "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"                                                  \
-                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                                   \
-                : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));                                       \
-        } else {                                                                                                   \
-            asm("mma.sync.aligned.m16n8k16.row.col.f32." TYPE "." TYPE ".f32 {%0, %1, %2, %3}, "                 \
-                "{%4, %5, %6, %7}, {%8, %9}, {%10, %10, %10, %10};\n"                                              \
-                : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])                                                   \
-                : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1), "f"(0.0f));                            \
-        }                                                                                                          \
-    }
-
-// Per activation type: the mma, the int4 -> (q - z) conversion of a fragment word, the per-group zero terms and
-// scales, and f32 <-> 16-bit conversions.
-//
-// Zero nibbles: a lane's four zero codes come as one 16-bit value, nibbles [z(tile 0, row g), z(tile 0, row g+8),
-// z(tile 1, row g), z(tile 1, row g+8)] (the SCALE/ZERO LAYOUT of the header); zero_terms takes it in both halves
-// of a register (z * 0x10001) and yields, per tile, the term of row g (`lo`) and of row g + 8 (`hi`) in the form
-// dequant wants, the same value in both halves.
-template <class T>
-struct Ops;
-
-template <>
-struct Ops<F16> {
-    LB_MMA_M16N8K16("f16")
-
-    // Row g codes (nibbles 0/4 of the word, and 2/6 after >> 8) become 1024 + q with one lop3 and are subtracted
-    // as 1024 + z: 0x6400 is 1024.0 and its mantissa step is 1, so OR-ing z in is the addition. Row g + 8 codes
-    // (nibbles 1/5, 3/7) land 4 bits up as 1024 + 16q; one fma scales by 1/16 and adds -(64 + z) (0xD400 is
-    // -64.0 with step 1/16, so z goes in 4 bits up): (1024 + 16q) / 16 - (64 + z) = q - z. Both are exact.
-    __device__ static __forceinline__ void zero_terms(u32 zz, u32 (&lo)[2], u32 (&hi)[2]) {
-        lo[0] = and_or<0x000F000Fu, 0x64006400u>(zz);
-        hi[0] = and_or<0x00F000F0u, 0xD400D400u>(zz);
-        lo[1] = and_or<0x000F000Fu, 0x64006400u>(zz >> 8);
-        hi[1] = and_or<0x00F000F0u, 0xD400D400u>(zz >> 8);
-    }
-    // The 8 codes of a fragment word -> the A fragment registers {(g, k), (g+8, k), (g, k+8), (g+8, k+8)} of q - z.
-    __device__ static __forceinline__ uint4 dequant(u32 w, u32 lo, u32 hi) {
-        const u32 w8 = w >> 8;
-        return make_uint4(F16::sub(and_or<0x000F000Fu, F16::MAGIC>(w), lo),
-                          F16::fma(and_or<0x00F000F0u, F16::MAGIC>(w), F16::ONE_SIXTEENTH, hi),
-                          F16::sub(and_or<0x000F000Fu, F16::MAGIC>(w8), lo),
-                          F16::fma(and_or<0x00F000F0u, F16::MAGIC>(w8), F16::ONE_SIXTEENTH, hi));
-    }
-    // Two scales (low half, high half) as f32.
-    __device__ static __forceinline__ float2 scale_pair(u32 pair) {
-        return __half22float2(*reinterpret_cast<const __half2*>(&pair));
-    }
-    __device__ static __forceinline__ float to_f32(u16 v) { return __half2float(__ushort_as_half(v)); }
-    __device__ static __forceinline__ u16 from_f32(float v) { return __half_as_ushort(__float2half_rn(v)); }
-};
-
-template <>
-struct Ops<BF16> {
-    LB_MMA_M16N8K16("bf16")
-
-    // bf16 has 7 mantissa bits, too few for 1024 + 16q, so every nibble pair is shifted down to bits 0-3 / 16-19
-    // first (TensorRT-LLM does the same): 0x4300 | q = 128 + q, and fma((128 + q), 1, -(128 + z)) = q - z exactly
-    // (0xC300 | z = -(128 + z); sub.bf16x2 needs sm_90, fma.bf16x2 exists from sm_80).
-    __device__ static __forceinline__ void zero_terms(u32 zz, u32 (&lo)[2], u32 (&hi)[2]) {
-        lo[0] = and_or<0x000F000Fu, BF16::NEG_MAGIC>(zz);
-        hi[0] = and_or<0x000F000Fu, BF16::NEG_MAGIC>(zz >> 4);
-        lo[1] = and_or<0x000F000Fu, BF16::NEG_MAGIC>(zz >> 8);
-        hi[1] = and_or<0x000F000Fu, BF16::NEG_MAGIC>(zz >> 12);
-    }
-    __device__ static __forceinline__ uint4 dequant(u32 w, u32 lo, u32 hi) {
-        return make_uint4(BF16::fma(and_or<0x000F000Fu, BF16::MAGIC>(w), BF16::ONE, lo),
-                          BF16::fma(and_or<0x000F000Fu, BF16::MAGIC>(w >> 4), BF16::ONE, hi),
-                          BF16::fma(and_or<0x000F000Fu, BF16::MAGIC>(w >> 8), BF16::ONE, lo),
-                          BF16::fma(and_or<0x000F000Fu, BF16::MAGIC>(w >> 12), BF16::ONE, hi));
-    }
-    __device__ static __forceinline__ float2 scale_pair(u32 pair) {
-        return make_float2(__uint_as_float(pair << 16), __uint_as_float(pair & 0xFFFF0000u));
-    }
-    __device__ static __forceinline__ float to_f32(u16 v) { return __uint_as_float((u32)v << 16); }
-    __device__ static __forceinline__ u16 from_f32(float v) {
-        return __bfloat16_as_ushort(__float2bfloat16_rn(v));
-    }
-};
-#undef LB_MMA_M16N8K16
-
-// This lane's per-group terms for its four accumulator rows (tile t = 0, 1 x rows g, g + 8).
-struct GroupTerms {
-    u32 lo[2], hi[2];  // zero terms of rows g / g + 8 per tile (Ops<T>::zero_terms)
-    float s[2][2];     // scales [tile][row g, row g + 8]
-};
 
 // ------------------------------------------------------------------------------------------------------------------
 // The kernel
@@ -263,16 +169,7 @@ struct Linear {
     // The zero terms and scales of this lane's four accumulator rows for group row `row` of the stage: one 8-byte
     // and one 16-bit shared load (the SCALE/ZERO LAYOUT of the header puts a lane group's four values together).
     __device__ static __forceinline__ GroupTerms load_group(u32 stage, int row, int warp, int lane) {
-        const u32 params = stage + W_BYTES + X_BYTES;
-        const int g = lane >> 2;
-        const uint2 sv = lds64(params + row * (N_CTA * 2) + warp * (WARP_N * 2) + g * 8);
-        u32 z = 0x8888u;  // symmetric: every zero is the midpoint 8
-        if (HAS_ZEROS) z = lds16(params + S_BYTES + row * (N_CTA / 2) + warp * (WARP_N / 2) + g * 2);
-        GroupTerms gt;
-        Ops<T>::zero_terms(z * 0x10001u, gt.lo, gt.hi);
-        const float2 s0 = Ops<T>::scale_pair(sv.x), s1 = Ops<T>::scale_pair(sv.y);
-        gt.s[0][0] = s0.x, gt.s[0][1] = s0.y, gt.s[1][0] = s1.x, gt.s[1][1] = s1.y;
-        return gt;
+        return load_group_terms<T, HAS_ZEROS, N_CTA>(stage + W_BYTES + X_BYTES, S_BYTES, row, warp, lane);
     }
 
     // Tiles per pass over a unit: both (one pass) while the group accumulators fit in registers next to `acc`;
@@ -350,13 +247,13 @@ struct Linear {
                     for (int tt = 0; tt < T_PER_PASS; ++tt) {
                         const int t = pass * T_PER_PASS + tt;
                         const u32 word = ks == 0 ? (t == 0 ? wq.x : wq.y) : (t == 0 ? wq.z : wq.w);
-                        const uint4 frag = Ops<T>::dequant(word, gt.lo[t], gt.hi[t]);
+                        const uint4 frag = FragmentOps<T>::dequant(word, gt.lo[t], gt.hi[t]);
 #pragma unroll
                         for (int mt = 0; mt < MT; ++mt) {
                             if (step == 0)
-                                Ops<T>::template mma<false>(acc_g[tt][mt], frag, xb[mt][2 * ks], xb[mt][2 * ks + 1]);
+                                FragmentOps<T>::template mma<false>(acc_g[tt][mt], frag, xb[mt][2 * ks], xb[mt][2 * ks + 1]);
                             else
-                                Ops<T>::template mma<true>(acc_g[tt][mt], frag, xb[mt][2 * ks], xb[mt][2 * ks + 1]);
+                                FragmentOps<T>::template mma<true>(acc_g[tt][mt], frag, xb[mt][2 * ks], xb[mt][2 * ks + 1]);
                         }
                     }
                 }
@@ -379,7 +276,7 @@ struct Linear {
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int n = n0 + t * 16 + h * 8;
-                b[t][h] = (a.bias && n < s.N) ? Ops<T>::to_f32(a.bias[n]) : 0.0f;
+                b[t][h] = (a.bias && n < s.N) ? FragmentOps<T>::to_f32(a.bias[n]) : 0.0f;
             }
         u16* y0 = a.y + (size_t)((lane & 3) * 2) * s.y_stride + n0;
 #pragma unroll
@@ -393,7 +290,7 @@ struct Linear {
 #pragma unroll
                     for (int h = 0; h < 2; ++h)
                         if (m < s.M && n0 + t * 16 + h * 8 < s.N)
-                            row[t * 16 + h * 8] = Ops<T>::from_f32(v[t][mt][h * 2 + e] + b[t][h]);
+                            row[t * 16 + h * 8] = FragmentOps<T>::from_f32(v[t][mt][h * 2 + e] + b[t][h]);
             }
             // Keep the compiler from hoisting every row's address math above the first stores (register spills).
             asm volatile("" ::: "memory");
