@@ -440,4 +440,38 @@ __device__ __forceinline__ GroupTerms load_group_terms(u32 params, int s_bytes, 
     return gt;
 }
 
+// ------------------------------------------------------------------------------------------------------------------
+// int8 tensor-core primitives (W8A8)
+// ------------------------------------------------------------------------------------------------------------------
+
+// cp_async16 to a shared-space address (a u32 base plus offsets, as ldmatrix takes it).
+__device__ __forceinline__ void cp_async16_shared(u32 smem, const void* gmem, int src_bytes = 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(src_bytes));
+}
+
+// mma.sync m16n8k32 s8 x s8 -> s32: D = A(16x32 row-major) * B(32x8 column-major) + C, with C = D (ACCUMULATE) or
+// C = 0 (the first k step of a block, so the accumulator needs no zeroing). A fragment = ldmatrix_x4 of the
+// 16x32-byte tile viewed as 16x16 b16 (matrices: rows 0-7 / 8-15 x bytes 0-15, then rows 0-7 / 8-15 x bytes 16-31);
+// B fragment {b0, b1} = bytes 0-15 / 16-31 of 8 K-contiguous rows (one per output column).
+template <bool ACCUMULATE>
+__device__ __forceinline__ void mma_s8_m16n8k32(int (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    if (ACCUMULATE) {
+        asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                     "{%8, %9}, {%0, %1, %2, %3};\n"
+                     : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    } else {
+        asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                     "{%8, %9}, {%10, %10, %10, %10};\n"
+                     : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
+    }
+}
+
+// An int32 of magnitude <= 2^22 as f32, exactly, without the quarter-rate I2F: adding it to the bit pattern of
+// 1.5 * 2^23 (where the f32 step is 1) places it in the mantissa; subtracting 1.5 * 2^23 leaves the value.
+__device__ __forceinline__ float small_int_to_f32(int v) {
+    return __fsub_rn(__int_as_float(0x4B400000 + v), 12582912.0f);
+}
+
 }  // namespace lowbit

@@ -1,9 +1,177 @@
-//! CUDA side of `lowbit bench --op w8a8` (not written yet).
+//! CUDA `lowbit bench --op w8a8`: the int8 tensor-core GEMMs against cuBLAS fp16 and cuBLASLt int8, same run.
+//!
+//! Implementations (records' `impl`):
+//! - `lowbit`: per-block W8A8 ([`W8a8LinearCuda::block`], asymmetric activations, K blocks of `--group`, default
+//!   128; `-1` = one block per row), activation quantization included: what a layer costs per call.
+//! - `lowbit_gemm`: the same GEMM on activations quantized beforehand (`run_quantized`: q/k/v reuse), for the
+//!   quantizer's share.
+//! - `lowbit_smoothquant`: SmoothQuant (per-token quantization included, per-channel weights).
+//! - `cublas_fp16` / `cublas_bf16`: the dense `x · W^T` in the activation dtype, fp32 accumulation.
+//! - `cublaslt_int8`: cuBLASLt int8 × int8 → int32 ([`CublasLtInt8`]), no scales: the int8 ceiling.
+//!
+//! Default problem: K × N ∈ {4096 × 4096, 4096 × 14336, 14336 × 4096, 8192 × 28672} × M ∈ {1024, 4096}, f16 unless
+//! `--dtype`. Every weight is rotated among as many copies as it takes to exceed 2 × L2 (activations and outputs
+//! rotate with it), so each call reads its weight from device memory. Timing as `bench --op linear`: warm-up, then
+//! 7 batches of ~20 ms between CUDA events, median batch. `bytes`: weight, x and y at their stored sizes.
 
-use super::{BenchArgs, Sink};
-use lowbit::{Error, Result};
+use super::{median, timed, BenchArgs, BenchRecord, Shape, Sink, BATCHES, BATCH_MS};
+use half::{bf16, f16};
+use lowbit::cuda::{CudaDevice, CudaSlice, CudaStream, ValidAsZeroBits};
+use lowbit::formats::block::{BlockBits, BlockQuantWeight, BlockShape};
+use lowbit::ops::linear::cuda::{CublasLinear, DenseElement};
+use lowbit::ops::w8a8::cuda::{CublasLtInt8, QuantizedActivationsCuda, W8a8LinearCuda};
+use lowbit::ops::w8a8::ActivationQuant;
+use lowbit::testing::SplitMix64;
+use lowbit::{DType, Error, Result};
+use std::sync::Arc;
 
-/// Benchmarks the CUDA w8a8 kernels against their baseline in the same run.
-pub fn run(_args: &BenchArgs, _sink: &mut Sink) -> Result<()> {
-    Err(Error::Unsupported("bench --op w8a8 on CUDA".into()))
+/// The (K, N) shapes of the speed targets.
+const SHAPES: [(usize, usize); 4] = [(4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672)];
+/// Batch sizes timed per shape (prefill).
+const MS: [usize; 2] = [1024, 4096];
+/// Records per (shape, M, dtype).
+const IMPLS: usize = 5;
+
+/// Benchmarks the CUDA W8A8 kernels on the GPU `args.device` names.
+pub fn run(args: &BenchArgs, sink: &mut Sink) -> Result<()> {
+    let dev = args.cuda_device()?;
+    let mut problems: Vec<((usize, usize), Vec<usize>)> = Vec::new();
+    if args.shape.is_empty() {
+        problems = SHAPES.iter().map(|&kn| (kn, MS.to_vec())).collect();
+    } else {
+        for s in args.shapes()? {
+            match problems.iter_mut().find(|(kn, _)| *kn == (s.k, s.n)) {
+                Some((_, ms)) => ms.push(s.m),
+                None => problems.push(((s.k, s.n), vec![s.m])),
+            }
+        }
+    }
+    let dtypes = args.dtypes(&[DType::F16])?;
+    let count: usize = problems.iter().map(|(_, ms)| ms.len()).sum();
+    sink.expect(count * dtypes.len() * IMPLS);
+    for ((k, n), ms) in &problems {
+        for &dtype in &dtypes {
+            match dtype {
+                DType::F16 => bench_shape::<f16>(&dev, args, *k, *n, ms, sink)?,
+                DType::Bf16 => bench_shape::<bf16>(&dev, args, *k, *n, ms, sink)?,
+                other => return Err(Error::invalid("--dtype", other, "CUDA w8a8 takes f16 or bf16")),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// How many copies of `bytes` exceed 2 × L2 (at least 2).
+fn rotation(dev: &CudaDevice, bytes: usize) -> usize {
+    (2 * dev.info().l2_bytes / bytes.max(1) + 1).max(2)
+}
+
+fn bench_shape<T: DenseElement + ValidAsZeroBits>(
+    dev: &Arc<CudaDevice>,
+    args: &BenchArgs,
+    k: usize,
+    n: usize,
+    ms: &[usize],
+    sink: &mut Sink,
+) -> Result<()> {
+    let dtype = T::DTYPE;
+    let block = if args.group == -1 { k } else { args.group_for(k)? };
+    let stream = dev.stream().clone();
+    let name = dev.info().name.clone();
+    let mut rng = SplitMix64(0x88A8 ^ (k * 131 + n) as u64);
+    sink.status(format!("w8a8 {k}x{n} {dtype}: preparing weights"));
+    let dense: Vec<f32> = (0..n * k).map(|_| rng.signed_unit() * 0.05).collect();
+    let block_weight = BlockQuantWeight::quantize(&dense, BlockShape::linear(n, k, block), BlockBits::Int8)?;
+    let channel_weight = BlockQuantWeight::quantize_per_channel_symmetric(&dense, n, k)?;
+    let dense_t: Vec<T> = dense.iter().map(|&v| T::from_f32(v)).collect();
+    drop(dense);
+
+    let sets = rotation(dev, n * k);
+    let blocks: Vec<W8a8LinearCuda> = (0..sets)
+        .map(|_| W8a8LinearCuda::block(dev, &block_weight, None, ActivationQuant::Asymmetric, dtype))
+        .collect::<Result<_>>()?;
+    let smooth: Vec<W8a8LinearCuda> = (0..sets)
+        .map(|_| W8a8LinearCuda::smoothquant(dev, &channel_weight, None, dtype))
+        .collect::<Result<_>>()?;
+    let codes_i8: Vec<CudaSlice<i8>> = (0..sets)
+        .map(|_| dev.upload(channel_weight.codes()))
+        .collect::<Result<_>>()?;
+    let dense_sets = rotation(dev, n * k * 2);
+    let dense_w: Vec<CudaSlice<T>> = (0..dense_sets).map(|_| dev.upload(&dense_t)).collect::<Result<_>>()?;
+    drop(dense_t);
+    let blas = CublasLinear::new(stream.clone(), n, k)?;
+
+    for &m in ms {
+        let rows = sets.max(dense_sets);
+        let x: Vec<T> = (0..m * k).map(|_| T::from_f32(rng.signed_unit() * 2.0)).collect();
+        let xs: Vec<CudaSlice<T>> = (0..rows).map(|_| dev.upload(&x)).collect::<Result<_>>()?;
+        let x_i8: Vec<i8> = (0..m * k).map(|_| rng.next_u64() as i8).collect();
+        let xs_i8: Vec<CudaSlice<i8>> = (0..sets).map(|_| dev.upload(&x_i8)).collect::<Result<_>>()?;
+        let mut ys: Vec<CudaSlice<T>> = (0..rows).map(|_| dev.alloc_zeros(m * n)).collect::<Result<_>>()?;
+        let mut ws = dev.alloc_zeros::<u8>(blocks[0].workspace_bytes(m))?;
+        let shape = Shape { m, k, n };
+        let record = |implementation: &str, bytes: usize, group: i64, us: f64| {
+            let mut r = BenchRecord::new("w8a8", implementation, &name, dtype, shape, bytes as u64, us);
+            r.wbits = Some(8);
+            r.group = Some(group);
+            r
+        };
+        let int8_bytes = n * k + (m * k + m * n) * 2;
+        let group = BenchArgs::group_field(block, k);
+
+        sink.status(format!("w8a8 lowbit {m}x{k}x{n} {dtype} ({})", blocks[0].kernel_name()));
+        let us = median_of_batches(dev, &stream, sets, |i| {
+            blocks[i].run(&stream, &xs[i], m, &mut ys[i], &mut ws)
+        })?;
+        sink.push(record("lowbit", int8_bytes, group, us))?;
+
+        sink.status(format!("w8a8 lowbit_gemm {m}x{k}x{n} {dtype}"));
+        let mut a = QuantizedActivationsCuda::alloc(dev, m, k, block)?;
+        blocks[0].quantizer().run(&stream, &xs[0], m, &mut a)?;
+        let us = median_of_batches(dev, &stream, sets, |i| blocks[i].run_quantized(&stream, &a, &mut ys[i]))?;
+        sink.push(record("lowbit_gemm", int8_bytes, group, us))?;
+
+        sink.status(format!("w8a8 lowbit_smoothquant {m}x{k}x{n} {dtype}"));
+        let mut ws_smooth = dev.alloc_zeros::<u8>(smooth[0].workspace_bytes(m))?;
+        let us = median_of_batches(dev, &stream, sets, |i| {
+            smooth[i].run(&stream, &xs[i], m, &mut ys[i], &mut ws_smooth)
+        })?;
+        sink.push(record("lowbit_smoothquant", int8_bytes, -1, us))?;
+
+        let baseline = if dtype == DType::Bf16 {
+            "cublas_bf16"
+        } else {
+            "cublas_fp16"
+        };
+        sink.status(format!("w8a8 {baseline} {m}x{k}x{n}"));
+        let us = median_of_batches(dev, &stream, dense_sets, |i| {
+            blas.run(&dense_w[i], &xs[i], m, &mut ys[i])
+        })?;
+        sink.push(record(baseline, (n * k + m * k + m * n) * 2, -1, us))?;
+
+        sink.status(format!("w8a8 cublaslt_int8 {m}x{k}x{n}"));
+        let mut lt = CublasLtInt8::new(dev, m, n, k)?;
+        let mut ys_i32: Vec<CudaSlice<i32>> = (0..2).map(|_| dev.alloc_zeros(m * n)).collect::<Result<_>>()?;
+        let us = median_of_batches(dev, &stream, sets, |i| {
+            lt.run(&stream, &codes_i8[i], &xs_i8[i], &mut ys_i32[i % 2])
+        })?;
+        sink.push(record("cublaslt_int8", n * k + m * k + 4 * m * n, -1, us))?;
+    }
+    Ok(())
+}
+
+/// Median µs per call of `launch(set)`: warm-up, then `BATCHES` batches of ~`BATCH_MS` between CUDA events.
+fn median_of_batches(
+    dev: &CudaDevice,
+    stream: &Arc<CudaStream>,
+    sets: usize,
+    mut launch: impl FnMut(usize) -> Result<()>,
+) -> Result<f64> {
+    let probe = timed(dev, stream, 5, sets, &mut launch)?; // warm-up: module load, clocks
+    let reps = ((BATCH_MS * 1e3 / probe.max(0.5)) as usize).clamp(5, 20_000);
+    let samples = (0..BATCHES)
+        .map(|_| timed(dev, stream, reps, sets, &mut launch))
+        .collect::<Result<Vec<_>>>()?;
+    dev.synchronize()?;
+    Ok(median(samples))
 }

@@ -13,6 +13,7 @@
 //! [`reference`] has the f64 ground truth of both GEMMs; [`cpu`] the rayon kernels.
 
 pub mod cpu;
+pub mod cuda;
 pub mod reference;
 
 use crate::dtype::Float;

@@ -1,0 +1,427 @@
+// W8A8: int8 activations x int8 weights on the int8 tensor cores, fp16/bf16 in and out. Host side:
+// src/ops/w8a8/cuda.rs; the scheme (formats.md, ops/w8a8/mod.rs):
+//   C[m, n] = sum_b [ sA*sB*dot_b + sA*oB*sumA_b + oA*(sB*sumB_b + bs_b*oB) ] (+ bias[n])
+// per K block b, dot_b = sum a_q*b_q exact in int32. SmoothQuant is the same GEMM with one block per row and zero
+// offsets (per-token x per-channel scales in the epilogue).
+//
+// Kernels (extern "C", instantiated at the bottom):
+//   w8a8_quantize_<t>_<mode>_<v>  fp16/bf16 activations [M, K] -> int8 codes [M, K_pad] (zero padded) and per
+//       (row, block) params float4 {scale, offset, code sum, 0} stored [blocks][M]. One warp per (row, block);
+//       <v> = r1/r2/r4/r8 (the block's values held in registers, 1..8 per lane: blocks up to 256) or loop (two
+//       passes over memory). Bit-exact with the CPU quantizer: every step is an IEEE-rounded f32 operation.
+//   w8a8_gemm_<t>_s<stages>  the GEMM, applying each block's correction in registers when the block ends.
+//
+// GEMM design (mma.sync m16n8k32 s8, runs on sm_80 and later):
+// - CTA tile 128 (M) x 128 (N), 8 warps as 2 x 4, warp tile 64 x 32: per k step of 32, 4 A fragments
+//   (ldmatrix.x4), 2 ldmatrix.x4 for the 4 B fragments, 16 mma. A stage holds 128 bytes of K of both tiles
+//   (rows of 128 bytes, 16-byte chunks XOR-swizzled by row % 8 so ldmatrix is conflict free) plus the block
+//   parameters of the blocks the stage ends ("slots": 4 / 2 / 1 for blocks of 32 / 64 / >= 128), all copied with
+//   cp.async in a STAGES-deep pipeline.
+// - Two accumulators: int32 for the running block (the first k step of a block writes it with C = 0), f32 for the
+//   output. At a block's last k step each element gets acc += sA*(sB*dot + oB*sumA) + oA*ot, ot = sB*sumB + bs*oB
+//   precomputed per (column, block) when the weight is prepared. The dot is converted with the exact magic-number
+//   trick when blocks are <= 256 long (|dot| <= 2^22), with I2F otherwise (SmoothQuant: once per output).
+// - Weight codes are padded at prepare time to [N_pad, K_pad] (multiples of 128), activation codes to K_pad by the
+//   quantizer, so every copy is a full 16-byte cp.async; rows past M are zero-filled. Padding codes are 0 and do
+//   not change any dot; code sums and block lengths count real elements only.
+// - Epilogue: f32 + bias rounded once to the output type, staged through shared memory, 16-byte row stores.
+#include "common.cuh"
+
+using namespace lowbit;
+
+// Kernel parameters; mirrored by `QuantizeParams` / `GemmParams` in src/ops/w8a8/cuda.rs (same field order).
+struct QuantizeParams {
+    const void* x;          // [M, ldx] f16/bf16
+    signed char* codes;     // [M, k_pad]
+    float4* params;         // [blocks][M] {scale, offset, code sum, 0}
+    u32 m, k, ldx, k_pad;
+    u32 block, blocks;
+};
+
+struct GemmParams {
+    const signed char* a;      // [M, k_pad] activation codes
+    const float4* a_params;    // [blocks][M] {sA, oA, sumA, 0}
+    const signed char* w;      // [n_pad, k_pad] weight codes
+    const float4* w_params;    // [blocks][n_pad] {sB, oB, sB*sumB + bs*oB, 0}
+    const float* bias;         // [N] or null
+    void* out;                 // [M, ldo] f16/bf16
+    u32 m, n, n_pad, k_pad, ldo;
+    u32 blocks;       // K blocks
+    u32 block_steps;  // k steps (of 32) per block; the last block may end early
+    u32 k_steps;      // k steps holding real data: ceil(K / 32)
+    u32 slots;        // parameter slots per stage: 4 / 2 / 1
+    u32 tiles_m, tiles_n;
+    u32 small_dot;    // 1 when every block dot is at most 2^22 in magnitude (blocks <= 256 long)
+};
+
+// ------------------------------------------------------------------------------------------------------------------
+// Output types
+// ------------------------------------------------------------------------------------------------------------------
+
+template <class T>
+struct Io;
+template <>
+struct Io<__half> {
+    __device__ static __forceinline__ float load(const void* p, u64 i) {
+        return __half2float(reinterpret_cast<const __half*>(p)[i]);
+    }
+    __device__ static __forceinline__ u32 pack(float lo, float hi) {
+        const __half2 h = __floats2half2_rn(lo, hi);
+        return *reinterpret_cast<const u32*>(&h);
+    }
+};
+template <>
+struct Io<__nv_bfloat16> {
+    __device__ static __forceinline__ float load(const void* p, u64 i) {
+        return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(p)[i]);
+    }
+    __device__ static __forceinline__ u32 pack(float lo, float hi) {
+        const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+        return *reinterpret_cast<const u32*>(&h);
+    }
+};
+
+// ------------------------------------------------------------------------------------------------------------------
+// Activation quantization
+// ------------------------------------------------------------------------------------------------------------------
+
+template <int WIDTH = 32>
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = WIDTH / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
+    return v;
+}
+__device__ __forceinline__ float warp_min(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fminf(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
+    return v;
+}
+__device__ __forceinline__ int warp_sum(int v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+    return v;
+}
+
+// The online scheme of formats.md in explicitly rounded f32 steps (no fma contraction), as the CPU computes it.
+// Asymmetric: scale = (max - min) / 255, offset = max - 127 * scale, codes in [-128, 127]; symmetric:
+// scale = max|a| / 127, codes in [-127, 127]. A zero or subnormal scale becomes 1 (offset max): all codes 0.
+template <bool SYM>
+struct BlockQuantizer {
+    float scale, offset, q_lo, q_hi;
+    __device__ __forceinline__ BlockQuantizer(float lo, float hi) {
+        if (SYM) {
+            const float s = __fdiv_rn(fmaxf(fabsf(lo), fabsf(hi)), 127.0f);
+            scale = s >= 1.17549435e-38f ? s : 1.0f;
+            offset = 0.0f;
+            q_lo = -127.0f;
+        } else {
+            const float s = __fdiv_rn(__fsub_rn(hi, lo), 255.0f);
+            const bool normal = s >= 1.17549435e-38f;
+            scale = normal ? s : 1.0f;
+            offset = normal ? __fsub_rn(hi, __fmul_rn(127.0f, s)) : hi;
+            q_lo = -128.0f;
+        }
+        q_hi = 127.0f;
+    }
+    // clamp(round_half_away((v - offset) / scale), q_lo, q_hi); the first clamp one step wider bounds the value.
+    __device__ __forceinline__ int code(float v) const {
+        float x = __fdiv_rn(__fsub_rn(v, offset), scale);
+        x = fminf(fmaxf(x, q_lo - 1.0f), q_hi + 1.0f);
+        return (int)fminf(fmaxf(roundf(x), q_lo), q_hi);
+    }
+};
+
+// One warp per (row, block). PER_LANE > 0: the block (<= 32 * PER_LANE values) is held in registers, one read;
+// PER_LANE = 0: any block length, two passes over memory.
+template <class T, bool SYM, int PER_LANE>
+__device__ __forceinline__ void quantize_block(const QuantizeParams& p) {
+    const u64 warp = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    const int lane = threadIdx.x % 32;
+    if (warp >= (u64)p.m * p.blocks) return;
+    const u32 row = (u32)(warp / p.blocks), b = (u32)(warp % p.blocks);
+    const u32 start = b * p.block, len = min(p.block, p.k - start);
+    const u64 src = (u64)row * p.ldx + start;
+    signed char* codes = p.codes + (u64)row * p.k_pad + start;
+
+    float lo = __int_as_float(0x7F800000), hi = -lo;  // +inf, -inf
+    float v[PER_LANE > 0 ? PER_LANE : 1];
+    if (PER_LANE > 0) {
+#pragma unroll
+        for (int i = 0; i < PER_LANE; ++i) {
+            const u32 idx = lane + 32 * i;
+            v[i] = idx < len ? Io<T>::load(p.x, src + idx) : 0.0f;
+            if (idx < len) lo = fminf(lo, v[i]), hi = fmaxf(hi, v[i]);
+        }
+    } else {
+        for (u32 idx = lane; idx < len; idx += 32) {
+            const float x = Io<T>::load(p.x, src + idx);
+            lo = fminf(lo, x), hi = fmaxf(hi, x);
+        }
+    }
+    lo = warp_min(lo);
+    hi = warp_max(hi);
+    const BlockQuantizer<SYM> q(lo, hi);
+    int sum = 0;
+    if (PER_LANE > 0) {
+#pragma unroll
+        for (int i = 0; i < PER_LANE; ++i) {
+            const u32 idx = lane + 32 * i;
+            if (idx < len) {
+                const int c = q.code(v[i]);
+                codes[idx] = (signed char)c;
+                sum += c;
+            }
+        }
+    } else {
+        for (u32 idx = lane; idx < len; idx += 32) {
+            const int c = q.code(Io<T>::load(p.x, src + idx));
+            codes[idx] = (signed char)c;
+            sum += c;
+        }
+    }
+    sum = warp_sum(sum);
+    if (lane == 0) p.params[(u64)b * p.m + row] = make_float4(q.scale, q.offset, (float)sum, 0.0f);
+    // The last block also zeroes the row's padding up to k_pad (the GEMM reads whole 128-byte k tiles).
+    if (b == p.blocks - 1) {
+        for (u32 idx = p.k + lane; idx < p.k_pad; idx += 32) p.codes[(u64)row * p.k_pad + idx] = 0;
+    }
+}
+
+// ------------------------------------------------------------------------------------------------------------------
+// GEMM
+// ------------------------------------------------------------------------------------------------------------------
+
+#define W8A8_THREADS 256
+#define TILE_M 128
+#define TILE_N 128
+#define TILE_K 128                                 // bytes (= codes) of K per pipeline stage
+#define STEPS_PER_STAGE (TILE_K / 32)              // mma k steps per stage
+#define TILE_BYTES (TILE_M * TILE_K)               // one operand tile of a stage (A and B are the same size)
+#define SLOT_BYTES (TILE_M * 16)                   // one float4 per row (A) or column (B)
+#define RASTER_GROUP 8                             // M tiles per raster group (consecutive CTAs share B tiles)
+#define OUT_PITCH (TILE_N * 2 + 16)                // bytes per staged output row (padding breaks bank conflicts)
+
+__host__ __device__ constexpr u32 stage_bytes(u32 slots) { return 2 * TILE_BYTES + 2 * slots * SLOT_BYTES; }
+
+// Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled 128-byte-row tile.
+__device__ __forceinline__ u32 swizzled(u32 row, u32 chunk) { return row * TILE_K + ((chunk ^ (row & 7)) << 4); }
+
+// Issues the cp.async copies of k tile `kt` into the stage at shared address `stage`.
+__device__ __forceinline__ void load_stage(const GemmParams& p, u32 stage, u32 kt, u32 m0, u32 n0, int tid) {
+    const u64 k0 = (u64)kt * TILE_K;
+#pragma unroll
+    for (int it = 0; it < TILE_M * 8 / W8A8_THREADS; ++it) {
+        const u32 c = tid + it * W8A8_THREADS, row = c / 8, chunk = c % 8;
+        const u32 grow = m0 + row;
+        const signed char* src = p.a + (u64)min(grow, p.m - 1) * p.k_pad + k0 + chunk * 16;
+        cp_async16_shared(stage + swizzled(row, chunk), src, grow < p.m ? 16 : 0);
+        const signed char* wsrc = p.w + (u64)(n0 + row) * p.k_pad + k0 + chunk * 16;
+        cp_async16_shared(stage + TILE_BYTES + swizzled(row, chunk), wsrc, 16);
+    }
+    // Slot s holds the parameters of the block that k step kt * 4 + s * (4 / slots) belongs to (clamped: a slot
+    // past the last block is never read).
+    const u32 params = stage + 2 * TILE_BYTES;
+    for (u32 s = 0; s < p.slots; ++s) {
+        const u32 b = min((kt * STEPS_PER_STAGE + s * (STEPS_PER_STAGE / p.slots)) / p.block_steps, p.blocks - 1);
+        if (tid < TILE_M) {
+            const u32 grow = m0 + tid;
+            cp_async16_shared(params + s * SLOT_BYTES + tid * 16, p.a_params + (u64)b * p.m + min(grow, p.m - 1),
+                              grow < p.m ? 16 : 0);
+        } else {
+            const u32 col = tid - TILE_M;
+            cp_async16_shared(params + (p.slots + s) * SLOT_BYTES + col * 16, p.w_params + (u64)b * p.n_pad + n0 + col,
+                              16);
+        }
+    }
+}
+
+// The warp tile: 4 (m16) x 4 (n8) mma tiles.
+struct Accumulators {
+    int dot[4][4][4];   // the running block's int32 dots
+    float out[4][4][4]; // the f32 result so far
+};
+
+// acc += sA*(sB*dot + oB*sumA) + oA*ot for every element of the warp tile; parameters from the stage's slot.
+// Element (i, j, r): row i*16 + g + 8*(r / 2), column j*8 + 2t + r % 2 of the warp tile.
+__device__ __forceinline__ void apply_block(Accumulators& acc, u32 a_params, u32 b_params, u32 wrow, u32 wcol,
+                                            int lane, bool small_dot) {
+    const int g = lane >> 2, t = lane & 3;
+    float4 cp[4][2];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+            const uint4 v = lds128(b_params + (wcol + j * 8 + 2 * t + c) * 16);
+            cp[j][c] = make_float4(__uint_as_float(v.x), __uint_as_float(v.y), __uint_as_float(v.z), 0.0f);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const uint4 v = lds128(a_params + (wrow + i * 16 + g + 8 * h) * 16);
+            const float sa = __uint_as_float(v.x), oa = __uint_as_float(v.y), suma = __uint_as_float(v.z);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    const int r = 2 * h + c;
+                    const int d = acc.dot[i][j][r];
+                    const float f = small_dot ? small_int_to_f32(d) : __int2float_rn(d);
+                    const float4 pb = cp[j][c];
+                    const float inner = fmaf(pb.x, f, pb.y * suma);  // sB*dot + oB*sumA
+                    float o = fmaf(sa, inner, acc.out[i][j][r]);
+                    acc.out[i][j][r] = fmaf(oa, pb.z, o);             // + oA*(sB*sumB + bs*oB)
+                }
+            }
+        }
+    }
+}
+
+template <class T, int STAGES>
+__device__ __forceinline__ void gemm(const GemmParams& p) {
+    extern __shared__ __align__(128) unsigned char smem[];
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    // Grouped raster: RASTER_GROUP M tiles walk N together, so the B tiles they share stay in L2.
+    const u32 pid = blockIdx.x, per_group = RASTER_GROUP * p.tiles_n;
+    const u32 first_m = pid / per_group * RASTER_GROUP;
+    const u32 group_m = min(p.tiles_m - first_m, (u32)RASTER_GROUP);
+    const u32 tm = first_m + (pid % per_group) % group_m, tn = (pid % per_group) / group_m;
+    const u32 m0 = tm * TILE_M, n0 = tn * TILE_N;
+    const u32 wrow = (warp / 4) * 64, wcol = (warp % 4) * 32;
+
+    const u32 base = smem_addr(smem), sbytes = stage_bytes(p.slots);
+    const u32 k_tiles = (p.k_steps + STEPS_PER_STAGE - 1) / STEPS_PER_STAGE;
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if ((u32)s < k_tiles) load_stage(p, base + s * sbytes, s, m0, n0, tid);
+        cp_async_commit();
+    }
+
+    Accumulators acc;
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) acc.out[i][j][r] = 0.0f, acc.dot[i][j][r] = 0;
+
+    // ldmatrix row addresses of this lane (before the per-stage base and k step offsets).
+    const u32 a_row = wrow + (lane % 16), a_half = lane / 16;                        // A: 16 rows x 2 chunks
+    const u32 b_row = wcol + (lane % 8) + (lane / 16) * 8, b_half = (lane / 8) % 2;  // B: 2 n8 tiles x 2 chunks
+    u32 block_pos = 0;  // k steps of the running block done so far
+    for (u32 kt = 0; kt < k_tiles; ++kt) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();
+        const u32 next = kt + STAGES - 1;
+        if (next < k_tiles) load_stage(p, base + (next % STAGES) * sbytes, next, m0, n0, tid);
+        cp_async_commit();
+
+        const u32 stage = base + (kt % STAGES) * sbytes;
+        const u32 params = stage + 2 * TILE_BYTES;
+#pragma unroll
+        for (int ks = 0; ks < STEPS_PER_STAGE; ++ks) {
+            const u32 step = kt * STEPS_PER_STAGE + ks;
+            if (step >= p.k_steps) break;
+            u32 af[4][4], bf[2][4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) ldmatrix_x4(af[i], stage + swizzled(a_row + i * 16, 2 * ks + a_half));
+#pragma unroll
+            for (int q = 0; q < 2; ++q)
+                ldmatrix_x4(bf[q], stage + TILE_BYTES + swizzled(b_row + q * 16, 2 * ks + b_half));
+            if (block_pos == 0) {
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+#pragma unroll
+                    for (int j = 0; j < 4; ++j)
+                        mma_s8_m16n8k32<false>(acc.dot[i][j], af[i], bf[j / 2][2 * (j % 2)], bf[j / 2][2 * (j % 2) + 1]);
+            } else {
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+#pragma unroll
+                    for (int j = 0; j < 4; ++j)
+                        mma_s8_m16n8k32<true>(acc.dot[i][j], af[i], bf[j / 2][2 * (j % 2)], bf[j / 2][2 * (j % 2) + 1]);
+            }
+            ++block_pos;
+            if (block_pos == p.block_steps || step + 1 == p.k_steps) {
+                const u32 slot = ks * p.slots / STEPS_PER_STAGE;
+                apply_block(acc, params + slot * SLOT_BYTES, params + (p.slots + slot) * SLOT_BYTES, wrow, wcol, lane,
+                            p.small_dot != 0);
+                block_pos = 0;
+            }
+        }
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+
+    // Epilogue: + bias, round once to T, stage the tile in shared memory, then 16-byte row stores.
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const u32 col = wcol + j * 8 + 2 * t;
+        float bias[2] = {0.0f, 0.0f};
+        if (p.bias) {
+            if (n0 + col < p.n) bias[0] = __ldg(p.bias + n0 + col);
+            if (n0 + col + 1 < p.n) bias[1] = __ldg(p.bias + n0 + col + 1);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const u32 row = wrow + i * 16 + g + 8 * h;
+                const u32 v = Io<T>::pack(acc.out[i][j][2 * h] + bias[0], acc.out[i][j][2 * h + 1] + bias[1]);
+                asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(base + row * OUT_PITCH + col * 2), "r"(v));
+            }
+        }
+    }
+    __syncthreads();
+    const bool vector_rows = p.ldo % 8 == 0;
+    unsigned short* out = reinterpret_cast<unsigned short*>(p.out);
+#pragma unroll
+    for (int it = 0; it < TILE_M * (TILE_N / 8) / W8A8_THREADS; ++it) {
+        const u32 c = tid + it * W8A8_THREADS, row = c / (TILE_N / 8), chunk = c % (TILE_N / 8);
+        const u32 grow = m0 + row, gcol = n0 + chunk * 8;
+        if (grow >= p.m || gcol >= p.n) continue;
+        const uint4 v = lds128(base + row * OUT_PITCH + chunk * 16);
+        unsigned short* dst = out + (u64)grow * p.ldo + gcol;
+        if (vector_rows && gcol + 8 <= p.n) {
+            store_stream_v4(dst, v);
+        } else {
+            const u32 words[4] = {v.x, v.y, v.z, v.w};
+            for (u32 e = 0; e < 8 && gcol + e < p.n; ++e) dst[e] = (unsigned short)(words[e / 2] >> (16 * (e % 2)));
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------------------------------------
+// Instantiations
+// ------------------------------------------------------------------------------------------------------------------
+
+#define QUANTIZE_KERNEL(NAME, T, SYM, PER_LANE)                                                     \
+    extern "C" __global__ void __launch_bounds__(256) NAME(const QuantizeParams p) {                \
+        quantize_block<T, SYM, PER_LANE>(p);                                                        \
+    }
+#define QUANTIZE_KERNELS(TNAME, T)                                                                  \
+    QUANTIZE_KERNEL(w8a8_quantize_##TNAME##_asym_r1, T, false, 1)                                   \
+    QUANTIZE_KERNEL(w8a8_quantize_##TNAME##_asym_r2, T, false, 2)                                   \
+    QUANTIZE_KERNEL(w8a8_quantize_##TNAME##_asym_r4, T, false, 4)                                   \
+    QUANTIZE_KERNEL(w8a8_quantize_##TNAME##_asym_r8, T, false, 8)                                   \
+    QUANTIZE_KERNEL(w8a8_quantize_##TNAME##_asym_loop, T, false, 0)                                 \
+    QUANTIZE_KERNEL(w8a8_quantize_##TNAME##_sym_r1, T, true, 1)                                     \
+    QUANTIZE_KERNEL(w8a8_quantize_##TNAME##_sym_r2, T, true, 2)                                     \
+    QUANTIZE_KERNEL(w8a8_quantize_##TNAME##_sym_r4, T, true, 4)                                     \
+    QUANTIZE_KERNEL(w8a8_quantize_##TNAME##_sym_r8, T, true, 8)                                     \
+    QUANTIZE_KERNEL(w8a8_quantize_##TNAME##_sym_loop, T, true, 0)
+QUANTIZE_KERNELS(f16, __half)
+QUANTIZE_KERNELS(bf16, __nv_bfloat16)
+
+#define GEMM_KERNEL(NAME, T, STAGES)                                                                \
+    extern "C" __global__ void __launch_bounds__(W8A8_THREADS, 1) NAME(const GemmParams p) {        \
+        gemm<T, STAGES>(p);                                                                         \
+    }
+GEMM_KERNEL(w8a8_gemm_f16_s2, __half, 2)
+GEMM_KERNEL(w8a8_gemm_f16_s3, __half, 3)
+GEMM_KERNEL(w8a8_gemm_f16_s4, __half, 4)
+GEMM_KERNEL(w8a8_gemm_bf16_s2, __nv_bfloat16, 2)
+GEMM_KERNEL(w8a8_gemm_bf16_s3, __nv_bfloat16, 3)
+GEMM_KERNEL(w8a8_gemm_bf16_s4, __nv_bfloat16, 4)

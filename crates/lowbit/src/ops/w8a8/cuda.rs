@@ -1,0 +1,899 @@
+//! W8A8 on a CUDA GPU: the online activation quantizer and one int8 tensor-core GEMM for both schemes (per-block
+//! W8A8 and SmoothQuant), f16 or bf16 activations in and out. Kernels: `kernels/w8a8.cu` (its header explains the
+//! tiling and the in-register per-block correction).
+//!
+//! ```no_run
+//! # use lowbit::{DType, cuda::CudaDevice, ops::w8a8::{ActivationQuant, cuda::W8a8LinearCuda}};
+//! # fn main() -> lowbit::Result<()> {
+//! # let w: lowbit::formats::block::BlockQuantWeight = unimplemented!();
+//! let dev = CudaDevice::new(0)?;
+//! // Pads and uploads the weight once, with its per-(column, block) code-sum terms.
+//! let op = W8a8LinearCuda::block(&dev, &w, None, ActivationQuant::Asymmetric, DType::F16)?;
+//! let m = 1024;
+//! let mut ws = dev.alloc_zeros::<u8>(op.workspace_bytes(m))?;
+//! # let (x, mut y) = (dev.alloc_zeros::<half::f16>(m * 4096)?, dev.alloc_zeros::<half::f16>(m * 4096)?);
+//! op.run(dev.stream(), &x, m, &mut y, &mut ws)?; // quantize + GEMM: no allocation, no sync
+//! # Ok(()) }
+//! ```
+//!
+//! - [`QuantizeActivationsCuda`] quantizes `[M, K]` activations per (row, K block) into a
+//!   [`QuantizedActivationsCuda`], bit for bit as [`crate::ops::w8a8::quantize_activations`] does on the CPU; run
+//!   it once and hand the result to several GEMMs ([`W8a8LinearCuda::run_quantized`]: q, k, v).
+//! - [`W8a8LinearCuda::block`] prepares a per-block weight ([`BlockQuantWeight`], offset form, the activations'
+//!   K blocks: 32, 64, a multiple of 128, or one block per row); [`W8a8LinearCuda::smoothquant`] a per-channel
+//!   symmetric weight for per-token symmetric activations. Both compute `y = Σ_blocks (...) + bias` in f32 and round
+//!   once to the output type.
+//! - [`CublasLtInt8`]: cuBLASLt's int8 × int8 → int32 GEMM, the int8 speed ceiling `lowbit bench` compares with.
+//!
+//! Device layouts: activation codes `[M, K_pad]` (K padded with zero codes to a multiple of 128), parameters
+//! `[blocks][M]` of `{scale, offset, code sum, 0}` (f32); weight codes `[N_pad, K_pad]`, parameters `[blocks][N_pad]`
+//! of `{sB, oB, sB·Σb_q + bs·oB, 0}`. Non-finite activations give unspecified (but in-bounds) results: the device
+//! cannot report them; the CPU quantizer does.
+
+use super::{
+    check_activation_input, check_linear, check_smoothquant_weight, ActivationQuant, QuantizedActivations,
+    MAX_EXACT_BLOCK,
+};
+use crate::cuda::{launch_error, CudaDevice, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
+use crate::cuda::{KernelSource, LaunchConfig};
+use crate::dtype::{DType, Float};
+use crate::error::{ensure, Error, Result};
+use crate::formats::block::BlockQuantWeight;
+use cudarc::driver::{sys, PushKernelArg};
+
+/// The kernel source (quantizer and GEMM); listed in [`crate::cuda::KERNELS`].
+pub const KERNEL: KernelSource = KernelSource {
+    name: "w8a8",
+    source: include_str!("../../../kernels/w8a8.cu"),
+};
+
+/// Threads per CTA of every kernel (`W8A8_THREADS`, and the quantizer's block).
+const THREADS: u32 = 256;
+/// GEMM tile rows / columns (`TILE_M`, `TILE_N`).
+const TILE: usize = 128;
+/// K codes per pipeline stage (`TILE_K`): K is padded to a multiple of it.
+const TILE_K: usize = 128;
+/// K codes per mma step.
+const K_STEP: usize = 32;
+/// f32 per parameter record (`float4`).
+const PARAM: usize = 4;
+/// Shared memory of one stage with `slots` parameter slots (`stage_bytes` in the kernel).
+fn stage_bytes(slots: usize) -> usize {
+    2 * TILE * TILE_K + 2 * slots * TILE * PARAM * 4
+}
+/// Bytes the epilogue stages the output tile in (`TILE_M * OUT_PITCH`); every stage layout is larger.
+const OUT_STAGE_BYTES: usize = TILE * (TILE * 2 + 16);
+/// Longest block whose dots the kernel converts with the exact magic-number trick (`|dot| ≤ 256 · 2^14 = 2^22`).
+const SMALL_DOT_BLOCK: usize = 256;
+/// Alignment of each part of a workspace.
+const WORKSPACE_ALIGN: usize = 256;
+
+/// Kernel parameters of the quantizer; field order matches `struct QuantizeParams` in `kernels/w8a8.cu`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct QuantizeParams {
+    x: u64,
+    codes: u64,
+    params: u64,
+    m: u32,
+    k: u32,
+    ldx: u32,
+    k_pad: u32,
+    block: u32,
+    blocks: u32,
+}
+
+/// Kernel parameters of the GEMM; field order matches `struct GemmParams` in `kernels/w8a8.cu`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct GemmParams {
+    a: u64,
+    a_params: u64,
+    w: u64,
+    w_params: u64,
+    bias: u64,
+    out: u64,
+    m: u32,
+    n: u32,
+    n_pad: u32,
+    k_pad: u32,
+    ldo: u32,
+    blocks: u32,
+    block_steps: u32,
+    k_steps: u32,
+    slots: u32,
+    tiles_m: u32,
+    tiles_n: u32,
+    small_dot: u32,
+}
+
+// SAFETY: plain-old-data, `#[repr(C)]`, layouts identical to the CUDA structs (pointers, then u32s; no padding).
+unsafe impl DeviceRepr for QuantizeParams {}
+// SAFETY: as above.
+unsafe impl DeviceRepr for GemmParams {}
+
+/// Geometry of quantized activations on the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ActivationLayout {
+    /// Rows `M`.
+    pub m: usize,
+    /// Columns `K`.
+    pub k: usize,
+    /// Columns per block (the last may be shorter).
+    pub block_size: usize,
+}
+
+impl ActivationLayout {
+    /// Checks the geometry (the CPU quantizer's rules, and 32-bit device indices).
+    pub fn new(m: usize, k: usize, block_size: usize) -> Result<Self> {
+        check_activation_input("activations", m * k, m, k, block_size)?;
+        let layout = Self { m, k, block_size };
+        ensure(
+            m <= u32::MAX as usize && layout.k_pad() <= u32::MAX as usize && layout.codes_len() < 1 << 40,
+            "activations",
+            format!("shape [{m}, {k}]"),
+            "M and K must fit in 32 bits on CUDA",
+        )?;
+        Ok(layout)
+    }
+
+    /// Blocks per row.
+    pub fn blocks(&self) -> usize {
+        self.k.div_ceil(self.block_size)
+    }
+
+    /// Row pitch of the codes: K padded to a multiple of 128.
+    pub fn k_pad(&self) -> usize {
+        self.k.next_multiple_of(TILE_K)
+    }
+
+    /// Bytes of codes, `M · K_pad`.
+    pub fn codes_len(&self) -> usize {
+        self.m * self.k_pad()
+    }
+
+    /// f32 of parameters, `blocks · M · 4`.
+    pub fn params_len(&self) -> usize {
+        self.blocks() * self.m * PARAM
+    }
+
+    /// Bytes of one workspace holding codes and parameters (each 256-byte aligned).
+    pub fn workspace_bytes(&self) -> usize {
+        self.codes_len().next_multiple_of(WORKSPACE_ALIGN) + self.params_len() * 4
+    }
+}
+
+/// Int8 activations on the device, made by [`QuantizeActivationsCuda::run`] (or uploaded): codes `[M, K_pad]` and
+/// per-(row, block) `{scale, offset, code sum, 0}` records `[blocks][M]`.
+#[derive(Debug)]
+pub struct QuantizedActivationsCuda {
+    layout: ActivationLayout,
+    symmetric: bool,
+    codes: CudaSlice<i8>,
+    params: CudaSlice<f32>,
+}
+
+impl QuantizedActivationsCuda {
+    /// Device buffers for `m` rows of `k` activations in blocks of `block_size`, to be filled by a quantizer.
+    pub fn alloc(device: &CudaDevice, m: usize, k: usize, block_size: usize) -> Result<Self> {
+        let layout = ActivationLayout::new(m, k, block_size)?;
+        Ok(Self {
+            layout,
+            symmetric: false,
+            codes: device.alloc_zeros(layout.codes_len())?,
+            params: device.alloc_zeros(layout.params_len())?,
+        })
+    }
+
+    /// Uploads host activations (e.g. to run the GPU GEMM on exactly the CPU quantizer's operands).
+    pub fn upload(device: &CudaDevice, a: &QuantizedActivations) -> Result<Self> {
+        let layout = ActivationLayout::new(a.m(), a.k(), a.block_size())?;
+        let k_pad = layout.k_pad();
+        let mut codes = vec![0i8; layout.codes_len()];
+        for (dst, src) in codes.chunks_exact_mut(k_pad).zip(a.codes().chunks_exact(a.k())) {
+            dst[..a.k()].copy_from_slice(src);
+        }
+        let (m, blocks) = (a.m(), a.blocks());
+        let mut params = vec![0f32; layout.params_len()];
+        for r in 0..m {
+            for b in 0..blocks {
+                let (src, dst) = (r * blocks + b, (b * m + r) * PARAM);
+                params[dst..dst + 3].copy_from_slice(&[a.scales()[src], a.offsets()[src], a.code_sums()[src] as f32]);
+            }
+        }
+        Ok(Self {
+            layout,
+            symmetric: a.is_symmetric(),
+            codes: device.upload(&codes)?,
+            params: device.upload(&params)?,
+        })
+    }
+
+    /// Downloads (waiting for the device stream) into host activations, plus the code sums the device computed
+    /// (`[M, blocks]`; [`QuantizedActivations`] recomputes its own).
+    pub fn download(&self, device: &CudaDevice) -> Result<(QuantizedActivations, Vec<i32>)> {
+        let ActivationLayout { m, k, block_size } = self.layout;
+        let (k_pad, blocks) = (self.layout.k_pad(), self.layout.blocks());
+        let padded = device.download(&self.codes)?;
+        let codes: Vec<i8> = padded
+            .chunks_exact(k_pad)
+            .flat_map(|row| row[..k].iter().copied())
+            .collect();
+        let params = device.download(&self.params)?;
+        let field = |f: usize| -> Vec<f32> {
+            (0..m * blocks)
+                .map(|i| params[((i % blocks) * m + i / blocks) * PARAM + f])
+                .collect()
+        };
+        let sums = field(2).into_iter().map(|s| s as i32).collect();
+        let a = QuantizedActivations::from_parts(m, k, block_size, codes, field(0), field(1))?;
+        Ok((a, sums))
+    }
+
+    /// The geometry.
+    pub fn layout(&self) -> ActivationLayout {
+        self.layout
+    }
+
+    /// Whether the activations were quantized symmetric (every offset zero).
+    pub fn is_symmetric(&self) -> bool {
+        self.symmetric
+    }
+}
+
+/// The online activation quantizer on the GPU, for one `K`, block size, mode and input dtype (f16/bf16).
+#[derive(Debug, Clone)]
+pub struct QuantizeActivationsCuda {
+    k: usize,
+    block_size: usize,
+    mode: ActivationQuant,
+    dtype: DType,
+    kernel: String,
+    function: CudaFunction,
+}
+
+impl QuantizeActivationsCuda {
+    /// Checks the geometry (`1 ≤ block_size ≤ K`) and dtype, and loads the kernel.
+    pub fn new(device: &CudaDevice, k: usize, block_size: usize, mode: ActivationQuant, dtype: DType) -> Result<Self> {
+        ActivationLayout::new(1, k, block_size)?;
+        check_dtype(dtype)?;
+        // Values per lane held in registers (one warp per block), or two passes for longer blocks.
+        let variant = match block_size.div_ceil(32) {
+            1 => "r1",
+            2 => "r2",
+            3 | 4 => "r4",
+            5..=8 => "r8",
+            _ => "loop",
+        };
+        let mode_name = match mode {
+            ActivationQuant::Asymmetric => "asym",
+            ActivationQuant::Symmetric => "sym",
+        };
+        let kernel = format!("w8a8_quantize_{}_{mode_name}_{variant}", dtype_name(dtype));
+        let function = device.function(&KERNEL, &kernel)?;
+        Ok(Self {
+            k,
+            block_size,
+            mode,
+            dtype,
+            kernel,
+            function,
+        })
+    }
+
+    /// The mode.
+    pub fn mode(&self) -> ActivationQuant {
+        self.mode
+    }
+
+    /// Quantizes `x [m, K]` (contiguous rows) into `out` (allocated for this `m`, `K` and block size) on `stream`.
+    pub fn run<T: Float + DeviceRepr>(
+        &self,
+        stream: &CudaStream,
+        x: &dyn DevicePtr<T>,
+        m: usize,
+        out: &mut QuantizedActivationsCuda,
+    ) -> Result<()> {
+        let layout = ActivationLayout::new(m, self.k, self.block_size)?;
+        ensure(
+            out.layout == layout,
+            "quantized_activations",
+            format!("{:?}", out.layout),
+            &format!("must be allocated for {layout:?}"),
+        )?;
+        let codes = out.codes.device_ptr_mut(stream).0;
+        let params = out.params.device_ptr_mut(stream).0;
+        self.launch(stream, x, layout, codes, params)?;
+        out.symmetric = self.mode == ActivationQuant::Symmetric;
+        Ok(())
+    }
+
+    fn launch<T: Float + DeviceRepr>(
+        &self,
+        stream: &CudaStream,
+        x: &dyn DevicePtr<T>,
+        layout: ActivationLayout,
+        codes: u64,
+        params: u64,
+    ) -> Result<()> {
+        check_type::<T>(self.dtype, "x")?;
+        let x = buffer(x.device_ptr(stream).0, x.len(), layout.m * layout.k, "x", 2)?;
+        let warps = layout.m as u64 * layout.blocks() as u64;
+        let blocks = warps.div_ceil(THREADS as u64 / 32);
+        ensure(
+            blocks <= i32::MAX as u64,
+            "activations",
+            format!("shape [{}, {}]", layout.m, layout.k),
+            "too many blocks for one launch",
+        )?;
+        let params = QuantizeParams {
+            x,
+            codes,
+            params,
+            m: layout.m as u32,
+            k: layout.k as u32,
+            ldx: layout.k as u32,
+            k_pad: layout.k_pad() as u32,
+            block: layout.block_size as u32,
+            blocks: layout.blocks() as u32,
+        };
+        let config = LaunchConfig {
+            grid_dim: (blocks as u32, 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut builder = stream.launch_builder(&self.function);
+        builder.arg(&params);
+        // SAFETY: x holds M·K elements (checked), codes/params were sized for this layout by their owner, and the
+        // kernel touches only those ranges.
+        unsafe { builder.launch(config) }
+            .map(|_| ())
+            .map_err(launch_error(&self.kernel))
+    }
+}
+
+/// Which scheme a [`W8a8LinearCuda`] computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum W8a8Scheme {
+    /// Per-block W8A8: activations quantized per row and K block (the weight's blocks) in this mode.
+    Block(ActivationQuant),
+    /// SmoothQuant: per-token symmetric activations, per-channel symmetric weights.
+    SmoothQuant,
+}
+
+/// A W8A8 linear layer prepared on the GPU: `y[M, N] = x[M, K] · W^T (+ bias)` with int8 tensor-core products.
+#[derive(Debug)]
+pub struct W8a8LinearCuda {
+    scheme: W8a8Scheme,
+    n: usize,
+    k: usize,
+    block_size: usize,
+    n_pad: usize,
+    dtype: DType,
+    /// `[N_pad, K_pad]`.
+    codes: CudaSlice<i8>,
+    /// `[blocks][N_pad][4]`.
+    params: CudaSlice<f32>,
+    bias: Option<CudaSlice<f32>>,
+    quantize: QuantizeActivationsCuda,
+    kernel: String,
+    gemm: CudaFunction,
+    stages: usize,
+    slots: usize,
+}
+
+impl W8a8LinearCuda {
+    /// Prepares per-block W8A8: `weight` `[N, K]` in offset form (int8 or int4 codes) with K blocks of 32, 64, a
+    /// multiple of 128, or one block per row; `bias` `[N]`; activations quantized in `mode` with the same blocks;
+    /// `dtype` f16 or bf16 (activations and output). Pads and uploads the weight once.
+    pub fn block(
+        device: &CudaDevice,
+        weight: &BlockQuantWeight,
+        bias: Option<&[f32]>,
+        mode: ActivationQuant,
+        dtype: DType,
+    ) -> Result<Self> {
+        let shape = weight.shape();
+        check_linear(weight, bias, shape.channels, shape.block_channels, "per-block W8A8")?;
+        Self::new(device, weight, bias, W8a8Scheme::Block(mode), dtype)
+    }
+
+    /// Prepares SmoothQuant: `weight` `[N, K]` with one symmetric scale per output channel (e.g.
+    /// [`BlockQuantWeight::quantize_per_channel_symmetric`]), `bias` `[N]`, `dtype` f16 or bf16. Activations are
+    /// quantized per token, symmetric.
+    pub fn smoothquant(
+        device: &CudaDevice,
+        weight: &BlockQuantWeight,
+        bias: Option<&[f32]>,
+        dtype: DType,
+    ) -> Result<Self> {
+        check_smoothquant_weight(weight)?;
+        let k = weight.shape().channels;
+        check_linear(weight, bias, k, k, "SmoothQuant")?;
+        Self::new(device, weight, bias, W8a8Scheme::SmoothQuant, dtype)
+    }
+
+    fn new(
+        device: &CudaDevice,
+        weight: &BlockQuantWeight,
+        bias: Option<&[f32]>,
+        scheme: W8a8Scheme,
+        dtype: DType,
+    ) -> Result<Self> {
+        check_dtype(dtype)?;
+        let shape = *weight.shape();
+        let (n, k, block) = (shape.rows, shape.channels, shape.block_channels);
+        let blocks = shape.blocks();
+        ensure(
+            block <= MAX_EXACT_BLOCK,
+            "block_size",
+            block,
+            "blocks longer than 65536 could overflow the int32 block dot",
+        )?;
+        ensure(
+            blocks == 1 || block == 32 || block == 64 || block % TILE_K == 0,
+            "block_size",
+            block,
+            "CUDA W8A8 takes K blocks of 32, 64, a multiple of 128, or one block per row",
+        )?;
+        ensure(
+            n <= u32::MAX as usize - TILE,
+            "weight",
+            format!("shape [{n}, {k}]"),
+            "N must fit in 32 bits",
+        )?;
+        let (n_pad, k_pad) = (n.next_multiple_of(TILE), k.next_multiple_of(TILE_K));
+        ActivationLayout::new(1, k, block)?;
+
+        // Codes padded with zeros; per (block, column) {sB, oB, sB·Σb_q + bs·oB, 0} (zeros for padding columns).
+        let mut codes = vec![0i8; n_pad * k_pad];
+        let mut params = vec![0f32; blocks * n_pad * PARAM];
+        for (c, row) in weight.codes().chunks_exact(k).enumerate() {
+            codes[c * k_pad..c * k_pad + k].copy_from_slice(row);
+            for (b, block_codes) in row.chunks(block).enumerate() {
+                let src = c * blocks + b;
+                let code_sum: i32 = block_codes.iter().map(|&q| q as i32).sum();
+                let (scale, offset) = (weight.scales()[src], weight.offsets()[src]);
+                let offset_term = scale * code_sum as f32 + block_codes.len() as f32 * offset;
+                let dst = (b * n_pad + c) * PARAM;
+                params[dst..dst + 3].copy_from_slice(&[scale, offset, offset_term]);
+            }
+        }
+
+        let mode = match scheme {
+            W8a8Scheme::Block(mode) => mode,
+            W8a8Scheme::SmoothQuant => ActivationQuant::Symmetric,
+        };
+        let quantize = QuantizeActivationsCuda::new(device, k, block, mode, dtype)?;
+        // Parameter slots per stage: one per block a 128-code stage can end.
+        let slots = if blocks > 1 && block < TILE_K {
+            TILE_K / block
+        } else {
+            1
+        };
+        let limit = device
+            .context()
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            .map_err(crate::cuda::driver_error("cuDeviceGetAttribute"))? as usize;
+        let stages = [4, 3, 2]
+            .into_iter()
+            .find(|s| s * stage_bytes(slots) <= limit)
+            .ok_or_else(|| {
+                Error::Unsupported(format!(
+                    "CUDA W8A8: {limit} bytes of shared memory per block is less than two stages ({})",
+                    2 * stage_bytes(slots)
+                ))
+            })?;
+        let kernel = format!("w8a8_gemm_{}_s{stages}", dtype_name(dtype));
+        let gemm = device.function(&KERNEL, &kernel)?;
+        gemm.set_attribute(
+            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            (stages * stage_bytes(slots)) as i32,
+        )
+        .map_err(|e| crate::cuda::cuda_error(format!("shared memory of {kernel}"), e))?;
+        Ok(Self {
+            scheme,
+            n,
+            k,
+            block_size: block,
+            n_pad,
+            dtype,
+            codes: device.upload(&codes)?,
+            params: device.upload(&params)?,
+            bias: bias.map(|b| device.upload(b)).transpose()?,
+            quantize,
+            kernel,
+            gemm,
+            stages,
+            slots,
+        })
+    }
+
+    /// The scheme.
+    pub fn scheme(&self) -> W8a8Scheme {
+        self.scheme
+    }
+
+    /// Output features `N`.
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    /// Input features `K`.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// K block size of weights and activations (`K` for SmoothQuant).
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// The GEMM kernel launched (`w8a8_gemm_<dtype>_s<stages>`).
+    pub fn kernel_name(&self) -> &str {
+        &self.kernel
+    }
+
+    /// Pipeline depth of the GEMM (what fits in this GPU's shared memory).
+    pub fn stages(&self) -> usize {
+        self.stages
+    }
+
+    /// The activation quantizer of this layer (its K, blocks and mode), to quantize once for several layers.
+    pub fn quantizer(&self) -> &QuantizeActivationsCuda {
+        &self.quantize
+    }
+
+    /// Device bytes of the prepared weight (codes, parameters, bias).
+    pub fn weight_bytes(&self) -> usize {
+        self.codes.len() + 4 * (self.params.len() + self.bias.as_ref().map_or(0, |b| b.len()))
+    }
+
+    /// Scratch [`W8a8LinearCuda::run`] needs for `m` rows: the quantized activations.
+    pub fn workspace_bytes(&self, m: usize) -> usize {
+        ActivationLayout {
+            m,
+            k: self.k,
+            block_size: self.block_size,
+        }
+        .workspace_bytes()
+    }
+
+    /// `y[m, N] = x[m, K] · W^T (+ bias)` on `stream`, activation quantization included (into `workspace`, at
+    /// least [`W8a8LinearCuda::workspace_bytes`]`(m)` bytes, 256-byte aligned). Rows are contiguous. Checks on the
+    /// host only; no allocation, no synchronisation (graph-capturable).
+    pub fn run<T: Float + DeviceRepr>(
+        &self,
+        stream: &CudaStream,
+        x: &dyn DevicePtr<T>,
+        m: usize,
+        y: &mut dyn DevicePtrMut<T>,
+        workspace: &mut dyn DevicePtrMut<u8>,
+    ) -> Result<()> {
+        let layout = ActivationLayout::new(m, self.k, self.block_size)?;
+        let have = workspace.len();
+        let ws = buffer(
+            workspace.device_ptr_mut(stream).0,
+            have,
+            layout.workspace_bytes(),
+            "workspace",
+            WORKSPACE_ALIGN as u64,
+        )?;
+        let params = ws + layout.codes_len().next_multiple_of(WORKSPACE_ALIGN) as u64;
+        self.quantize.launch(stream, x, layout, ws, params)?;
+        self.launch(stream, ws, params, m, y)
+    }
+
+    /// `y[m, N]` from activations already quantized with this layer's K blocks (and, for SmoothQuant, per token
+    /// and symmetric), e.g. by [`W8a8LinearCuda::quantizer`]. Host checks only; no allocation or synchronisation.
+    pub fn run_quantized<T: Float + DeviceRepr>(
+        &self,
+        stream: &CudaStream,
+        a: &QuantizedActivationsCuda,
+        y: &mut dyn DevicePtrMut<T>,
+    ) -> Result<()> {
+        let l = a.layout;
+        ensure(
+            l.k == self.k,
+            "activations",
+            format!("shape [{}, {}]", l.m, l.k),
+            &format!("activation K must equal the weight's K = {}", self.k),
+        )?;
+        ensure(
+            l.block_size == self.block_size,
+            "block_size",
+            format!("activations {} vs weight {}", l.block_size, self.block_size),
+            "weight and activation K blocks must be equal",
+        )?;
+        if self.scheme == W8a8Scheme::SmoothQuant {
+            ensure(
+                a.symmetric,
+                "activation_offsets",
+                "non-zero activation offsets",
+                "SmoothQuant activations are symmetric (offset 0)",
+            )?;
+        }
+        let (codes, params) = (a.codes.device_ptr(stream).0, a.params.device_ptr(stream).0);
+        self.launch(stream, codes, params, l.m, y)
+    }
+
+    fn launch<T: Float + DeviceRepr>(
+        &self,
+        stream: &CudaStream,
+        a_codes: u64,
+        a_params: u64,
+        m: usize,
+        y: &mut dyn DevicePtrMut<T>,
+    ) -> Result<()> {
+        check_type::<T>(self.dtype, "y")?;
+        let have = y.len();
+        let out = buffer(y.device_ptr_mut(stream).0, have, m * self.n, "y", 16)?;
+        let (tiles_m, tiles_n) = (m.div_ceil(TILE), self.n_pad / TILE);
+        let ctas = tiles_m as u64 * tiles_n as u64;
+        ensure(
+            ctas <= i32::MAX as u64,
+            "activations",
+            format!("M = {m}"),
+            "too many tiles for one launch",
+        )?;
+        let blocks = self.k.div_ceil(self.block_size);
+        let k_steps = self.k.div_ceil(K_STEP);
+        let params = GemmParams {
+            a: a_codes,
+            a_params,
+            w: self.codes.device_ptr(stream).0,
+            w_params: self.params.device_ptr(stream).0,
+            bias: self.bias.as_ref().map_or(0, |b| b.device_ptr(stream).0),
+            out,
+            m: m as u32,
+            n: self.n as u32,
+            n_pad: self.n_pad as u32,
+            k_pad: self.k.next_multiple_of(TILE_K) as u32,
+            ldo: self.n as u32,
+            blocks: blocks as u32,
+            block_steps: if blocks == 1 { k_steps } else { self.block_size / K_STEP } as u32,
+            k_steps: k_steps as u32,
+            slots: self.slots as u32,
+            tiles_m: tiles_m as u32,
+            tiles_n: tiles_n as u32,
+            small_dot: (self.block_size <= SMALL_DOT_BLOCK) as u32,
+        };
+        let smem = self.stages * stage_bytes(self.slots);
+        debug_assert!(smem >= OUT_STAGE_BYTES);
+        let config = LaunchConfig {
+            grid_dim: (ctas as u32, 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: smem as u32,
+        };
+        let mut builder = stream.launch_builder(&self.gemm);
+        builder.arg(&params);
+        // SAFETY: y holds M·N elements (checked); the activation buffers were made for this K, blocks and M (checked
+        // by the callers) and the weight buffers by `new`; the kernel reads and writes only within them.
+        unsafe { builder.launch(config) }
+            .map(|_| ())
+            .map_err(launch_error(&self.kernel))
+    }
+}
+
+/// cuBLASLt int8 GEMM, `y_i32[M, N] = x_i8[M, K] · W_i8^T` (int32 accumulation and output; "TN" layout, the one
+/// IMMA kernels take): the int8 tensor-core ceiling `lowbit bench --op w8a8` reports beside lowbit's kernels.
+pub struct CublasLtInt8 {
+    handle: cudarc::cublaslt::sys::cublasLtHandle_t,
+    desc: cudarc::cublaslt::sys::cublasLtMatmulDesc_t,
+    layouts: [cudarc::cublaslt::sys::cublasLtMatrixLayout_t; 3],
+    algo: cudarc::cublaslt::sys::cublasLtMatmulAlgo_t,
+    workspace: CudaSlice<u8>,
+    m: usize,
+    n: usize,
+    k: usize,
+}
+
+impl std::fmt::Debug for CublasLtInt8 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CublasLtInt8")
+            .field("m", &self.m)
+            .field("n", &self.n)
+            .field("k", &self.k)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CublasLtInt8 {
+    /// A cuBLASLt handle, descriptors and the heuristic's best algorithm for an `m × k` by `n × k` int8 product.
+    pub fn new(device: &CudaDevice, m: usize, n: usize, k: usize) -> Result<Self> {
+        use cudarc::cublaslt::{result as lt, sys as lts};
+        // SAFETY: only tries to dlopen the library.
+        if !unsafe { lts::is_culib_present() } {
+            return Err(Error::CudaUnavailable("cuBLASLt (libcublasLt.so.13) not found".into()));
+        }
+        let err = |what: &'static str| {
+            move |e: cudarc::cublaslt::result::CublasError| Error::Cuda {
+                context: what.into(),
+                message: format!("{e:?}"),
+            }
+        };
+        device
+            .context()
+            .bind_to_thread()
+            .map_err(crate::cuda::driver_error("cuCtxSetCurrent"))?;
+        let handle = lt::create_handle().map_err(err("cublasLtCreate"))?;
+        let desc = lt::create_matmul_desc(
+            lts::cublasComputeType_t::CUBLAS_COMPUTE_32I,
+            lts::cudaDataType::CUDA_R_32I,
+        )
+        .map_err(err("cublasLtMatmulDescCreate"))?;
+        let transpose = cudarc::cublas::sys::cublasOperation_t::CUBLAS_OP_T;
+        // SAFETY: a live descriptor; the value is a cublasOperation_t as the attribute requires.
+        unsafe {
+            lt::set_matmul_desc_attribute(
+                desc,
+                lts::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
+                &transpose as *const _ as *const _,
+                std::mem::size_of_val(&transpose),
+            )
+        }
+        .map_err(err("cublasLtMatmulDescSetAttribute"))?;
+        // Column-major view: y^T [N, M] = (W as K × N, transposed) · (x^T as K × M).
+        let layout = |t, rows: usize, cols: usize, ld: usize| {
+            lt::create_matrix_layout(t, rows as u64, cols as u64, ld as i64).map_err(err("cublasLtMatrixLayoutCreate"))
+        };
+        let layouts = [
+            layout(lts::cudaDataType::CUDA_R_8I, k, n, k)?,
+            layout(lts::cudaDataType::CUDA_R_8I, k, m, k)?,
+            layout(lts::cudaDataType::CUDA_R_32I, n, m, n)?,
+        ];
+        let workspace_bytes: usize = 32 << 20;
+        let pref = lt::create_matmul_pref().map_err(err("cublasLtMatmulPreferenceCreate"))?;
+        // SAFETY: live preference, the value is the u64 the attribute takes.
+        unsafe {
+            lt::set_matmul_pref_attribute(
+                pref,
+                lts::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                &(workspace_bytes as u64) as *const u64 as *const _,
+                8,
+            )
+        }
+        .map_err(err("cublasLtMatmulPreferenceSetAttribute"))?;
+        // SAFETY: every descriptor is live.
+        let heuristic = unsafe {
+            lt::get_matmul_algo_heuristic(handle, desc, layouts[0], layouts[1], layouts[2], layouts[2], pref)
+        };
+        // SAFETY: created above, destroyed once.
+        unsafe { lt::destroy_matmul_pref(pref) }.map_err(err("cublasLtMatmulPreferenceDestroy"))?;
+        let algo = heuristic.map_err(err("cublasLtMatmulAlgoGetHeuristic"))?.algo;
+        Ok(Self {
+            handle,
+            desc,
+            layouts,
+            algo,
+            workspace: device.alloc_zeros(workspace_bytes)?,
+            m,
+            n,
+            k,
+        })
+    }
+
+    /// `y = x · W^T` on `stream` (x `[M, K]`, w `[N, K]` row-major int8; y `[M, N]` int32).
+    pub fn run(
+        &mut self,
+        stream: &CudaStream,
+        w: &CudaSlice<i8>,
+        x: &CudaSlice<i8>,
+        y: &mut CudaSlice<i32>,
+    ) -> Result<()> {
+        ensure(w.len() >= self.n * self.k, "w", w.len(), "needs N · K elements")?;
+        ensure(x.len() >= self.m * self.k, "x", x.len(), "needs M · K elements")?;
+        ensure(y.len() >= self.m * self.n, "y", y.len(), "needs M · N elements")?;
+        let (alpha, beta) = (1i32, 0i32);
+        let (w, x) = (w.device_ptr(stream).0, x.device_ptr(stream).0);
+        let y = y.device_ptr_mut(stream).0;
+        let ws_len = self.workspace.len();
+        let ws = self.workspace.device_ptr_mut(stream).0;
+        // SAFETY: buffers checked above against the layouts; descriptors live for `self`'s life.
+        unsafe {
+            cudarc::cublaslt::result::matmul(
+                self.handle,
+                self.desc,
+                &alpha as *const i32 as *const _,
+                &beta as *const i32 as *const _,
+                w as *const _,
+                self.layouts[0],
+                x as *const _,
+                self.layouts[1],
+                y as *const _,
+                self.layouts[2],
+                y as *mut _,
+                self.layouts[2],
+                &self.algo,
+                ws as *mut _,
+                ws_len,
+                stream.cu_stream() as *mut _,
+            )
+        }
+        .map_err(|e| Error::Cuda {
+            context: "cublasLtMatmul".into(),
+            message: format!("{e:?}"),
+        })
+    }
+}
+
+impl Drop for CublasLtInt8 {
+    fn drop(&mut self) {
+        use cudarc::cublaslt::result as lt;
+        // SAFETY: each object was created in `new` and is destroyed once; errors at teardown are ignored.
+        unsafe {
+            for l in self.layouts {
+                let _ = lt::destroy_matrix_layout(l);
+            }
+            let _ = lt::destroy_matmul_desc(self.desc);
+            let _ = lt::destroy_handle(self.handle);
+        }
+    }
+}
+
+fn dtype_name(dtype: DType) -> &'static str {
+    if dtype == DType::Bf16 {
+        "bf16"
+    } else {
+        "f16"
+    }
+}
+
+fn check_dtype(dtype: DType) -> Result<()> {
+    ensure(
+        matches!(dtype, DType::F16 | DType::Bf16),
+        "dtype",
+        dtype,
+        "CUDA W8A8 takes f16 or bf16 activations",
+    )
+}
+
+fn check_type<T: Float>(dtype: DType, name: &str) -> Result<()> {
+    ensure(
+        T::DTYPE == dtype,
+        name,
+        T::DTYPE,
+        &format!("dtype must be {dtype} (the operator's)"),
+    )
+}
+
+/// Checks a device buffer: at least `need` elements and `align`-byte aligned; returns its address.
+fn buffer(ptr: u64, have: usize, need: usize, name: &str, align: u64) -> Result<u64> {
+    ensure(
+        have >= need,
+        name,
+        format!("{have} elements"),
+        &format!("needs at least {need}"),
+    )?;
+    ensure(
+        ptr % align == 0,
+        name,
+        format!("address {ptr:#x}"),
+        &format!("must be {align}-byte aligned"),
+    )?;
+    Ok(ptr)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn param_structs_match_the_kernel_layout() {
+        assert_eq!(std::mem::size_of::<QuantizeParams>(), 3 * 8 + 6 * 4);
+        assert_eq!(std::mem::size_of::<GemmParams>(), 6 * 8 + 12 * 4);
+        assert!(stage_bytes(1) >= OUT_STAGE_BYTES);
+    }
+
+    #[test]
+    fn layouts_pad_k_and_count_blocks() {
+        let l = ActivationLayout::new(3, 3884, 64).unwrap();
+        assert_eq!(
+            (l.blocks(), l.k_pad(), l.codes_len(), l.params_len()),
+            (61, 3968, 3 * 3968, 61 * 3 * 4)
+        );
+        assert_eq!(l.workspace_bytes(), (3 * 3968usize).next_multiple_of(256) + 61 * 3 * 16);
+        assert!(ActivationLayout::new(2, 64, 65).is_err());
+        assert!(ActivationLayout::new(0, 64, 32).is_err());
+    }
+}
