@@ -218,6 +218,23 @@ struct BF16 {
 };
 
 // ------------------------------------------------------------------------------------------------------------------
+// Epilogue activations (codes match lowbit::ops::linear::Activation)
+// ------------------------------------------------------------------------------------------------------------------
+
+enum Activation : int { ACT_NONE = 0, ACT_RELU = 1, ACT_RELU6 = 2, ACT_GELU = 3, ACT_SILU = 4 };
+
+// GELU is the exact erf form (PyTorch's default), SiLU is x * sigmoid(x); both in fp32.
+__device__ __forceinline__ float apply_activation(float v, int act) {
+    switch (act) {
+        case ACT_RELU: return fmaxf(v, 0.0f);
+        case ACT_RELU6: return fminf(fmaxf(v, 0.0f), 6.0f);
+        case ACT_GELU: return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
+        case ACT_SILU: return v / (1.0f + expf(-v));
+        default: return v;
+    }
+}
+
+// ------------------------------------------------------------------------------------------------------------------
 // Memory helpers
 // ------------------------------------------------------------------------------------------------------------------
 
@@ -279,6 +296,13 @@ __device__ __forceinline__ void bulk_copy(void* smem, const void* gmem, u32 byte
         "l"(gmem), "r"(bytes), "r"(bar)
         : "memory");
 }
+// The same with the destination as a shared-space address.
+__device__ __forceinline__ void bulk_copy(u32 smem, const void* gmem, u32 bytes, u32 bar) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(smem),
+        "l"(gmem), "r"(bytes), "r"(bar)
+        : "memory");
+}
 // Barrier among the first `threads` threads of the CTA only (the consumer warps; the producer warp never joins).
 __device__ __forceinline__ void consumer_sync(int threads) {
     asm volatile("bar.sync 1, %0;\n" ::"r"(threads) : "memory");
@@ -297,6 +321,11 @@ __device__ __forceinline__ uint4 lds128(u32 addr) {
     asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                  : "r"(addr));
+    return v;
+}
+__device__ __forceinline__ float4 lds128f(u32 addr) {
+    float4 v;
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr));
     return v;
 }
 __device__ __forceinline__ uint2 lds64(u32 addr) {
@@ -321,6 +350,18 @@ __device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], u32 addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(addr));
+}
+
+// x gathered through the act-order permutation and/or re-laid with a 16-byte aligned pitch and zero K padding:
+// out[m][k] = x[m][perm ? perm[k] : k] for k < K, 0 for K <= k < k_pad.
+__device__ __forceinline__ void stage_x(const unsigned short* x, long long x_stride, const u32* perm,
+                                        unsigned short* out, int M, int K, int k_pad) {
+    const long long total = (long long)M * k_pad;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        const int m = (int)(i / k_pad), k = (int)(i - (long long)m * k_pad);
+        out[i] = k < K ? x[m * x_stride + (perm ? perm[k] : k)] : (unsigned short)0;
+    }
 }
 
 // ------------------------------------------------------------------------------------------------------------------
@@ -361,6 +402,7 @@ struct FragmentOps;
 template <>
 struct FragmentOps<F16> {
     LB_MMA_M16N8K16("f16")
+    __device__ static __forceinline__ u32 mul2(u32 a, u32 b) { return F16::mul(a, b); }
 
     // Row g codes (nibbles 0/4 of the word, and 2/6 after >> 8) become 1024 + q with one lop3 and are subtracted
     // as 1024 + z: 0x6400 is 1024.0 and its mantissa step is 1, so OR-ing z in is the addition. Row g + 8 codes
@@ -391,6 +433,7 @@ struct FragmentOps<F16> {
 template <>
 struct FragmentOps<BF16> {
     LB_MMA_M16N8K16("bf16")
+    __device__ static __forceinline__ u32 mul2(u32 a, u32 b) { return BF16::mul(a, b); }
 
     // bf16 has 7 mantissa bits, too few for 1024 + 16q, so every nibble pair is shifted down to bits 0-3 / 16-19
     // first (TensorRT-LLM does the same): 0x4300 | q = 128 + q, and fma((128 + q), 1, -(128 + z)) = q - z exactly
@@ -421,6 +464,7 @@ struct FragmentOps<BF16> {
 struct GroupTerms {
     u32 lo[2], hi[2];  // zero terms of rows g / g + 8 per tile (FragmentOps<T>::zero_terms)
     float s[2][2];     // scales [tile][row g, row g + 8]
+    u32 s2[2][2];      // the same scales as packed pairs {s, s} of the activation type (scaling A fragments)
 };
 
 // The zero terms and scales of this lane's four accumulator rows for scale/zero row `row` of a stage whose scale
@@ -437,6 +481,8 @@ __device__ __forceinline__ GroupTerms load_group_terms(u32 params, int s_bytes, 
     FragmentOps<T>::zero_terms(z * 0x10001u, gt.lo, gt.hi);
     const float2 s0 = FragmentOps<T>::scale_pair(sv.x), s1 = FragmentOps<T>::scale_pair(sv.y);
     gt.s[0][0] = s0.x, gt.s[0][1] = s0.y, gt.s[1][0] = s1.x, gt.s[1][1] = s1.y;
+    gt.s2[0][0] = prmt(sv.x, sv.x, 0x1010), gt.s2[0][1] = prmt(sv.x, sv.x, 0x3232);
+    gt.s2[1][0] = prmt(sv.y, sv.y, 0x1010), gt.s2[1][1] = prmt(sv.y, sv.y, 0x3232);
     return gt;
 }
 
@@ -473,5 +519,74 @@ __device__ __forceinline__ void mma_s8_m16n8k32(int (&d)[4], const u32 (&a)[4], 
 __device__ __forceinline__ float small_int_to_f32(int v) {
     return __fsub_rn(__int_as_float(0x4B400000 + v), 12582912.0f);
 }
+
+// ------------------------------------------------------------------------------------------------------------------
+// Hopper (sm_90a): wgmma and TMA tensor copies
+// ------------------------------------------------------------------------------------------------------------------
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+
+// A 2D TMA copy of one box of a tensor map (a __grid_constant__ kernel parameter) into shared memory, completing on
+// mbarrier `bar`; c0 is the inner (contiguous) coordinate. Elements outside the tensor are written as zeros and still
+// count towards the transaction bytes.
+__device__ __forceinline__ void tma_load_2d(u32 smem, const void* tensor_map, int c0, int c1, u32 bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+            smem),
+        "l"(tensor_map), "r"(c0), "r"(c1), "r"(bar)
+        : "memory");
+}
+
+// Register budget handed between warpgroups (producer down, consumers up); counts are per thread, multiples of 8.
+template <int REGS>
+__device__ __forceinline__ void setmaxnreg_inc() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS));
+}
+template <int REGS>
+__device__ __forceinline__ void setmaxnreg_dec() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REGS));
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Ties registers to the program order of the wgmma asm statements: without it the compiler, which sees wgmma as
+// synchronous, could read an accumulator before wgmma_wait or write an A fragment while a wgmma still reads it.
+__device__ __forceinline__ void wgmma_fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+__device__ __forceinline__ void wgmma_fence_operand(u32& r) { asm volatile("" : "+r"(r)::"memory"); }
+
+// Shared-memory matrix descriptor of a K-major operand in the 128-byte swizzle layout TMA writes with
+// CU_TENSOR_MAP_SWIZZLE_128B: rows of 64 16-bit elements (128 B), 8-row groups 1024 B apart (stride byte offset),
+// the tile 1024-byte aligned. Bits: [0,14) address >> 4, [16,30) leading byte offset >> 4 (unused when swizzled,
+// 1 by convention), [32,46) stride byte offset >> 4, [62,64) layout 1 = 128-byte swizzle. Moving along K inside the
+// 128-byte row is a plain address advance (+32 B per k16 step): the hardware applies the swizzle to the address.
+__device__ __forceinline__ u64 smem_desc_sw128(u32 addr) {
+    return (u64)((addr & 0x3FFFF) >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
+}
+
+// D[64 x 128] (+)= A[64 x 16] * B[16 x 128], fp32 accumulators, A from registers (this warp's 16 rows as an
+// m16n8k16-style A fragment), B a K-major shared-memory tile by descriptor; accumulate = 0 ignores D's old value.
+// TYPE: "f16" or "bf16".
+// Accumulator d[4j + e] of a thread (warp w, lane = 4g + t): row 16w + g + 8(e / 2), column 8j + 2t + e % 2.
+template <class T>
+__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint4 a, u64 desc, int accumulate);
+#define LB_WGMMA_M64N128K16_RS(T, TYPE)                                                                           \
+    template <>                                                                                                    \
+    __device__ __forceinline__ void wgmma_m64n128k16<T>(float(&d)[64], uint4 a, u64 desc, int accumulate) {      \
+        asm volatile(                                                                                              \
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                                           \
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " "                                       \
+            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "                                                                                            \
+            "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"                                                        \
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])                                                                                               \
+            : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "l"(desc), "r"(accumulate));                               \
+    }
+LB_WGMMA_M64N128K16_RS(F16, "f16")
+LB_WGMMA_M64N128K16_RS(BF16, "bf16")
+#undef LB_WGMMA_M64N128K16_RS
+
+#endif  // sm_90
 
 }  // namespace lowbit

@@ -500,18 +500,6 @@ struct Linear {
     }
 };
 
-// x gathered through the act-order permutation and/or re-laid with a 16-byte aligned pitch and zero K padding:
-// out[m][k] = x[m][perm ? perm[k] : k] for k < K, 0 for K <= k < k_pad.
-__device__ __forceinline__ void stage_x(const unsigned short* x, long long x_stride, const u32* perm,
-                                        unsigned short* out, int M, int K, int k_pad) {
-    const long long total = (long long)M * k_pad;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
-         i += (long long)gridDim.x * blockDim.x) {
-        const int m = (int)(i / k_pad), k = (int)(i - (long long)m * k_pad);
-        out[i] = k < K ? x[m * x_stride + (perm ? perm[k] : k)] : (unsigned short)0;
-    }
-}
-
 }  // namespace w4a16
 }  // namespace lowbit
 
@@ -543,5 +531,5 @@ extern "C" __global__ void __launch_bounds__(LinearVariant::BLOCK, LB_MIN_BLOCKS
 
 extern "C" __global__ void w4a16_stage_x(const unsigned short* x, long long x_stride, const unsigned int* perm,
                                          unsigned short* out, int M, int K, int k_pad) {
-    lowbit::w4a16::stage_x(x, x_stride, perm, out, M, K, k_pad);
+    lowbit::stage_x(x, x_stride, perm, out, M, K, k_pad);
 }

@@ -1,7 +1,8 @@
-//! CUDA `lowbit bench --op linear`: the W4A16 decode kernel against cuBLAS on the same shapes, in the same run.
+//! CUDA `lowbit bench --op linear`: the W4A16 kernels against cuBLAS on the same shapes, in the same run.
 //!
-//! Implementations (records' `impl`): `lowbit` ([`LinearW4A16Cuda::run`], launches back to back), `lowbit_graph`
-//! (the same calls captured once into a CUDA graph and replayed: no launch gaps), and `cublas_fp16` /
+//! Implementations (records' `impl`): `lowbit` (the decode kernel, [`LinearW4A16Cuda::run`], M <= 64, launches
+//! back to back), `lowbit_graph` (the same calls captured once into a CUDA graph and replayed: no launch gaps),
+//! `lowbit_gemm` (the Hopper prefill GEMM, [`LinearW4A16Gemm`], M >= 16 on sm_90), and `cublas_fp16` /
 //! `cublas_bf16` (dense `x · W^T` with the unquantized weight, fp32 accumulation).
 //!
 //! Default problem: K × N ∈ {4096 × 4096, 4096 × 14336, 14336 × 4096, 8192 × 28672} × M ∈ {1, 4, 16, 64}, group
@@ -18,7 +19,8 @@
 use super::{BenchArgs, BenchRecord, Shape, Sink};
 use half::{bf16, f16};
 use lowbit::cuda::{capture_graph, CudaDevice, CudaSlice, CudaStream, StreamTimer, ValidAsZeroBits};
-use lowbit::ops::linear::cuda::{repack, CublasLinear, DenseElement, LinearW4A16Cuda, Tuning};
+use lowbit::ops::linear::cuda::gemm::{self, LinearW4A16Gemm};
+use lowbit::ops::linear::cuda::{repack, CublasLinear, DenseElement, DeviceW4, LinearW4A16Cuda, Tuning};
 use lowbit::testing::SplitMix64;
 use lowbit::{DType, Error, QuantMatrix, Result};
 use std::sync::Arc;
@@ -30,6 +32,10 @@ const MS: [usize; 4] = [1, 4, 16, 64];
 const BATCHES: usize = 7;
 /// Target duration of one timed batch.
 const BATCH_MS: f64 = 20.0;
+/// Largest batch of the decode kernel.
+const MAX_DECODE_M: usize = lowbit::ops::linear::cuda::MAX_M;
+/// Smallest batch the GEMM is timed at (below it the decode kernel is the one to use).
+const MIN_GEMM_M: usize = 16;
 /// Calls captured per graph (cycling through the rotation sets).
 const GRAPH_CALLS: usize = 32;
 
@@ -86,7 +92,7 @@ pub fn run(args: &BenchArgs, sink: &mut Sink) -> Result<()> {
         }
     }
     let count: usize = problems.iter().map(|(_, ms)| ms.len()).sum();
-    sink.expect(count * dtypes.len() * (3 + 2 * variants.len()));
+    sink.expect(count * dtypes.len() * (4 + 2 * variants.len()));
     for ((k, n), ms) in &problems {
         for &dtype in &dtypes {
             match dtype {
@@ -143,19 +149,34 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
     sink.status(format!("linear {k}x{n} {dtype}: preparing weights"));
     let w = random_weight(&mut rng, n, k, group, !args.symmetric, dtype);
     let packed = repack(&w, dtype)?;
-    let max_m = ms.iter().copied().max().unwrap_or(1).min(64);
+    let max_m = ms.iter().copied().max().unwrap_or(1);
+    let decode_max_m = max_m.min(MAX_DECODE_M);
 
-    // Rotation: enough copies of the packed weight (and of the dense weight) to exceed 2 x L2.
+    // Rotation: enough copies of the packed weight (and of the dense weight) to exceed 2 x L2; the decode and
+    // GEMM operators of a set share its device weight.
     let l2 = dev.info().l2_bytes;
     let copies = |bytes: usize| (2 * l2 / bytes.max(1) + 1).max(2);
     let sets = copies(packed.weight_bytes());
-    let ops: Vec<LinearW4A16Cuda> = (0..sets)
-        .map(|_| LinearW4A16Cuda::from_repacked(dev, &packed, max_m, None))
+    let weights: Vec<Arc<DeviceW4>> = (0..sets)
+        .map(|_| DeviceW4::upload(dev, &packed))
         .collect::<Result<_>>()?;
+    let ops: Vec<LinearW4A16Cuda> = weights
+        .iter()
+        .map(|w| LinearW4A16Cuda::with_weight(dev, w.clone(), decode_max_m, Tuning::default()))
+        .collect::<Result<_>>()?;
+    let gemm_ops: Vec<LinearW4A16Gemm> = if gemm::supported(dev, &weights[0]) {
+        weights
+            .iter()
+            .map(|w| LinearW4A16Gemm::with_weight(dev, w.clone(), max_m, None))
+            .collect::<Result<_>>()?
+    } else {
+        Vec::new()
+    };
     let mut variant_ops: Vec<(&str, Vec<LinearW4A16Cuda>)> = Vec::new();
     for (label, tuning) in tunings {
-        let v = (0..sets)
-            .map(|_| LinearW4A16Cuda::with_tuning(dev, &packed, max_m, *tuning))
+        let v = weights
+            .iter()
+            .map(|w| LinearW4A16Cuda::with_weight(dev, w.clone(), decode_max_m, *tuning))
             .collect::<Result<_>>()?;
         variant_ops.push((label, v));
     }
@@ -165,14 +186,11 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
     drop(dense);
     let blas = CublasLinear::new(stream.clone(), n, k)?;
     let mut ws = dev.alloc_zeros::<u8>(ops[0].workspace_bytes())?;
+    let mut gemm_ws = dev.alloc_zeros::<u8>(gemm_ops.first().map_or(0, |g| g.workspace_bytes()).max(1))?;
 
     for &m in ms {
-        if m == 0 || m > 64 {
-            return Err(Error::invalid(
-                "--shape",
-                format!("M = {m}"),
-                "CUDA linear takes M in 1..=64",
-            ));
+        if m == 0 {
+            return Err(Error::invalid("--shape", "M = 0", "must be at least 1"));
         }
         let xs: Vec<CudaSlice<T>> = (0..sets.max(dense_sets))
             .map(|_| {
@@ -193,6 +211,28 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
             r
         };
 
+        if !gemm_ops.is_empty() && m >= MIN_GEMM_M {
+            sink.status(format!("linear lowbit_gemm {m}x{k}x{n} {dtype}"));
+            let us = median_of_batches(dev, &stream, sets, |i| {
+                gemm_ops[i].run(&stream, &xs[i], m, None, &mut ys[i], &mut gemm_ws)
+            })?;
+            sink.push(record("lowbit_gemm", quant_bytes, us))?;
+        }
+
+        let baseline = if dtype == DType::Bf16 {
+            "cublas_bf16"
+        } else {
+            "cublas_fp16"
+        };
+        sink.status(format!("linear {baseline} {m}x{k}x{n}"));
+        let theirs = median_of_batches(dev, &stream, dense_sets, |i| {
+            blas.run(&dense_w[i], &xs[i], m, &mut ys[i])
+        })?;
+        sink.push(record(baseline, dense_bytes, theirs))?;
+
+        if m > MAX_DECODE_M {
+            continue;
+        }
         sink.status(format!("linear lowbit {m}x{k}x{n} {dtype}"));
         let ours = median_of_batches(dev, &stream, sets, |i| {
             ops[i].run(&stream, &xs[i], m, None, &mut ys[i], &mut ws)
@@ -217,17 +257,6 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
             ops[i].run(&stream, &xs[i], m, None, &mut ys[i], &mut ws)
         })?;
         sink.push(record("lowbit_graph", quant_bytes, replay))?;
-
-        let baseline = if dtype == DType::Bf16 {
-            "cublas_bf16"
-        } else {
-            "cublas_fp16"
-        };
-        sink.status(format!("linear {baseline} {m}x{k}x{n}"));
-        let theirs = median_of_batches(dev, &stream, dense_sets, |i| {
-            blas.run(&dense_w[i], &xs[i], m, &mut ys[i])
-        })?;
-        sink.push(record(baseline, dense_bytes, theirs))?;
     }
     Ok(())
 }

@@ -27,7 +27,12 @@ pub const DEQUANTIZE: KernelSource = KernelSource {
 };
 
 /// Every kernel source of the crate; `lowbit doctor` compiles each. Add new `.cu` files here.
-pub const KERNELS: &[KernelSource] = &[DEQUANTIZE, crate::ops::linear::cuda::KERNEL, crate::ops::w8a8::cuda::KERNEL];
+pub const KERNELS: &[KernelSource] = &[
+    DEQUANTIZE,
+    crate::ops::linear::cuda::KERNEL,
+    crate::ops::linear::cuda::gemm::KERNEL,
+    crate::ops::w8a8::cuda::KERNEL,
+];
 
 /// The architectures `lowbit doctor --compile-only` accepts (others are passed to NVRTC as given).
 pub const KNOWN_ARCHES: &[&str] = &["sm_80", "sm_86", "sm_89", "sm_90a"];

@@ -29,6 +29,8 @@
 //! Scales are converted to the activation type when the weight is prepared (exact for f16 scales with f16
 //! activations and bf16 with bf16; otherwise rounded once, as every fused kernel does).
 
+pub mod gemm;
+
 use crate::cuda::{launch_error, CudaDevice, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
 use crate::cuda::{KernelSource, LaunchConfig};
 use crate::dtype::{DType, Float};
@@ -38,7 +40,7 @@ use cudarc::driver::{sys, PushKernelArg};
 use half::{bf16, f16};
 use rayon::prelude::*;
 use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// The kernel source; the host prepends the `#define`s of one variant.
 const SOURCE: &str = include_str!("../../../kernels/linear_w4a16.cu");
@@ -608,6 +610,90 @@ pub fn default_ctas_per_sm(units: usize, sms: usize) -> usize {
     }
 }
 
+/// A repacked int4 weight in device memory: what every W4A16 kernel (decode and GEMM) reads, uploaded once and
+/// shared between the operators of one layer (`Arc`).
+pub struct DeviceW4 {
+    plan: Plan,
+    act: DType,
+    qweight: CudaSlice<u32>,
+    scales: CudaSlice<u16>,
+    zeros: Option<CudaSlice<u8>>,
+    perm: Option<CudaSlice<u32>>,
+    weight_bytes: usize,
+}
+
+impl std::fmt::Debug for DeviceW4 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceW4")
+            .field("plan", &self.plan)
+            .field("act", &self.act)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DeviceW4 {
+    /// Uploads `packed` on the device's stream.
+    pub fn upload(device: &CudaDevice, packed: &RepackedW4) -> Result<Arc<Self>> {
+        let plan = &packed.plan;
+        if plan.n_tiles() * plan.k_tiles() > i32::MAX as usize
+            || plan.k_pad > i32::MAX as usize
+            || plan.n_pad > i32::MAX as usize
+        {
+            return Err(Error::invalid(
+                "weight",
+                format!("[{}, {}]", plan.n, plan.k),
+                "too large for one launch",
+            ));
+        }
+        let upload_err = |e| crate::cuda::cuda_error("upload of the repacked weight", e);
+        let stream = device.stream();
+        Ok(Arc::new(Self {
+            plan: plan.clone(),
+            act: packed.act,
+            qweight: stream.clone_htod(&packed.words).map_err(upload_err)?,
+            scales: stream.clone_htod(&packed.scales).map_err(upload_err)?,
+            zeros: packed
+                .zeros
+                .as_ref()
+                .map(|z| stream.clone_htod(z))
+                .transpose()
+                .map_err(upload_err)?,
+            perm: packed
+                .perm
+                .as_ref()
+                .map(|p| stream.clone_htod(p))
+                .transpose()
+                .map_err(upload_err)?,
+            weight_bytes: packed.weight_bytes(),
+        }))
+    }
+
+    /// The shape decisions.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// The activation dtype the scales were converted to.
+    pub fn act(&self) -> DType {
+        self.act
+    }
+
+    /// Bytes of weight (codes, scales, zeros) a kernel reads per call.
+    pub fn weight_bytes(&self) -> usize {
+        self.weight_bytes
+    }
+
+    /// Device addresses of (codes, scales, zeros or 0, act-order permutation or 0).
+    fn pointers(&self, stream: &CudaStream) -> (u64, u64, u64, u64) {
+        (
+            self.qweight.device_ptr(stream).0,
+            self.scales.device_ptr(stream).0,
+            self.zeros.as_ref().map_or(0, |z| z.device_ptr(stream).0),
+            self.perm.as_ref().map_or(0, |p| p.device_ptr(stream).0),
+        )
+    }
+}
+
 /// A W4A16 linear layer prepared on one GPU: the repacked weight in device memory and its loaded kernels.
 ///
 /// `run` calls on one operator must be ordered (one stream at a time, as with a cuBLAS workspace): the split-tile
@@ -617,16 +703,12 @@ pub struct LinearW4A16Cuda {
     act: DType,
     max_m: usize,
     ctas: usize,
-    qweight: CudaSlice<u32>,
-    scales: CudaSlice<u16>,
-    zeros: Option<CudaSlice<u8>>,
-    perm: Option<CudaSlice<u32>>,
+    weight: Arc<DeviceW4>,
     counters: CudaSlice<u32>,
     /// Loaded kernels by token tiles.
     kernels: Vec<(Variant, CudaFunction)>,
     /// The x gather/realign kernel (same module as the first variant).
     stage_x: CudaFunction,
-    weight_bytes: usize,
 }
 
 impl std::fmt::Debug for LinearW4A16Cuda {
@@ -670,18 +752,16 @@ impl LinearW4A16Cuda {
     /// As [`LinearW4A16Cuda::from_repacked`] with the launch configuration forced (benchmarking).
     #[doc(hidden)]
     pub fn with_tuning(device: &CudaDevice, packed: &RepackedW4, max_m: usize, tuning: Tuning) -> Result<Self> {
+        Self::with_weight(device, DeviceW4::upload(device, packed)?, max_m, tuning)
+    }
+
+    /// The operator for a weight already on the device (shared with other operators of the same layer).
+    pub fn with_weight(device: &CudaDevice, weight: Arc<DeviceW4>, max_m: usize, tuning: Tuning) -> Result<Self> {
         if !(1..=MAX_M).contains(&max_m) {
             return Err(Error::invalid("max_m", max_m, format!("must be in 1..={MAX_M}")));
         }
-        let (plan, act) = (packed.plan.clone(), packed.act);
+        let (plan, act) = (weight.plan.clone(), weight.act);
         let units = plan.n_tiles() * plan.k_tiles();
-        if units > i32::MAX as usize || plan.k_pad > i32::MAX as usize || plan.n_pad > i32::MAX as usize {
-            return Err(Error::invalid(
-                "weight",
-                format!("[{}, {}]", plan.n, plan.k),
-                "too large for one launch",
-            ));
-        }
         // The grid (hence the split of K) is the same for every M: batch invariance.
         let sms = device.info().sm_count as usize;
         let ctas_per_sm = tuning
@@ -689,7 +769,7 @@ impl LinearW4A16Cuda {
             .unwrap_or_else(|| default_ctas_per_sm(units, sms))
             .max(1);
         let ctas = tuning.ctas.unwrap_or(ctas_per_sm * sms).clamp(1, units);
-        let zeros = packed.zeros.is_some();
+        let zeros = weight.zeros.is_some();
         // TMA bulk copies and mbarrier transaction counts are sm_90 features.
         let cc = device.info().compute_capability;
         let (tma_supported, limits) = (cc.0 >= 9, smem_limits(cc));
@@ -714,28 +794,16 @@ impl LinearW4A16Cuda {
             kernels.push((variant, function));
         }
         let stage_x = device.function(kernels[0].0.source(), "w4a16_stage_x")?;
-        let upload_err = |e| crate::cuda::cuda_error("upload of the repacked weight", e);
-        let stream = device.stream();
+        let counters = device
+            .stream()
+            .alloc_zeros(plan.n_tiles())
+            .map_err(|e| crate::cuda::cuda_error("split-tile counters", e))?;
         Ok(Self {
             ctas,
-            qweight: stream.clone_htod(&packed.words).map_err(upload_err)?,
-            scales: stream.clone_htod(&packed.scales).map_err(upload_err)?,
-            zeros: packed
-                .zeros
-                .as_ref()
-                .map(|z| stream.clone_htod(z))
-                .transpose()
-                .map_err(upload_err)?,
-            perm: packed
-                .perm
-                .as_ref()
-                .map(|p| stream.clone_htod(p))
-                .transpose()
-                .map_err(upload_err)?,
-            counters: stream.alloc_zeros(plan.n_tiles()).map_err(upload_err)?,
+            weight,
+            counters,
             kernels,
             stage_x,
-            weight_bytes: packed.weight_bytes(),
             plan,
             act,
             max_m,
@@ -754,7 +822,12 @@ impl LinearW4A16Cuda {
 
     /// Bytes of weight (codes, scales, zeros) read per call.
     pub fn weight_bytes(&self) -> usize {
-        self.weight_bytes
+        self.weight.weight_bytes
+    }
+
+    /// The device weight (shareable with a GEMM operator of the same layer).
+    pub fn weight(&self) -> &Arc<DeviceW4> {
+        &self.weight
     }
 
     /// CTAs per launch (one per SM, fewer for tiny weights).
@@ -853,17 +926,16 @@ impl LinearW4A16Cuda {
         // x goes through the workspace when the kernel cannot read it in place: act-order gather, or rows that are
         // not 16-byte aligned (the kernel's 16-byte cp.async).
         // The TMA producer copies whole 128-k rows, so with it K must also be a multiple of 128.
-        let direct = self.perm.is_none()
-            && x_ptr % 16 == 0
-            && x_stride % 8 == 0
-            && p.k % if variant.tma { K_TILE } else { 8 } == 0;
+        let (qweight, scales, zeros, perm) = self.weight.pointers(stream);
+        let direct =
+            perm == 0 && x_ptr % 16 == 0 && x_stride % 8 == 0 && p.k % if variant.tma { K_TILE } else { 8 } == 0;
         let (x_ptr, x_stride) = if direct {
             (x_ptr, x_stride)
         } else {
             let staged = ws;
             let total = (m * p.k_pad) as u64;
             let blocks = total.div_ceil(256).min(4096) as u32;
-            let perm_ptr = self.perm.as_ref().map_or(0, |q| q.device_ptr(stream).0);
+            let perm_ptr = perm;
             let mut b = stream.launch_builder(&self.stage_x);
             let (xs, mi, ki, kp) = (x_stride as i64, m as i32, p.k as i32, p.k_pad as i32);
             b.arg(&x_ptr)
@@ -885,9 +957,9 @@ impl LinearW4A16Cuda {
         };
 
         let args = KernelArgs {
-            qweight: self.qweight.device_ptr(stream).0,
-            scales: self.scales.device_ptr(stream).0,
-            zeros: self.zeros.as_ref().map_or(0, |z| z.device_ptr(stream).0),
+            qweight,
+            scales,
+            zeros,
             x: x_ptr,
             bias: bias_ptr,
             y: y_ptr,

@@ -5,8 +5,10 @@
 //!
 //! [`QuantMatrix`]: crate::formats::QuantMatrix
 
+pub mod activation;
 pub mod cpu;
 pub mod cuda;
 pub mod reference;
 
+pub use activation::Activation;
 pub use cpu::{CpuIsa, LinearCpu};

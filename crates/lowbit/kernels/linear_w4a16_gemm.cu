@@ -1,0 +1,355 @@
+// W4A16 GEMM for prefill on Hopper (sm_90a): y[M, N] = act(x[M, K] · W^T + bias), W int4 with group scales and
+// zeros, x/y fp16 or bf16, fp32 accumulation with wgmma. Host side: src/ops/linear/cuda/gemm.rs. It reads the SAME
+// repacked weight as the decode kernel (linear_w4a16.cu), so a layer is prepared once for every M.
+//
+// Design (prefill is a tensor-core problem: the weight bytes are amortised over many tokens):
+//
+// * THE WEIGHT IS THE REGISTER "A" OPERAND. wgmma.m64nNk16 can take A (64 x 16) from registers, in the m16n8k16 A
+//   fragment layout per warp, and B (16 x N) from shared memory. The repacked weight word of a lane IS that fragment
+//   (8 int4 codes of rows {g, g+8} x k {2t, 2t+1, 2t+8, 2t+9}), so a warp converts its word to (q - z) * s with the
+//   lop3 magic-number trick (FragmentOps<T>::dequant + one mul per register) and hands it to wgmma without touching
+//   shared memory again. A dense fp16 weight never exists anywhere. The activations x are B: K-major rows of tokens,
+//   loaded by TMA with the 128-byte swizzle wgmma reads without bank conflicts.
+//
+// * TILES. A CTA owns one decode tile of N_CTA = 256 (or 128) output columns and BM = 128 (or 256) tokens, and
+//   walks its k range 128 at a time: one repacked unit (16 KB of codes + its scale/zero rows, two bulk copies) and
+//   the x tile (two TMA boxes of 64 k x BM tokens) per pipeline stage. Two consumer warpgroups split the tile: by
+//   columns when N_CTA = 256 (each owns 4 decode warps' 128 columns), by tokens when N_CTA = 128. A warpgroup issues
+//   two m64n128k16 per k16 step (the two 16-row tiles of its warps' repacked words), so it holds 128 fp32
+//   accumulators per thread. A third warpgroup is the TMA producer; setmaxnreg moves its registers to the consumers.
+//
+// * OVERLAP. Each k16 step: convert this step's two A fragments, wgmma.fence, two wgmmas, commit, then wait until at
+//   most this step's group is in flight -- so the conversion of step s+1 runs while the tensor cores work on step s.
+//   A stage is released to the producer (its "empty" mbarrier) as soon as the first group of the next stage has
+//   been waited for, i.e. when no wgmma can still read it.
+//
+// * NUMERICS. Each weight is round((q - z) * s) in the activation type: exactly what dequantize + cuBLAS computes;
+//   products and sums are fp32 inside wgmma; bias and the activation are applied in fp32; y is rounded once.
+//
+// * SPLIT-K. When tiles are too few to fill the GPU (M = 256 on a 4096-wide layer: 32 tiles for 132 SMs), the grid
+//   has `splits` CTAs per tile over disjoint k ranges. Each publishes its fp32 partial, the last to arrive sums all
+//   partials in split order (the same order whoever arrives last: deterministic) and runs the epilogue.
+//
+// * EPILOGUE. Accumulators (+ bias, activation) go to shared memory as T, transposed to y's row-major order, then
+//   out with 16-byte coalesced stores (scalar at the ragged N edge or for unaligned y).
+//
+// * ORDER. Consecutive CTAs walk 16 column tiles before the next token tile, so the ~132 CTAs in flight share a few
+//   MB of weights and of x in L2 instead of streaming both from memory.
+//
+// The host prepends the #defines selecting one variant (LB_DTYPE, LB_ZEROS, LB_WG_N, LB_STAGES, LB_UNIT_GROUPS).
+#include "common.cuh"
+
+namespace lowbit {
+namespace w4a16_gemm {
+
+typedef unsigned char u8;
+
+constexpr int K_TILE = 128;     // k per stage (= one repacked unit)
+constexpr int WG_TOKENS = 128;  // wgmma N: tokens per consumer warpgroup
+constexpr int X_BOX_K = 64;     // k per TMA box: one 128-byte swizzled row of 16-bit values
+constexpr int RASTER_N = 16;    // column tiles walked before the next token tile (L2 reuse)
+
+// CUtensorMap: 128 opaque bytes, 64-byte aligned (the host encodes it; the kernel only passes its address to TMA).
+struct alignas(64) TensorMap {
+    unsigned long long opaque[16];
+};
+
+struct Shape {
+    int M, N, K;
+    int KT;           // k tiles (units per column tile)
+    int NT;           // column tiles
+    int MT;           // token tiles
+    int group;        // k per scale group in the repacked k space, a multiple of 16
+    int GP;           // scale/zero rows per column tile
+    int group_shift;  // log2(group) when a power of two, else -1
+    int splits;       // CTAs per output tile (split-K)
+    int activation;   // Activation code (common.cuh)
+    int y_vector;     // y rows are 16-byte aligned: 16-byte stores
+    long long y_stride;
+};
+
+struct Args {
+    const uint4* qweight;  // repacked codes (linear_w4a16.cu), N_CTA * 4 uint4 per unit, units in (nt, kt) order
+    const u16* scales;     // [NT][GP][N_CTA] bits of T in param_slot order
+    const u8* zeros;       // [NT][GP][N_CTA / 2] zero codes in param_slot order
+    const u16* bias;       // [N] bits of T, or null
+    u16* y;                // [M][y_stride] bits of T
+    float* partials;       // split-K: [NT * MT * splits][BM * N_CTA]
+    u32* counters;         // split-K: [NT * MT], zero between launches
+};
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+
+template <class T, bool HAS_ZEROS, int WG_N, int STAGES, bool UNIT_GROUPS>
+struct Gemm {
+    static constexpr int N_CTA = 128 * WG_N;  // output columns per tile (the repacked tile width)
+    static constexpr int WG_M = 2 / WG_N;     // consumer warpgroups along tokens
+    static constexpr int BM = WG_M * WG_TOKENS;
+    static constexpr int CONSUMERS = 256;     // two consumer warpgroups
+    static constexpr int BLOCK = 384;         // + the producer warpgroup
+    static constexpr int X_BYTES = BM * K_TILE * 2;  // two boxes of BM rows x 128 B
+    static constexpr int W_BYTES = N_CTA * K_TILE / 2;
+    static constexpr int GROUP_ROWS = UNIT_GROUPS ? 1 : K_TILE / 16;
+    static constexpr int S_BYTES = GROUP_ROWS * N_CTA * 2;
+    static constexpr int Z_BYTES = HAS_ZEROS ? GROUP_ROWS * N_CTA / 2 : 0;
+    // x first: swizzled tiles must be 1024-byte aligned, so stages are padded to a multiple of 1024.
+    static constexpr int STAGE_BYTES = (X_BYTES + W_BYTES + S_BYTES + Z_BYTES + 1023) / 1024 * 1024;
+    static constexpr int Y_PITCH = N_CTA + 4;  // fp32 epilogue tile row pitch (floats), see epilogue
+    static constexpr int Y_BYTES = BM * Y_PITCH * 4;
+    static constexpr int DATA_BYTES = STAGES * STAGE_BYTES > Y_BYTES ? STAGES * STAGE_BYTES : Y_BYTES;
+    static constexpr int TILE_FLOATS = BM * N_CTA;
+
+    __device__ static __forceinline__ void wgmma(float (&d)[64], uint4 a, u64 desc, int accumulate) {
+        wgmma_m64n128k16<T>(d, a, desc, accumulate);
+    }
+
+    __device__ static __forceinline__ int group_row(const Shape& s, int k) {
+        return s.group_shift >= 0 ? k >> s.group_shift : k / s.group;
+    }
+
+    // TMA producer (one thread): per k tile, wait for the stage to be free, announce its bytes, issue the copies.
+    __device__ static void produce(const TensorMap* xmap, const Args& a, const Shape& s, u32 base, u32 bars, int nt,
+                                   int mt, int kt0, int kt1) {
+        int buf = 0;
+        for (int i = 0, kt = kt0; kt < kt1; ++i, ++kt) {
+            const u32 full = bars + buf * 8, empty = bars + (STAGES + buf) * 8;
+            if (i >= STAGES) mbar_wait(empty, ((i / STAGES) - 1) & 1);
+            const u32 stage = base + buf * STAGE_BYTES;
+            const int k0 = kt * K_TILE;
+            const int g_lo = group_row(s, k0), rows = group_row(s, k0 + K_TILE - 1) - g_lo + 1;
+            const size_t row0 = (size_t)nt * s.GP + g_lo;
+            mbar_arrive_expect_tx(full, X_BYTES + W_BYTES + rows * (N_CTA * 2) + (HAS_ZEROS ? rows * (N_CTA / 2) : 0));
+            tma_load_2d(stage, xmap, k0, mt * BM, full);
+            tma_load_2d(stage + BM * 128, xmap, k0 + X_BOX_K, mt * BM, full);
+            bulk_copy(stage + X_BYTES, a.qweight + ((size_t)nt * s.KT + kt) * (N_CTA * 4), W_BYTES, full);
+            bulk_copy(stage + X_BYTES + W_BYTES, a.scales + row0 * N_CTA, rows * (N_CTA * 2), full);
+            if (HAS_ZEROS)
+                bulk_copy(stage + X_BYTES + W_BYTES + S_BYTES, a.zeros + row0 * (N_CTA / 2), rows * (N_CTA / 2),
+                            full);
+            if (++buf == STAGES) buf = 0;
+        }
+    }
+
+    __device__ static __forceinline__ void fence_accumulators(float (&acc)[2][64]) {
+#pragma unroll
+        for (int t = 0; t < 2; ++t)
+#pragma unroll
+            for (int i = 0; i < 64; ++i) wgmma_fence_operand(acc[t][i]);
+    }
+
+    // The consumer warpgroups' main loop; returns with every wgmma complete and the accumulators in `acc`.
+    __device__ static __forceinline__ void mainloop(const Shape& s, u32 base, u32 bars, int kt0, int kt1, int wg,
+                                                    float (&acc)[2][64]) {
+        const int lane = threadIdx.x & 31;
+        const int dw = (WG_N == 2 ? wg * 4 : 0) + ((threadIdx.x >> 5) & 3);  // this warp's 32-column decode slice
+        const int wm = WG_N == 2 ? 0 : wg;                                   // this warpgroup's token half
+        int buf = 0;
+        u32 phase = 0;
+        for (int kt = kt0; kt < kt1; ++kt) {
+            mbar_wait(bars + buf * 8, phase);
+            const u32 stage = base + buf * STAGE_BYTES;
+            const u32 xs = stage + wm * (WG_TOKENS * 128);
+            const u32 ws = stage + X_BYTES + dw * 2048 + lane * 16;
+            const u32 params = stage + X_BYTES + W_BYTES;
+            // Bit j set: a group starts at k16 step j (j >= 1) of this unit; its row is the popcount up to j.
+            u32 starts = 0;
+            if (!UNIT_GROUPS) {
+                const int k0 = kt * K_TILE;
+                for (int j = ((group_row(s, k0) + 1) * s.group - k0) >> 4; j < K_TILE / 16; j += s.group >> 4)
+                    starts |= 1u << j;
+            }
+            GroupTerms gt = load_group_terms<T, HAS_ZEROS, N_CTA>(params, S_BYTES, 0, dw, lane);
+#pragma unroll
+            for (int kc = 0; kc < 4; ++kc) {
+                const uint4 wq = lds128(ws + kc * 512);
+#pragma unroll
+                for (int ks = 0; ks < 2; ++ks) {
+                    const int step = kc * 2 + ks;
+                    if (!UNIT_GROUPS && (starts >> step) & 1)
+                        gt = load_group_terms<T, HAS_ZEROS, N_CTA>(params, S_BYTES,
+                                                                  __popc(starts & ((2u << step) - 1)), dw, lane);
+                    uint4 frag[2];
+#pragma unroll
+                    for (int t = 0; t < 2; ++t) {
+                        const u32 word = ks == 0 ? (t == 0 ? wq.x : wq.y) : (t == 0 ? wq.z : wq.w);
+                        const uint4 q = FragmentOps<T>::dequant(word, gt.lo[t], gt.hi[t]);
+                        // Registers x, z hold row g, registers y, w row g + 8 (the A fragment layout).
+                        frag[t] = make_uint4(FragmentOps<T>::mul2(q.x, gt.s2[t][0]), FragmentOps<T>::mul2(q.y, gt.s2[t][1]),
+                                             FragmentOps<T>::mul2(q.z, gt.s2[t][0]), FragmentOps<T>::mul2(q.w, gt.s2[t][1]));
+                        wgmma_fence_operand(frag[t].x), wgmma_fence_operand(frag[t].y);
+                        wgmma_fence_operand(frag[t].z), wgmma_fence_operand(frag[t].w);
+                    }
+                    // Step j of the unit reads k [16j, 16j + 16): box j / 4, 32 bytes per step inside its rows.
+                    const u64 desc = smem_desc_sw128(xs + (step >> 2) * (BM * 128) + (step & 3) * 32);
+                    const int accumulate = kt > kt0 || step > 0;  // the first product overwrites D: no zeroing
+                    fence_accumulators(acc);
+                    wgmma_fence();
+                    wgmma(acc[0], frag[0], desc, accumulate);
+                    wgmma(acc[1], frag[1], desc, accumulate);
+                    wgmma_commit();
+                    fence_accumulators(acc);
+                    wgmma_wait<1>();
+                    if (step == 0 && kt > kt0) {  // the previous stage's last group is done: release its buffer
+                        const int prev = buf == 0 ? STAGES - 1 : buf - 1;
+                        mbar_arrive(bars + (STAGES + prev) * 8);
+                    }
+                }
+            }
+            if (++buf == STAGES) buf = 0, phase ^= 1;
+        }
+        wgmma_wait<0>();
+        fence_accumulators(acc);
+    }
+
+    // Epilogue, in two passes over shared memory so that no extra registers are live next to the accumulators:
+    // 1. every thread stores its fp32 accumulators into the tile [token][column] (conflict-free: the 8 lanes of a
+    //    lane group write 8 consecutive columns, the 4 groups rows 2 apart, which the +4-float pitch spreads over
+    //    disjoint banks);
+    // 2. each thread takes 8-column chunks: split-K publishes them and, in the last CTA of the tile, sums every
+    //    split's partial in split order (deterministic); then bias, activation, rounding, one 16-byte store.
+    // Returns early in the CTAs that only publish a partial.
+    __device__ static __forceinline__ void epilogue(const Args& a, const Shape& s, u32 base, int nt, int mt, int wg,
+                                                    int tile, int split, int ctid, const float (&acc)[2][64]) {
+        const int lane = ctid & 31, g = lane >> 2, t4 = lane & 3;
+        const int dw = (WG_N == 2 ? wg * 4 : 0) + ((ctid >> 5) & 3);
+        const int wm = WG_N == 2 ? 0 : wg;
+        consumer_sync(CONSUMERS);  // every warpgroup is done reading the stages the tile overwrites
+#pragma unroll
+        for (int t = 0; t < 2; ++t)
+#pragma unroll
+            for (int j = 0; j < 16; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int col = dw * 32 + t * 16 + (e >> 1) * 8 + g;
+                    const int row = wm * WG_TOKENS + j * 8 + t4 * 2 + (e & 1);
+                    asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(base + (row * Y_PITCH + col) * 4), "f"(acc[t][4 * j + e]));
+                }
+        consumer_sync(CONSUMERS);
+
+        constexpr int CHUNKS = N_CTA / 8;  // 8-column chunks per tile row
+        float4* slots = reinterpret_cast<float4*>(a.partials) + (size_t)tile * s.splits * (TILE_FLOATS / 4);
+        if (s.splits > 1) {
+            __shared__ int s_last;
+            float4* mine = slots + (size_t)split * (TILE_FLOATS / 4);
+            for (int i = ctid; i < BM * CHUNKS; i += CONSUMERS) {
+                const int row = i / CHUNKS, c = i - row * CHUNKS;
+                const u32 src = base + (row * Y_PITCH + c * 8) * 4;
+                __stcg(mine + 2 * i, lds128f(src));
+                __stcg(mine + 2 * i + 1, lds128f(src + 16));
+            }
+            asm volatile("fence.acq_rel.gpu;\n" ::: "memory");  // release the partial before the counter bump
+            consumer_sync(CONSUMERS);
+            if (ctid == 0) s_last = atomicAdd(a.counters + tile, 1u) == (u32)(s.splits - 1);
+            consumer_sync(CONSUMERS);
+            if (!s_last) return;
+            asm volatile("fence.acq_rel.gpu;\n" ::: "memory");  // acquire every partial
+            if (ctid == 0) a.counters[tile] = 0;                 // ready for the next launch (graph replays too)
+        }
+        for (int i = ctid; i < BM * CHUNKS; i += CONSUMERS) {
+            const int row = i / CHUNKS, c = i - row * CHUNKS;
+            const int m = mt * BM + row, n = nt * N_CTA + c * 8;
+            if (m >= s.M || n >= s.N) continue;
+            float v[8];
+            if (s.splits > 1) {
+                for (int sp = 0; sp < s.splits; ++sp) {
+                    const float4* p = slots + (size_t)sp * (TILE_FLOATS / 4) + 2 * i;
+                    const float4 lo = __ldcg(p), hi = __ldcg(p + 1);
+                    const float q[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) v[e] = sp == 0 ? q[e] : v[e] + q[e];
+                }
+            } else {
+                const u32 src = base + (row * Y_PITCH + c * 8) * 4;
+                const float4 lo = lds128f(src), hi = lds128f(src + 16);
+                v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w, v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
+            }
+            u16 out[8];
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                const float b = (a.bias && n + e < s.N) ? FragmentOps<T>::to_f32(a.bias[n + e]) : 0.0f;
+                out[e] = FragmentOps<T>::from_f32(apply_activation(v[e] + b, s.activation));
+            }
+            u16* dst = a.y + (size_t)m * s.y_stride + n;
+            if (s.y_vector && n + 8 <= s.N) {
+                *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(out);
+            } else {
+                for (int e = 0; e < 8 && n + e < s.N; ++e) dst[e] = out[e];
+            }
+        }
+    }
+
+    __device__ static void run(const TensorMap* xmap, const Args& a, const Shape& s) {
+        extern __shared__ __align__(16) char smem_raw[];
+        // Swizzled TMA tiles need 1024-byte alignment: the host allocates 1 KB of slack.
+        const u32 raw = smem_addr(smem_raw), base = (raw + 1023) & ~1023u;
+        const u32 bars = base + DATA_BYTES;
+        const int tid = threadIdx.x, wg = tid >> 7;
+
+        // Tile of this CTA: splits consecutive CTAs per tile; tiles in groups of RASTER_N column tiles, token tiles
+        // inner within a group.
+        const int split = blockIdx.x % s.splits, tile_seq = blockIdx.x / s.splits;
+        const int per_group = RASTER_N * s.MT, group = tile_seq / per_group;
+        const int first_n = group * RASTER_N, width = min(RASTER_N, s.NT - first_n);
+        const int local = tile_seq - group * per_group;
+        const int nt = first_n + local % width, mt = local / width;
+        const int kt0 = (int)((long long)split * s.KT / s.splits), kt1 = (int)((long long)(split + 1) * s.KT / s.splits);
+
+        if (tid == 0) {
+            for (int st = 0; st < STAGES; ++st) {
+                mbar_init(bars + st * 8, 1);                         // full: the producer's expect_tx arrival
+                mbar_init(bars + (STAGES + st) * 8, CONSUMERS);     // empty: every consumer thread
+            }
+            mbar_init_fence();
+        }
+        __syncthreads();
+        if (wg == 2) {
+            setmaxnreg_dec<40>();
+            if (tid == CONSUMERS) produce(xmap, a, s, base, bars, nt, mt, kt0, kt1);
+            return;
+        }
+        setmaxnreg_inc<232>();
+        float acc[2][64];  // written by the first wgmma (accumulate = 0)
+        mainloop(s, base, bars, kt0, kt1, wg, acc);
+        epilogue(a, s, base, nt, mt, wg, nt * s.MT + mt, split, tid, acc);
+    }
+};
+
+#endif  // sm_90
+
+}  // namespace w4a16_gemm
+}  // namespace lowbit
+
+// ------------------------------------------------------------------------------------------------------------------
+// Entry point of the variant selected by the host's #defines
+// ------------------------------------------------------------------------------------------------------------------
+#ifndef LB_DTYPE  // no variant selected (`lowbit doctor --compile-only`): the g128 f16 kernel with zeros
+#define LB_DTYPE F16
+#define LB_ZEROS 1
+#define LB_WG_N 2
+#define LB_STAGES 4
+#define LB_UNIT_GROUPS 1
+#endif
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+typedef lowbit::w4a16_gemm::Gemm<lowbit::LB_DTYPE, LB_ZEROS != 0, LB_WG_N, LB_STAGES, LB_UNIT_GROUPS != 0> GemmVariant;
+
+extern "C" __global__ void __launch_bounds__(GemmVariant::BLOCK, 1)
+    w4a16_gemm(const __grid_constant__ lowbit::w4a16_gemm::TensorMap xmap, lowbit::w4a16_gemm::Args args,
+               lowbit::w4a16_gemm::Shape shape) {
+    GemmVariant::run(&xmap, args, shape);
+}
+#endif
+
+// x gathered through the act-order permutation and/or re-laid out for TMA (16-byte aligned rows of k_pad).
+extern "C" __global__ void w4a16_gemm_stage_x(const unsigned short* x, long long x_stride, const unsigned int* perm,
+                                              unsigned short* out, int M, int K, int k_pad) {
+    lowbit::stage_x(x, x_stride, perm, out, M, K, k_pad);
+}
+
+#if !(defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900)
+// wgmma and TMA tensor copies are sm_90a features; older GPUs use the decode kernel or dequantize + cuBLAS.
+extern "C" __global__ void w4a16_gemm(const lowbit::w4a16_gemm::TensorMap xmap, lowbit::w4a16_gemm::Args args,
+                                      lowbit::w4a16_gemm::Shape shape) {
+    __trap();
+}
+#endif

@@ -1,0 +1,501 @@
+//! The W4A16 GEMM for prefill on Hopper (sm_90a): `y[M, N] = act(x[M, K] · W^T + bias)` with wgmma, for M from
+//! 64 up (any M works; below ~64 the decode kernel is faster). It reads the same [`DeviceW4`] as the decode kernel,
+//! so one prepared weight serves every batch size ([`crate::ops::linear::QuantLinear`] picks the kernel per call).
+//!
+//! ```no_run
+//! # use lowbit::{DType, cuda::CudaDevice, ops::linear::cuda::gemm::LinearW4A16Gemm};
+//! # fn main() -> lowbit::Result<()> {
+//! # let w: lowbit::QuantMatrix = unimplemented!();
+//! let dev = CudaDevice::new(0)?;
+//! let op = LinearW4A16Gemm::new(&dev, &w, DType::F16, 4096)?; // batches of up to 4096 rows
+//! let mut ws = dev.alloc_zeros::<u8>(op.workspace_bytes())?;
+//! # let (x, mut y) = (dev.alloc_zeros::<half::f16>(4096 * w.k)?, dev.alloc_zeros::<half::f16>(4096 * w.n)?);
+//! op.run(dev.stream(), &x, 4096, None, &mut y, &mut ws)?;
+//! # Ok(()) }
+//! ```
+//!
+//! Kernel: `kernels/linear_w4a16_gemm.cu` (its header explains the design). Numerics: each weight is
+//! `round((q − z) · s)` in the activation type, as dequantize + cuBLAS computes it; fp32 accumulation; bias and
+//! activation in fp32; one rounding of y.
+
+use super::{buffer, smem_limits, DeviceW4, RepackedW4, K_TILE, MAX_GROUP_ROWS};
+use crate::cuda::{launch_error, CudaDevice, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
+use crate::cuda::{KernelSource, LaunchConfig};
+use crate::dtype::{DType, Float};
+use crate::error::{Error, Result};
+use crate::formats::QuantMatrix;
+use crate::ops::linear::Activation;
+use cudarc::driver::{sys, PushKernelArg};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// The kernel source; the host prepends the `#define`s of one variant.
+const SOURCE: &str = include_str!("../../../../kernels/linear_w4a16_gemm.cu");
+
+/// The kernel source with no variant selected (the g128 f16 kernel with zeros), compiled by `lowbit doctor`.
+pub const KERNEL: KernelSource = KernelSource {
+    name: "linear_w4a16_gemm",
+    source: SOURCE,
+};
+
+/// Tokens per consumer warpgroup (`WG_TOKENS`, the wgmma N).
+const WG_TOKENS: usize = 128;
+/// Threads per CTA: two consumer warpgroups and the TMA producer warpgroup.
+const BLOCK: u32 = 384;
+/// Most CTAs one tile is split into along K.
+const MAX_SPLITS: usize = 8;
+/// Fewest k tiles (of 128) a split keeps: shorter ones spend more on the fp32 partials than they save.
+const MIN_KT_PER_SPLIT: usize = 4;
+
+/// Whether the GEMM runs on this device for this weight: sm_90 (wgmma, TMA) and tiles of 128 or 256 columns
+/// (N = 192 or 576 layers have 64-column tiles: they use the decode kernel or dequantize + cuBLAS).
+pub fn supported(device: &CudaDevice, weight: &DeviceW4) -> bool {
+    device.info().compute_capability.0 == 9 && matches!(weight.plan.n_cta, 128 | 256)
+}
+
+/// One compiled specialisation of the GEMM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct GemmVariant {
+    /// Activation dtype.
+    pub act: DType,
+    /// Zero points are read (otherwise every zero is 8).
+    pub zeros: bool,
+    /// Consumer warpgroups along the columns: 2 for 256-column tiles, 1 for 128 (the two then split the tokens).
+    pub wg_n: usize,
+    /// Pipeline stages.
+    pub stages: usize,
+    /// The group size is a multiple of 128 (one scale/zero row per stage).
+    pub unit_groups: bool,
+}
+
+impl GemmVariant {
+    /// Tokens per CTA tile.
+    pub fn bm(&self) -> usize {
+        (2 / self.wg_n) * WG_TOKENS
+    }
+
+    /// Output columns per CTA tile.
+    pub fn n_cta(&self) -> usize {
+        128 * self.wg_n
+    }
+
+    fn stage_bytes(&self) -> usize {
+        let group_rows = if self.unit_groups { 1 } else { MAX_GROUP_ROWS };
+        let n_cta = self.n_cta();
+        let bytes = self.bm() * K_TILE * 2
+            + n_cta * K_TILE / 2
+            + group_rows * n_cta * 2
+            + if self.zeros { group_rows * n_cta / 2 } else { 0 };
+        bytes.next_multiple_of(1024)
+    }
+
+    /// Dynamic shared memory (`Gemm::DATA_BYTES` + barriers + 1 KB of alignment slack).
+    pub fn smem_bytes(&self) -> usize {
+        let epilogue = self.bm() * (self.n_cta() + 4) * 4;
+        1024 + (self.stages * self.stage_bytes()).max(epilogue) + self.stages * 16
+    }
+
+    /// fp32 elements of one tile's split-K partial.
+    fn tile_floats(&self) -> usize {
+        self.bm() * self.n_cta()
+    }
+
+    fn name(&self) -> String {
+        format!(
+            "linear_w4a16_gemm_{}_z{}_g{}_wgn{}_s{}",
+            self.act.name(),
+            u8::from(self.zeros),
+            if self.unit_groups { "unit" } else { "any" },
+            self.wg_n,
+            self.stages
+        )
+    }
+
+    fn source(&self) -> &'static KernelSource {
+        static SOURCES: OnceLock<Mutex<HashMap<GemmVariant, &'static KernelSource>>> = OnceLock::new();
+        let mut map = SOURCES
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        map.entry(*self).or_insert_with(|| {
+            let defines = format!(
+                "#define LB_DTYPE {}\n#define LB_ZEROS {}\n#define LB_WG_N {}\n#define LB_STAGES {}\n\
+                 #define LB_UNIT_GROUPS {}\n",
+                if self.act == DType::Bf16 { "BF16" } else { "F16" },
+                u8::from(self.zeros),
+                self.wg_n,
+                self.stages,
+                u8::from(self.unit_groups)
+            );
+            // Leaked once per variant (a handful per process): KernelSource holds &'static strs.
+            Box::leak(Box::new(KernelSource {
+                name: Box::leak(self.name().into_boxed_str()),
+                source: Box::leak((defines + SOURCE).into_boxed_str()),
+            }))
+        })
+    }
+}
+
+/// `lowbit::w4a16_gemm::Args`, in field order.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct GemmArgs {
+    qweight: u64,
+    scales: u64,
+    zeros: u64,
+    bias: u64,
+    y: u64,
+    partials: u64,
+    counters: u64,
+}
+
+/// `lowbit::w4a16_gemm::Shape`, in field order (12 ints, then an int64).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct GemmShape {
+    m: i32,
+    n: i32,
+    k: i32,
+    kt: i32,
+    nt: i32,
+    mt: i32,
+    group: i32,
+    gp: i32,
+    group_shift: i32,
+    splits: i32,
+    activation: i32,
+    y_vector: i32,
+    y_stride: i64,
+}
+
+/// The TMA descriptor of x, passed by value as the kernel's `__grid_constant__` first parameter.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct TensorMapParam(sys::CUtensorMap);
+
+// SAFETY: plain-old-data `#[repr(C)]` values laid out like their CUDA counterparts.
+unsafe impl DeviceRepr for GemmArgs {}
+unsafe impl DeviceRepr for GemmShape {}
+unsafe impl DeviceRepr for TensorMapParam {}
+
+/// The W4A16 prefill GEMM prepared on one Hopper GPU. `run` calls on one operator must be ordered (one stream at a
+/// time): the split-K counters live in the operator.
+pub struct LinearW4A16Gemm {
+    weight: Arc<DeviceW4>,
+    variant: GemmVariant,
+    function: CudaFunction,
+    stage_x: CudaFunction,
+    counters: CudaSlice<u32>,
+    max_m: usize,
+    sms: usize,
+    /// Forced split count (benchmarking); `None`: [`LinearW4A16Gemm::splits`]'s choice.
+    forced_splits: Option<usize>,
+}
+
+impl std::fmt::Debug for LinearW4A16Gemm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LinearW4A16Gemm")
+            .field("variant", &self.variant)
+            .field("max_m", &self.max_m)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LinearW4A16Gemm {
+    /// Validates and repacks `w`, uploads it, and loads the kernel for batches of up to `max_m` rows of `act`
+    /// (f16 or bf16) activations.
+    pub fn new(device: &CudaDevice, w: &QuantMatrix, act: DType, max_m: usize) -> Result<Self> {
+        let packed: RepackedW4 = super::repack(w, act)?;
+        Self::with_weight(device, DeviceW4::upload(device, &packed)?, max_m, None)
+    }
+
+    /// The operator for a weight already on the device (shared with the decode operator of the same layer);
+    /// `splits` forces the split-K factor (benchmarking).
+    pub fn with_weight(
+        device: &CudaDevice,
+        weight: Arc<DeviceW4>,
+        max_m: usize,
+        splits: Option<usize>,
+    ) -> Result<Self> {
+        if !supported(device, &weight) {
+            return Err(Error::Unsupported(format!(
+                "the W4A16 GEMM needs an sm_90 GPU and a weight with 128- or 256-column tiles (this is sm_{}{}, \
+                 {}-column tiles)",
+                device.info().compute_capability.0,
+                device.info().compute_capability.1,
+                weight.plan.n_cta
+            )));
+        }
+        if max_m == 0 || max_m > i32::MAX as usize {
+            return Err(Error::invalid("max_m", max_m, "must be in 1..=2^31-1"));
+        }
+        let plan = &weight.plan;
+        let limits = smem_limits(device.info().compute_capability);
+        let mut variant = GemmVariant {
+            act: weight.act,
+            zeros: weight.zeros.is_some(),
+            wg_n: plan.n_cta / 128,
+            stages: 4,
+            unit_groups: plan.group % K_TILE == 0,
+        };
+        while variant.stages > 2 && variant.smem_bytes() > limits.per_cta {
+            variant.stages -= 1;
+        }
+        let function = device.function(variant.source(), "w4a16_gemm")?;
+        function
+            .set_attribute(
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                variant.smem_bytes() as i32,
+            )
+            .map_err(|e| crate::cuda::cuda_error(format!("shared memory of {}", variant.name()), e))?;
+        let stage_x = device.function(variant.source(), "w4a16_gemm_stage_x")?;
+        let tiles = plan.n_tiles() * max_m.div_ceil(variant.bm());
+        let counters = device
+            .stream()
+            .alloc_zeros(tiles)
+            .map_err(|e| crate::cuda::cuda_error("split-K counters", e))?;
+        Ok(Self {
+            weight,
+            variant,
+            function,
+            stage_x,
+            counters,
+            max_m,
+            sms: device.info().sm_count as usize,
+            forced_splits: splits,
+        })
+    }
+
+    /// The compiled variant.
+    pub fn variant(&self) -> GemmVariant {
+        self.variant
+    }
+
+    /// The device weight.
+    pub fn weight(&self) -> &Arc<DeviceW4> {
+        &self.weight
+    }
+
+    /// CTAs per output tile for a batch of `m` rows: 1 when the tiles fill the GPU, otherwise as many as fit in
+    /// one wave (at most 8, each keeping at least 4 k tiles).
+    pub fn splits(&self, m: usize) -> usize {
+        let tiles = self.weight.plan.n_tiles() * m.div_ceil(self.variant.bm());
+        let most = (self.weight.plan.k_tiles() / MIN_KT_PER_SPLIT).clamp(1, MAX_SPLITS);
+        let chosen = self.forced_splits.unwrap_or(self.sms / tiles.max(1));
+        chosen.clamp(1, most.max(1)).min(self.weight.plan.k_tiles())
+    }
+
+    fn staged_x_bytes(&self) -> usize {
+        (self.max_m * self.weight.plan.k_pad * 2).next_multiple_of(256)
+    }
+
+    /// Device scratch `run` needs: x staged for TMA (act-order or unaligned x) and the split-K partials.
+    pub fn workspace_bytes(&self) -> usize {
+        let partial_tiles = (1..=self.max_m.div_ceil(self.variant.bm()))
+            .map(|mt| {
+                let m = mt * self.variant.bm();
+                let splits = self.splits(m);
+                if splits > 1 {
+                    splits * self.weight.plan.n_tiles() * mt
+                } else {
+                    0
+                }
+            })
+            .max()
+            .unwrap_or(0);
+        self.staged_x_bytes() + partial_tiles * self.variant.tile_floats() * 4
+    }
+
+    /// `y[m, N] = x[m, K] · W^T (+ bias)` with contiguous rows and no activation.
+    pub fn run<T: Float + DeviceRepr>(
+        &self,
+        stream: &CudaStream,
+        x: &dyn DevicePtr<T>,
+        m: usize,
+        bias: Option<&dyn DevicePtr<T>>,
+        y: &mut dyn DevicePtrMut<T>,
+        workspace: &mut dyn DevicePtrMut<u8>,
+    ) -> Result<()> {
+        let p = &self.weight.plan;
+        self.run_strided(stream, x, p.k, m, bias, Activation::None, y, p.n, workspace)
+    }
+
+    /// `y[m, N] = act(x[m, K] · W^T + bias)` on `stream`, row `i` of x at element `i * x_stride`, of y at
+    /// `i * y_stride`. Checks dtypes and sizes on the host, then launches without allocating or synchronising.
+    #[allow(clippy::too_many_arguments)]
+    pub fn run_strided<T: Float + DeviceRepr>(
+        &self,
+        stream: &CudaStream,
+        x: &dyn DevicePtr<T>,
+        x_stride: usize,
+        m: usize,
+        bias: Option<&dyn DevicePtr<T>>,
+        activation: Activation,
+        y: &mut dyn DevicePtrMut<T>,
+        y_stride: usize,
+        workspace: &mut dyn DevicePtrMut<u8>,
+    ) -> Result<()> {
+        let p = &self.weight.plan;
+        if T::DTYPE != self.weight.act {
+            return Err(Error::invalid(
+                "x",
+                T::DTYPE,
+                format!("dtype must be {} (the operator's)", self.weight.act),
+            ));
+        }
+        if m > self.max_m {
+            return Err(Error::invalid(
+                "x",
+                format!("{m} rows"),
+                format!("at most max_m = {}", self.max_m),
+            ));
+        }
+        if m == 0 {
+            return Ok(());
+        }
+        if x_stride < p.k || y_stride < p.n {
+            return Err(Error::invalid(
+                "x/y row stride",
+                format!("{x_stride}/{y_stride}"),
+                format!("must be at least K = {} / N = {}", p.k, p.n),
+            ));
+        }
+        let rows_len = |stride: usize, width: usize| (m - 1) * stride + width;
+        let x_ptr = buffer(x.device_ptr(stream).0, x.len(), rows_len(x_stride, p.k), "x", 2)?;
+        let y_len = y.len();
+        let y_ptr = buffer(y.device_ptr_mut(stream).0, y_len, rows_len(y_stride, p.n), "y", 2)?;
+        let bias_ptr = match bias {
+            Some(b) => buffer(b.device_ptr(stream).0, b.len(), p.n, "bias", 2)?,
+            None => 0,
+        };
+        let ws_len = workspace.len();
+        let ws = buffer(
+            workspace.device_ptr_mut(stream).0,
+            ws_len,
+            self.workspace_bytes(),
+            "workspace",
+            256,
+        )?;
+        let (qweight, scales, zeros, perm) = self.weight.pointers(stream);
+
+        // TMA reads x in place when its rows are 16-byte aligned and in k order; otherwise x is staged.
+        let direct = perm == 0 && x_ptr % 16 == 0 && (x_stride * 2) % 16 == 0;
+        let (x_ptr, x_stride, x_cols) = if direct {
+            (x_ptr, x_stride, p.k)
+        } else {
+            let total = (m * p.k_pad) as u64;
+            let mut b = stream.launch_builder(&self.stage_x);
+            let (xs, mi, ki, kp) = (x_stride as i64, m as i32, p.k as i32, p.k_pad as i32);
+            b.arg(&x_ptr).arg(&xs).arg(&perm).arg(&ws).arg(&mi).arg(&ki).arg(&kp);
+            let cfg = LaunchConfig {
+                grid_dim: (total.div_ceil(256).min(8192) as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: reads m rows of x (checked) and perm[k] for k < K; writes m * k_pad elements at the start of
+            // the workspace, which holds staged_x_bytes >= max_m * k_pad * 2.
+            unsafe { b.launch(cfg) }.map_err(launch_error("w4a16_gemm_stage_x"))?;
+            (ws, p.k_pad, p.k_pad)
+        };
+        let xmap = tensor_map(self.weight.act, x_ptr, x_cols, m, x_stride, self.variant.bm())?;
+
+        let bm = self.variant.bm();
+        let m_tiles = m.div_ceil(bm);
+        let splits = self.splits(m);
+        let ctas = p.n_tiles() * m_tiles * splits;
+        if ctas > i32::MAX as usize {
+            return Err(Error::invalid(
+                "x",
+                format!("{m} rows"),
+                "too many tiles for one launch",
+            ));
+        }
+        let args = GemmArgs {
+            qweight,
+            scales,
+            zeros,
+            bias: bias_ptr,
+            y: y_ptr,
+            partials: ws + self.staged_x_bytes() as u64,
+            counters: self.counters.device_ptr(stream).0,
+        };
+        let shape = GemmShape {
+            m: m as i32,
+            n: p.n as i32,
+            k: p.k as i32,
+            kt: p.k_tiles() as i32,
+            nt: p.n_tiles() as i32,
+            mt: m_tiles as i32,
+            group: p.group as i32,
+            gp: p.group_rows as i32,
+            group_shift: if p.group.is_power_of_two() {
+                p.group.trailing_zeros() as i32
+            } else {
+                -1
+            },
+            splits: splits as i32,
+            activation: activation.code(),
+            y_vector: i32::from(y_ptr % 16 == 0 && y_stride % 8 == 0),
+            y_stride: y_stride as i64,
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (ctas as u32, 1, 1),
+            block_dim: (BLOCK, 1, 1),
+            shared_mem_bytes: self.variant.smem_bytes() as u32,
+        };
+        let mut b = stream.launch_builder(&self.function);
+        b.arg(&xmap).arg(&args).arg(&shape);
+        // SAFETY: x is read through the tensor map, whose bounds (K or k_pad columns, m rows, x_stride) were checked
+        // against the buffer above; y rows (N columns), bias (N) and the workspace (staged x + partials of at most
+        // workspace_bytes) were checked; the weight buffers and counters are the operator's own.
+        unsafe { b.launch(cfg) }.map_err(launch_error("w4a16_gemm"))?;
+        Ok(())
+    }
+}
+
+/// The TMA descriptor of a row-major `[rows, cols]` 16-bit matrix at `ptr` with `stride` elements between rows,
+/// read in boxes of 64 columns (128 bytes, the swizzle width) x `box_rows` rows with the 128-byte swizzle;
+/// reads outside the matrix return zeros.
+fn tensor_map(
+    act: DType,
+    ptr: u64,
+    cols: usize,
+    rows: usize,
+    stride: usize,
+    box_rows: usize,
+) -> Result<TensorMapParam> {
+    let dtype = match act {
+        DType::Bf16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+        _ => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+    };
+    let dims: [u64; 2] = [cols as u64, rows as u64];
+    let strides: [u64; 1] = [(stride * 2) as u64];
+    let boxes: [u32; 2] = [64, box_rows as u32];
+    let element_strides: [u32; 2] = [1, 1];
+    // SAFETY: an all-zero CUtensorMap is a valid value to be overwritten by the encoder.
+    let mut map = TensorMapParam(unsafe { std::mem::zeroed() });
+    // SAFETY: every pointer refers to a live local array of the rank the call says (2 dims, 1 stride).
+    let rc = unsafe {
+        sys::cuTensorMapEncodeTiled(
+            &mut map.0,
+            dtype,
+            2,
+            ptr as *mut std::ffi::c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxes.as_ptr(),
+            element_strides.as_ptr(),
+            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    };
+    if rc != sys::CUresult::CUDA_SUCCESS {
+        return Err(Error::Cuda {
+            context: format!("cuTensorMapEncodeTiled for x ([{rows}, {cols}], row stride {stride})"),
+            message: format!("{rc:?}"),
+        });
+    }
+    Ok(map)
+}

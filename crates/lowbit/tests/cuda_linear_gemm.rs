@@ -1,0 +1,287 @@
+//! The Hopper W4A16 prefill GEMM (`ops::linear::cuda::gemm`) against the f64 reference on the same quantized
+//! weights.
+//!
+//! Every case draws a fresh random weight and activations (never zeros) and checks:
+//! - accuracy: each weight is round((q - z) · s) in the activation type (as dequantize + cuBLAS), fp32 sums, one
+//!   rounding of y; mean |Δ| / mean |ref| must stay under 1e-3 (f16) / 8e-3 (bf16) and max |Δ| under 2e-2 / 8e-2
+//!   of max |ref|, no NaN/Inf (y is poisoned with NaN first, so every element must be written);
+//! - an exact-integer mode (activations in -2..=2, power-of-two scales): every product and sum is exact, so y must
+//!   equal the reference rounded to the activation type bit for bit, with and without split-K;
+//! - determinism: a repeated call gives identical bytes; guard words around y and the workspace stay untouched.
+//!
+//! Needs an sm_90 GPU; elsewhere every test prints `skipped: <reason>` and passes.
+
+mod common;
+
+use common::{assert_close, Tolerance};
+use half::{bf16, f16};
+use lowbit::cuda::{CudaDevice, DevicePtr, DeviceRepr};
+use lowbit::ops::linear::cuda::gemm::{supported, LinearW4A16Gemm};
+use lowbit::ops::linear::cuda::{repack, DeviceW4};
+use lowbit::ops::linear::{reference, Activation};
+use lowbit::testing::SplitMix64 as Rng;
+use lowbit::{DType, Float, QuantMatrix};
+use std::sync::Arc;
+
+#[derive(Debug, Clone, Copy)]
+struct Case {
+    n: usize,
+    k: usize,
+    group: usize,
+    act: DType,
+    zeros: bool,
+    act_order: bool,
+    bias: bool,
+    activation: Activation,
+    exact: bool,
+}
+
+const BASE: Case = Case {
+    n: 512,
+    k: 1024,
+    group: 128,
+    act: DType::F16,
+    zeros: true,
+    act_order: false,
+    bias: false,
+    activation: Activation::None,
+    exact: false,
+};
+
+fn quant(rng: &mut Rng, c: &Case) -> QuantMatrix {
+    let groups = c.k / c.group;
+    QuantMatrix {
+        n: c.n,
+        k: c.k,
+        bits: 4,
+        group_size: c.group,
+        codes: (0..c.n * c.k).map(|_| rng.below(16) as u8).collect(),
+        zeros: c
+            .zeros
+            .then(|| (0..c.n * groups).map(|_| rng.below(16) as u8).collect()),
+        scales: (0..c.n * groups)
+            .map(|_| {
+                if c.exact {
+                    2f32.powi(-3 - rng.below(3) as i32)
+                } else {
+                    lowbit::dtype::round_to(c.act, 2f32.powf(rng.uniform(-9.0, -5.0)))
+                }
+            })
+            .collect(),
+        scale_dtype: c.act,
+        g_idx: c.act_order.then(|| {
+            let mut g: Vec<u32> = (0..c.k).map(|i| (i / c.group) as u32).collect();
+            for i in (1..c.k).rev() {
+                g.swap(i, rng.below(i as u64 + 1) as usize);
+            }
+            g
+        }),
+    }
+}
+
+fn values(rng: &mut Rng, len: usize, c: &Case) -> Vec<f32> {
+    (0..len)
+        .map(|_| {
+            if c.exact {
+                rng.below(5) as f32 - 2.0
+            } else {
+                lowbit::dtype::round_to(c.act, rng.uniform(-1.0, 1.0))
+            }
+        })
+        .collect()
+}
+
+/// The GPU when it is an sm_90 one, or a printed reason to skip.
+fn hopper() -> Option<Arc<CudaDevice>> {
+    let dev = lowbit::testing::cuda_device()?;
+    if dev.info().compute_capability.0 != 9 {
+        println!("skipped: the W4A16 GEMM needs an sm_90 GPU ({})", dev.info().name);
+        return None;
+    }
+    Some(dev)
+}
+
+const GUARD: usize = 256;
+
+/// Runs `op` on the first `m` rows of `x`; returns y as f32 after checking the guard regions.
+fn run<T: Float + DeviceRepr>(
+    dev: &CudaDevice,
+    op: &LinearW4A16Gemm,
+    c: &Case,
+    x: &[f32],
+    m: usize,
+    bias: Option<&[f32]>,
+) -> Vec<f32> {
+    let to_t = |v: &[f32]| v.iter().map(|&f| T::from_f32(f)).collect::<Vec<T>>();
+    let x_dev = dev.upload(&to_t(&x[..m * c.k])).unwrap();
+    let b_dev = bias.map(|b| dev.upload(&to_t(b)).unwrap());
+    let guard = T::from_f32(-12345.0);
+    let mut y_host = vec![guard; m * c.n + 2 * GUARD];
+    y_host[GUARD..GUARD + m * c.n].fill(T::from_f32(f32::NAN));
+    let mut y = dev.upload(&y_host).unwrap();
+    let ws_len = op.workspace_bytes();
+    let mut ws = dev.upload(&vec![0xA5u8; ws_len + 2 * GUARD]).unwrap();
+    {
+        let mut y_view = y.slice_mut(GUARD..GUARD + m * c.n);
+        let mut ws_view = ws.slice_mut(GUARD..GUARD + ws_len);
+        op.run_strided(
+            dev.stream(),
+            &x_dev,
+            c.k,
+            m,
+            b_dev.as_ref().map(|b| b as &dyn DevicePtr<T>),
+            c.activation,
+            &mut y_view,
+            c.n,
+            &mut ws_view,
+        )
+        .unwrap();
+    }
+    dev.synchronize().unwrap();
+    let y_host = dev.download(&y).unwrap();
+    let ws_host = dev.download(&ws).unwrap();
+    assert!(
+        y_host[..GUARD]
+            .iter()
+            .chain(&y_host[GUARD + m * c.n..])
+            .all(|&g| g == guard),
+        "y guard overwritten"
+    );
+    assert!(
+        ws_host[..GUARD]
+            .iter()
+            .chain(&ws_host[GUARD + ws_len..])
+            .all(|&g| g == 0xA5),
+        "workspace guard overwritten"
+    );
+    y_host[GUARD..GUARD + m * c.n].iter().map(|v| v.to_f32()).collect()
+}
+
+/// One weight, several batch sizes, with the default split-K choice and with `splits` forced.
+fn check<T: Float + DeviceRepr>(dev: &Arc<CudaDevice>, c: Case, ms: &[usize], splits: &[Option<usize>]) {
+    let mut rng = Rng((c.n * 31 + c.k * 7 + c.group) as u64 ^ u64::from(c.exact));
+    let w = quant(&mut rng, &c);
+    let max_m = *ms.iter().max().unwrap();
+    let x = values(&mut rng, max_m * c.k, &c);
+    let bias = c.bias.then(|| {
+        (0..c.n)
+            .map(|_| lowbit::dtype::round_to(c.act, rng.uniform(-1.0, 1.0)))
+            .collect::<Vec<f32>>()
+    });
+    let weight = DeviceW4::upload(dev, &repack(&w, c.act).unwrap()).unwrap();
+    for &forced in splits {
+        let op = LinearW4A16Gemm::with_weight(dev, weight.clone(), max_m, forced).unwrap();
+        for &m in ms {
+            let label = format!("{c:?} M={m} splits={} ({:?})", op.splits(m), op.variant());
+            let mut want = reference::linear(&x[..m * c.k], m, &w, bias.as_deref());
+            want.iter_mut().for_each(|v| *v = c.activation.apply_f64(*v));
+            let got = run::<T>(dev, &op, &c, &x, m, bias.as_deref());
+            if c.exact {
+                for (i, (&g, &r)) in got.iter().zip(&want).enumerate() {
+                    let r = lowbit::dtype::round_to(c.act, r as f32);
+                    assert_eq!(g.to_bits(), r.to_bits(), "{label}: element {i}: {g} vs {r}");
+                }
+            } else {
+                let tol = if c.act == DType::F16 {
+                    Tolerance::relative(1e-3)
+                } else {
+                    Tolerance::relative(8e-3)
+                };
+                assert_close(
+                    &label,
+                    &got,
+                    &want,
+                    Tolerance {
+                        max_rel: tol.mean_rel * 20.0,
+                        ..tol
+                    },
+                );
+            }
+            let again = run::<T>(dev, &op, &c, &x, m, bias.as_deref());
+            assert!(
+                got.iter().zip(&again).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{label}: repeat differs"
+            );
+        }
+    }
+}
+
+#[test]
+fn f16_g128_zeros_token_tails_and_split_k() {
+    let Some(dev) = hopper() else { return };
+    check::<f16>(&dev, BASE, &[1, 77, 128, 129, 300], &[None, Some(1), Some(3)]);
+}
+
+#[test]
+fn bf16_narrow_tiles_k_tail_group_64_bias() {
+    let Some(dev) = hopper() else { return };
+    // N = 384: 128-column tiles (the token-split variant); K = 4160: a partial last k tile; g64: two groups a unit.
+    let c = Case {
+        n: 384,
+        k: 4160,
+        group: 64,
+        act: DType::Bf16,
+        bias: true,
+        ..BASE
+    };
+    check::<bf16>(&dev, c, &[5, 256, 333], &[None]);
+}
+
+#[test]
+fn act_order_group_32_and_per_channel() {
+    let Some(dev) = hopper() else { return };
+    let c = Case {
+        n: 256,
+        k: 512,
+        group: 32,
+        act_order: true,
+        ..BASE
+    };
+    check::<f16>(&dev, c, &[130], &[None, Some(1)]);
+    let c = Case {
+        n: 768,
+        k: 2048,
+        group: 2048,
+        zeros: false,
+        act: DType::Bf16,
+        ..BASE
+    };
+    check::<bf16>(&dev, c, &[64, 512], &[None]);
+}
+
+#[test]
+fn fused_activations_after_bias() {
+    let Some(dev) = hopper() else { return };
+    for activation in [Activation::Relu, Activation::Relu6, Activation::Gelu, Activation::Silu] {
+        let c = Case {
+            bias: true,
+            activation,
+            ..BASE
+        };
+        check::<f16>(&dev, c, &[200], &[None]);
+    }
+}
+
+#[test]
+fn exact_integers_bit_equal_with_and_without_split_k() {
+    let Some(dev) = hopper() else { return };
+    let c = Case {
+        exact: true,
+        bias: true,
+        ..BASE
+    };
+    check::<f16>(&dev, c, &[1, 100, 256], &[Some(1), Some(4)]);
+    check::<bf16>(&dev, Case { act: DType::Bf16, ..c }, &[100], &[Some(1), Some(2)]);
+}
+
+#[test]
+fn unsupported_tiles_are_a_typed_error() {
+    let Some(dev) = hopper() else { return };
+    // N = 192 has 64-column tiles, which only the decode kernel reads.
+    let c = Case { n: 192, ..BASE };
+    let w = quant(&mut Rng(5), &c);
+    let weight = DeviceW4::upload(&dev, &repack(&w, DType::F16).unwrap()).unwrap();
+    assert!(!supported(&dev, &weight));
+    let err = LinearW4A16Gemm::with_weight(&dev, weight, 64, None).unwrap_err();
+    assert!(err.to_string().contains("64-column tiles"), "{err}");
+}
