@@ -32,6 +32,7 @@ pub const KERNELS: &[KernelSource] = &[
     crate::ops::linear::cuda::KERNEL,
     crate::ops::linear::cuda::gemm::KERNEL,
     crate::ops::w8a8::cuda::KERNEL,
+    crate::ops::conv::cuda::KERNEL,
 ];
 
 /// The architectures `lowbit doctor --compile-only` accepts (others are passed to NVRTC as given).

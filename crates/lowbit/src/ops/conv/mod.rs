@@ -7,8 +7,10 @@
 //!
 //! - [`reference::conv2d`]: f64 accumulation, the ground truth.
 //! - [`cpu::Conv2dCpu`]: prepared once per weight, implicit GEMM over tiles (dequantization inside the tile), rayon.
+//! - [`cuda::Conv2dCuda`]: the same operator on a CUDA GPU (tensor-core implicit GEMM, or a direct kernel).
 
 pub mod cpu;
+pub mod cuda;
 pub mod reference;
 
 use crate::error::{ensure, Result};
