@@ -203,6 +203,13 @@ __device__ __forceinline__ void quantize_block(const QuantizeParams& p) {
 
 __host__ __device__ constexpr u32 stage_bytes(u32 slots) { return 2 * TILE_BYTES + 2 * slots * SLOT_BYTES; }
 
+// Stages start 1024-byte aligned (the host adds SMEM_ALIGN bytes of slack): the 128-byte swizzle wgmma applies
+// works on absolute address bits, so its 8-row atoms must be aligned.
+#define SMEM_ALIGN 1024
+__device__ __forceinline__ u32 aligned_smem_base(const void* smem) {
+    return (smem_addr(smem) + SMEM_ALIGN - 1) & ~(u32)(SMEM_ALIGN - 1);
+}
+
 // Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled 128-byte-row tile.
 __device__ __forceinline__ u32 swizzled(u32 row, u32 chunk) { return row * TILE_K + ((chunk ^ (row & 7)) << 4); }
 
@@ -233,6 +240,56 @@ __device__ __forceinline__ void load_stage(const GemmParams& p, u32 stage, u32 k
                               16);
         }
     }
+}
+
+// Bias of output columns n, n + 1 (0 past N or without bias).
+__device__ __forceinline__ float2 load_bias_pair(const GemmParams& p, u32 n) {
+    float2 b = make_float2(0.0f, 0.0f);
+    if (p.bias) {
+        if (n < p.n) b.x = __ldg(p.bias + n);
+        if (n + 1 < p.n) b.y = __ldg(p.bias + n + 1);
+    }
+    return b;
+}
+
+// Rounds (lo, hi) once to T and writes the pair at (row, col) of the output tile staged at shared address `base`.
+template <class T>
+__device__ __forceinline__ void stage_pair(u32 base, u32 row, u32 col, float lo, float hi) {
+    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(base + row * OUT_PITCH + col * 2), "r"(Io<T>::pack(lo, hi)));
+}
+
+// Copies the staged 128 x 128 output tile to global memory: 16-byte row stores, element stores at the N edge or
+// when rows are not 16-byte aligned; rows past M are skipped.
+__device__ __forceinline__ void store_tile(const GemmParams& p, u32 base, u32 m0, u32 n0, int tid) {
+    const bool vector_rows = p.ldo % 8 == 0;
+    unsigned short* out = reinterpret_cast<unsigned short*>(p.out);
+#pragma unroll
+    for (int it = 0; it < TILE_M * (TILE_N / 8) / W8A8_THREADS; ++it) {
+        const u32 c = tid + it * W8A8_THREADS, row = c / (TILE_N / 8), chunk = c % (TILE_N / 8);
+        const u32 grow = m0 + row, gcol = n0 + chunk * 8;
+        if (grow >= p.m || gcol >= p.n) continue;
+        const uint4 v = lds128(base + row * OUT_PITCH + chunk * 16);
+        unsigned short* dst = out + (u64)grow * p.ldo + gcol;
+        if (vector_rows && gcol + 8 <= p.n) {
+            store_stream_v4(dst, v);
+        } else {
+#pragma unroll
+            for (u32 e = 0; e < 8; ++e) {
+                const u32 word = e < 2 ? v.x : e < 4 ? v.y : e < 6 ? v.z : v.w;
+                if (gcol + e < p.n) dst[e] = (unsigned short)(word >> (16 * (e % 2)));
+            }
+        }
+    }
+}
+
+// The CTA's output tile under the grouped raster: RASTER_GROUP M tiles walk N together, so the B tiles they share
+// stay in L2.
+__device__ __forceinline__ void tile_origin(const GemmParams& p, u32& m0, u32& n0) {
+    const u32 pid = blockIdx.x, per_group = RASTER_GROUP * p.tiles_n;
+    const u32 first_m = pid / per_group * RASTER_GROUP;
+    const u32 group_m = min(p.tiles_m - first_m, (u32)RASTER_GROUP);
+    m0 = (first_m + (pid % per_group) % group_m) * TILE_M;
+    n0 = (pid % per_group) / group_m * TILE_N;
 }
 
 // The warp tile: 4 (m16) x 4 (n8) mma tiles.
@@ -282,15 +339,11 @@ template <class T, int STAGES>
 __device__ __forceinline__ void gemm(const GemmParams& p) {
     extern __shared__ __align__(128) unsigned char smem[];
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-    // Grouped raster: RASTER_GROUP M tiles walk N together, so the B tiles they share stay in L2.
-    const u32 pid = blockIdx.x, per_group = RASTER_GROUP * p.tiles_n;
-    const u32 first_m = pid / per_group * RASTER_GROUP;
-    const u32 group_m = min(p.tiles_m - first_m, (u32)RASTER_GROUP);
-    const u32 tm = first_m + (pid % per_group) % group_m, tn = (pid % per_group) / group_m;
-    const u32 m0 = tm * TILE_M, n0 = tn * TILE_N;
+    u32 m0, n0;
+    tile_origin(p, m0, n0);
     const u32 wrow = (warp / 4) * 64, wcol = (warp % 4) * 32;
 
-    const u32 base = smem_addr(smem), sbytes = stage_bytes(p.slots);
+    const u32 base = aligned_smem_base(smem), sbytes = stage_bytes(p.slots);
     const u32 k_tiles = (p.k_steps + STEPS_PER_STAGE - 1) / STEPS_PER_STAGE;
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
@@ -359,39 +412,184 @@ __device__ __forceinline__ void gemm(const GemmParams& p) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
         const u32 col = wcol + j * 8 + 2 * t;
-        float bias[2] = {0.0f, 0.0f};
-        if (p.bias) {
-            if (n0 + col < p.n) bias[0] = __ldg(p.bias + n0 + col);
-            if (n0 + col + 1 < p.n) bias[1] = __ldg(p.bias + n0 + col + 1);
-        }
+        const float2 bias = load_bias_pair(p, n0 + col);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
+        for (int i = 0; i < 4; ++i)
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const u32 row = wrow + i * 16 + g + 8 * h;
-                const u32 v = Io<T>::pack(acc.out[i][j][2 * h] + bias[0], acc.out[i][j][2 * h + 1] + bias[1]);
-                asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(base + row * OUT_PITCH + col * 2), "r"(v));
+            for (int h = 0; h < 2; ++h)
+                stage_pair<T>(base, wrow + i * 16 + g + 8 * h, col, acc.out[i][j][2 * h] + bias.x,
+                              acc.out[i][j][2 * h + 1] + bias.y);
+    }
+    __syncthreads();
+    store_tile(p, base, m0, n0, tid);
+}
+
+// ------------------------------------------------------------------------------------------------------------------
+// GEMM on Hopper: wgmma m64n128k32 s8 (sm_90a)
+// ------------------------------------------------------------------------------------------------------------------
+// Same tiles, stages, parameter slots and epilogue as `gemm`; the two warpgroups each own 64 rows x 128 columns
+// and read both operands from shared memory by descriptor (the stage layout above IS the 128-byte swizzle wgmma
+// reads: 128-byte rows, chunk ^ row % 8, 1024-byte aligned atoms). Blocks are >= 128 codes, so each stage lies in
+// one block. Two int32 accumulators alternate between blocks: while the tensor cores run block b + 1, the
+// warpgroup applies block b's correction. A stage is refilled only once the wgmmas that read it have completed,
+// so the prefetch distance is STAGES - 2.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+
+__device__ __forceinline__ void s8_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void s8_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void s8_wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// After a wait: tells the compiler the accumulators change here, so no read of them moves above the wait.
+__device__ __forceinline__ void s8_fence_operands(int (&d)[64]) {
+#pragma unroll
+    for (int i = 0; i < 64; ++i) asm volatile("" : "+r"(d[i])::"memory");
+}
+
+// Descriptor of a K-major tile of 128-byte rows in the 128-byte swizzle: start address >> 4 in bits [0, 14),
+// leading byte offset 1 (unused when swizzled), stride byte offset 1024 >> 4 (8-row atoms) in [32, 46), layout 1
+// (128-byte swizzle) in [62, 64). A k step of 32 codes inside the row is a plain address advance.
+__device__ __forceinline__ u64 k_major_sw128_desc(u32 addr) {
+    return (u64)((addr & 0x3FFFF) >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
+}
+
+// d[64 x 128] (+)= A[64 x 32] * B[32 x 128] in int32; accumulate = 0 ignores d's old value.
+// d[4j + e] of a thread (warp w of the warpgroup, lane 4g + t): row 16w + g + 8(e / 2), column 8j + 2t + e % 2.
+__device__ __forceinline__ void wgmma_s8_m64n128k32(int (&d)[64], u64 desc_a, u64 desc_b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "
+        "%23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, "
+        "%45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "%64, %65, p;\n}\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
+          "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
+          "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
+          "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]),
+          "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]),
+          "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]),
+          "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
+          "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+// out += sA*(sB*dot + oB*sumA) + oA*ot for the warpgroup tile; parameters from a stage's slot 0.
+__device__ __forceinline__ void apply_block_wg(float (&out)[64], const int (&dot)[64], u32 a_params, u32 b_params,
+                                               u32 row0, int lane, bool small_dot) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const uint4 av = lds128(a_params + (row0 + g + 8 * h) * 16);
+        const float sa = __uint_as_float(av.x), oa = __uint_as_float(av.y), suma = __uint_as_float(av.z);
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                const uint4 bv = lds128(b_params + (j * 8 + 2 * t + c) * 16);
+                const float sb = __uint_as_float(bv.x), ob = __uint_as_float(bv.y), ot = __uint_as_float(bv.z);
+                const int e = 4 * j + 2 * h + c;
+                const float f = small_dot ? small_int_to_f32(dot[e]) : __int2float_rn(dot[e]);
+                const float inner = fmaf(sb, f, ob * suma);
+                out[e] = fmaf(oa, ot, fmaf(sa, inner, out[e]));
             }
         }
     }
-    __syncthreads();
-    const bool vector_rows = p.ldo % 8 == 0;
-    unsigned short* out = reinterpret_cast<unsigned short*>(p.out);
+}
+
+// One stage: fence, the stage's k steps as wgmmas into `cur` (the first of a block overwrites), commit; then, once
+// all but this group are done, the pending correction of the previous block from `prev`.
+__device__ __forceinline__ void wgmma_stage(const GemmParams& p, int (&cur)[64], int (&prev)[64], float (&out)[64],
+                                            u32 stage, u32 kt, u32 wg_row, bool block_start, bool& pending,
+                                            u32 pending_params, int lane) {
+    s8_wgmma_fence();
+    const u32 a_tile = stage + wg_row * TILE_K, b_tile = stage + TILE_BYTES;
 #pragma unroll
-    for (int it = 0; it < TILE_M * (TILE_N / 8) / W8A8_THREADS; ++it) {
-        const u32 c = tid + it * W8A8_THREADS, row = c / (TILE_N / 8), chunk = c % (TILE_N / 8);
-        const u32 grow = m0 + row, gcol = n0 + chunk * 8;
-        if (grow >= p.m || gcol >= p.n) continue;
-        const uint4 v = lds128(base + row * OUT_PITCH + chunk * 16);
-        unsigned short* dst = out + (u64)grow * p.ldo + gcol;
-        if (vector_rows && gcol + 8 <= p.n) {
-            store_stream_v4(dst, v);
-        } else {
-            const u32 words[4] = {v.x, v.y, v.z, v.w};
-            for (u32 e = 0; e < 8 && gcol + e < p.n; ++e) dst[e] = (unsigned short)(words[e / 2] >> (16 * (e % 2)));
-        }
+    for (int ks = 0; ks < STEPS_PER_STAGE; ++ks) {
+        if (kt * STEPS_PER_STAGE + ks >= p.k_steps) break;
+        wgmma_s8_m64n128k32(cur, k_major_sw128_desc(a_tile + ks * 32), k_major_sw128_desc(b_tile + ks * 32),
+                            (block_start && ks == 0) ? 0 : 1);
+    }
+    s8_wgmma_commit();
+    s8_wgmma_wait<1>();
+    if (pending) {
+        s8_fence_operands(prev);
+        apply_block_wg(out, prev, pending_params, pending_params + SLOT_BYTES, wg_row, lane, p.small_dot != 0);
+        pending = false;
     }
 }
+
+template <class T, int STAGES>
+__device__ __forceinline__ void gemm_wgmma(const GemmParams& p) {
+    extern __shared__ __align__(1024) unsigned char smem[];
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    u32 m0, n0;
+    tile_origin(p, m0, n0);
+    const u32 wg_row = (warp / 4) * 64, row0 = wg_row + (warp % 4) * 16;  // warpgroup rows, this warp's rows
+    const u32 base = aligned_smem_base(smem), sbytes = stage_bytes(1);
+    const u32 k_tiles = (p.k_steps + STEPS_PER_STAGE - 1) / STEPS_PER_STAGE;
+    const u32 tiles_per_block = p.block_steps / STEPS_PER_STAGE;  // the last block may end early
+#pragma unroll
+    for (int s = 0; s < STAGES - 2; ++s) {
+        if ((u32)s < k_tiles) load_stage(p, base + s * sbytes, s, m0, n0, tid);
+        cp_async_commit();
+    }
+    int dot0[64], dot1[64];
+    float out[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) dot0[i] = 0, dot1[i] = 0, out[i] = 0.0f;
+    bool cur_is_0 = true, pending = false;
+    u32 pending_params = 0, tile_in_block = 0;
+    for (u32 kt = 0; kt < k_tiles; ++kt) {
+        cp_async_wait<STAGES - 3>();
+        __syncthreads();
+        const u32 next = kt + STAGES - 2;
+        if (next < k_tiles) load_stage(p, base + (next % STAGES) * sbytes, next, m0, n0, tid);
+        cp_async_commit();
+        const u32 stage = base + (kt % STAGES) * sbytes;
+        const bool block_start = tile_in_block == 0;
+        const u32 params = pending_params;
+        if (cur_is_0) {
+            wgmma_stage(p, dot0, dot1, out, stage, kt, wg_row, block_start, pending, params, lane);
+        } else {
+            wgmma_stage(p, dot1, dot0, out, stage, kt, wg_row, block_start, pending, params, lane);
+        }
+        if (++tile_in_block == tiles_per_block || kt + 1 == k_tiles) {
+            // This stage ends a block: its correction runs after the next stage's wgmmas are issued.
+            pending = true;
+            pending_params = stage + 2 * TILE_BYTES;
+            cur_is_0 = !cur_is_0;
+            tile_in_block = 0;
+        }
+    }
+    s8_wgmma_wait<0>();
+    if (pending) {
+        // The last block's accumulator is the one `cur_is_0` no longer points at.
+        if (cur_is_0) {
+            s8_fence_operands(dot1);
+            apply_block_wg(out, dot1, pending_params, pending_params + SLOT_BYTES, wg_row, lane, p.small_dot != 0);
+        } else {
+            s8_fence_operands(dot0);
+            apply_block_wg(out, dot0, pending_params, pending_params + SLOT_BYTES, wg_row, lane, p.small_dot != 0);
+        }
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+        const u32 col = j * 8 + 2 * t;
+        const float2 bias = load_bias_pair(p, n0 + col);
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+            stage_pair<T>(base, row0 + g + 8 * h, col, out[4 * j + 2 * h] + bias.x, out[4 * j + 2 * h + 1] + bias.y);
+    }
+    __syncthreads();
+    store_tile(p, base, m0, n0, tid);
+}
+#endif  // sm_90
 
 // ------------------------------------------------------------------------------------------------------------------
 // Instantiations
@@ -425,3 +623,18 @@ GEMM_KERNEL(w8a8_gemm_f16_s4, __half, 4)
 GEMM_KERNEL(w8a8_gemm_bf16_s2, __nv_bfloat16, 2)
 GEMM_KERNEL(w8a8_gemm_bf16_s3, __nv_bfloat16, 3)
 GEMM_KERNEL(w8a8_gemm_bf16_s4, __nv_bfloat16, 4)
+
+// The wgmma kernels exist on every architecture (one module for all) but only do work on sm_90a.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define WGMMA_BODY(T, STAGES) gemm_wgmma<T, STAGES>(p);
+#else
+#define WGMMA_BODY(T, STAGES) __trap();
+#endif
+#define WGMMA_KERNEL(NAME, T, STAGES)                                                               \
+    extern "C" __global__ void __launch_bounds__(W8A8_THREADS, 1) NAME(const GemmParams p) {        \
+        WGMMA_BODY(T, STAGES)                                                                       \
+    }
+WGMMA_KERNEL(w8a8_wgmma_f16_s4, __half, 4)
+WGMMA_KERNEL(w8a8_wgmma_f16_s5, __half, 5)
+WGMMA_KERNEL(w8a8_wgmma_bf16_s4, __nv_bfloat16, 4)
+WGMMA_KERNEL(w8a8_wgmma_bf16_s5, __nv_bfloat16, 5)

@@ -12,7 +12,7 @@ use half::{bf16, f16};
 use lowbit::cuda::{CudaDevice, CudaSlice, DeviceRepr, ValidAsZeroBits};
 use lowbit::formats::block::{BlockBits, BlockQuantWeight, BlockShape};
 use lowbit::ops::w8a8::cpu::{BlockW8a8Cpu, SmoothQuantCpu};
-use lowbit::ops::w8a8::cuda::{QuantizedActivationsCuda, W8a8LinearCuda};
+use lowbit::ops::w8a8::cuda::{GemmKernel, QuantizedActivationsCuda, W8a8LinearCuda, W8a8Scheme};
 use lowbit::ops::w8a8::{quantize_activations, reference, ActivationQuant, QuantizedActivations};
 use lowbit::testing::{cuda_device, SplitMix64};
 use lowbit::{DType, Float};
@@ -38,6 +38,16 @@ fn activations(rng: &mut SplitMix64, m: usize, k: usize) -> Vec<f32> {
 fn tolerance(dtype: DType) -> Tolerance {
     let tol = if dtype == DType::F16 { 1e-3 } else { 8e-3 };
     Tolerance::floored(tol, tol)
+}
+
+/// Every GEMM kernel that applies on this GPU to K blocks of `block` over `k`: mma.sync always, wgmma on sm_90a
+/// for blocks of 128·j or one block per row.
+fn kernels(dev: &CudaDevice, k: usize, block: usize) -> Vec<GemmKernel> {
+    let mut v = vec![GemmKernel::MmaSync];
+    if dev.info().arch == "sm_90a" && (block >= k || block % 128 == 0) {
+        v.push(GemmKernel::Wgmma);
+    }
+    v
 }
 
 fn upload<T: Float + DeviceRepr>(dev: &CudaDevice, x: &[f32]) -> CudaSlice<T> {
@@ -129,12 +139,19 @@ fn check_block_case<T: Float + DeviceRepr + ValidAsZeroBits>(
     let weight = BlockQuantWeight::quantize(&dense, BlockShape::linear(n, k, block), BlockBits::Int8).unwrap();
     let bias = rng.vec(n, -1.0, 1.0);
     let bias = with_bias.then_some(&bias[..]);
-    let op = W8a8LinearCuda::block(dev, &weight, bias, mode, T::DTYPE).unwrap();
-    let (got, a) = run_fused::<T>(dev, &op, &x, m);
-    assert_eq!(a, quantize_activations(&from_f32::<T>(&x), m, k, block, mode).unwrap());
-    let want = reference::block_w8a8(&a, &weight, bias).unwrap();
-    let what = format!("{} m {m} n {n} k {k} block {block} {mode:?} bias {with_bias}", T::DTYPE);
-    assert_close(&what, &got, &want, tolerance(T::DTYPE));
+    let a_cpu = quantize_activations(&from_f32::<T>(&x), m, k, block, mode).unwrap();
+    let want = reference::block_w8a8(&a_cpu, &weight, bias).unwrap();
+    for kernel in kernels(dev, k, block) {
+        let scheme = W8a8Scheme::Block(mode);
+        let op = W8a8LinearCuda::with_kernel(dev, &weight, bias, scheme, T::DTYPE, kernel).unwrap();
+        let (got, a) = run_fused::<T>(dev, &op, &x, m);
+        assert_eq!(a, a_cpu, "the GEMM's operands are the CPU quantizer's");
+        let what = format!(
+            "{} {kernel:?} m {m} n {n} k {k} block {block} {mode:?} bias {with_bias}",
+            T::DTYPE
+        );
+        assert_close(&what, &got, &want, tolerance(T::DTYPE));
+    }
 }
 
 #[test]
@@ -174,16 +191,22 @@ fn block_w8a8_matches_reference() {
 fn block_w8a8_large_m_matches_cpu_kernel() {
     let Some(dev) = cuda_device() else { return };
     let mut rng = SplitMix64(0xC8A8_0003);
-    let (m, n, k, block) = (4096, 576, 3884, 64);
-    let x = activations(&mut rng, m, k);
-    let dense = rng.vec(n * k, -0.1, 0.1);
-    let weight = BlockQuantWeight::quantize(&dense, BlockShape::linear(n, k, block), BlockBits::Int8).unwrap();
-    let bias = rng.vec(n, -1.0, 1.0);
-    let op = W8a8LinearCuda::block(&dev, &weight, Some(&bias), ActivationQuant::Asymmetric, DType::F16).unwrap();
-    let (got, a) = run_fused::<f16>(&dev, &op, &x, m);
-    let cpu: Vec<f32> = BlockW8a8Cpu::new(&weight, Some(&bias)).unwrap().forward(&a).unwrap();
-    let want: Vec<f64> = cpu.iter().map(|&v| v as f64).collect();
-    assert_close("m 4096 n 576 k 3884 block 64", &got, &want, tolerance(DType::F16));
+    for (n, k, block) in [(576, 3884, 64), (320, 3884, 128)] {
+        let m = 4096;
+        let x = activations(&mut rng, m, k);
+        let dense = rng.vec(n * k, -0.1, 0.1);
+        let weight = BlockQuantWeight::quantize(&dense, BlockShape::linear(n, k, block), BlockBits::Int8).unwrap();
+        let bias = rng.vec(n, -1.0, 1.0);
+        let cpu = BlockW8a8Cpu::new(&weight, Some(&bias)).unwrap();
+        for kernel in kernels(&dev, k, block) {
+            let scheme = W8a8Scheme::Block(ActivationQuant::Asymmetric);
+            let op = W8a8LinearCuda::with_kernel(&dev, &weight, Some(&bias), scheme, DType::F16, kernel).unwrap();
+            let (got, a) = run_fused::<f16>(&dev, &op, &x, m);
+            let want: Vec<f64> = cpu.forward::<f32>(&a).unwrap().iter().map(|&v| v as f64).collect();
+            let what = format!("{kernel:?} m {m} n {n} k {k} block {block}");
+            assert_close(&what, &got, &want, tolerance(DType::F16));
+        }
+    }
 }
 
 #[test]
@@ -196,18 +219,17 @@ fn smoothquant_matches_reference() {
             let dense = rng.vec(n * k, -0.1, 0.1);
             let weight = BlockQuantWeight::quantize_per_channel_symmetric(&dense, n, k).unwrap();
             let bias = rng.vec(n, -1.0, 1.0);
-            let op = W8a8LinearCuda::smoothquant(&dev, &weight, Some(&bias), dtype).unwrap();
-            let (got, a) = match dtype {
-                DType::F16 => run_fused::<f16>(&dev, &op, &x, m),
-                _ => run_fused::<bf16>(&dev, &op, &x, m),
-            };
-            let want = reference::smoothquant(&a, &weight, Some(&bias)).unwrap();
-            assert_close(
-                &format!("smoothquant {dtype} m {m} n {n} k {k}"),
-                &got,
-                &want,
-                tolerance(dtype),
-            );
+            for kernel in kernels(&dev, k, k) {
+                let scheme = W8a8Scheme::SmoothQuant;
+                let op = W8a8LinearCuda::with_kernel(&dev, &weight, Some(&bias), scheme, dtype, kernel).unwrap();
+                let (got, a) = match dtype {
+                    DType::F16 => run_fused::<f16>(&dev, &op, &x, m),
+                    _ => run_fused::<bf16>(&dev, &op, &x, m),
+                };
+                let want = reference::smoothquant(&a, &weight, Some(&bias)).unwrap();
+                let what = format!("smoothquant {kernel:?} {dtype} m {m} n {n} k {k}");
+                assert_close(&what, &got, &want, tolerance(dtype));
+            }
         }
     }
 }
@@ -248,10 +270,16 @@ fn exact_integer_mode_is_bit_exact() {
         let want = reference::block_w8a8(&a, &weight, Some(&bias)).unwrap();
         let ad = QuantizedActivationsCuda::upload(&dev, &a).unwrap();
         for dtype in [DType::F16, DType::Bf16] {
-            let op = W8a8LinearCuda::block(&dev, &weight, Some(&bias), ActivationQuant::Asymmetric, dtype).unwrap();
-            let got = run_uploaded(&dev, &op, &ad, m, dtype);
-            let rounded = round_all(&want, dtype);
-            assert_eq!(got, rounded, "exact mode {dtype} m {m} n {n} k {k} block {block}");
+            for kernel in kernels(&dev, k, block) {
+                let scheme = W8a8Scheme::Block(ActivationQuant::Asymmetric);
+                let op = W8a8LinearCuda::with_kernel(&dev, &weight, Some(&bias), scheme, dtype, kernel).unwrap();
+                let got = run_uploaded(&dev, &op, &ad, m, dtype);
+                let rounded = round_all(&want, dtype);
+                assert_eq!(
+                    got, rounded,
+                    "exact mode {kernel:?} {dtype} m {m} n {n} k {k} block {block}"
+                );
+            }
         }
     }
 }
@@ -301,9 +329,11 @@ fn int32_accumulation_is_exact_at_k_16384() {
     assert_eq!(reference::smoothquant(&a, &weight, None).unwrap(), want);
     let ad = QuantizedActivationsCuda::upload(&dev, &a).unwrap();
     for dtype in [DType::F16, DType::Bf16] {
-        let op = W8a8LinearCuda::smoothquant(&dev, &weight, None, dtype).unwrap();
-        let got = run_uploaded(&dev, &op, &ad, m, dtype);
-        assert_eq!(got, round_all(&want, dtype), "K = 16384 {dtype}");
+        for kernel in kernels(&dev, k, k) {
+            let op = W8a8LinearCuda::with_kernel(&dev, &weight, None, W8a8Scheme::SmoothQuant, dtype, kernel).unwrap();
+            let got = run_uploaded(&dev, &op, &ad, m, dtype);
+            assert_eq!(got, round_all(&want, dtype), "K = 16384 {kernel:?} {dtype}");
+        }
     }
 }
 
@@ -342,12 +372,12 @@ fn round_all(v: &[f64], dtype: DType) -> Vec<f32> {
 }
 
 /// Rows do not depend on the batch: row 0 of an M = 33 call equals the M = 1 call, bit for bit, and reruns are
-/// identical. Quantizing once and running two layers (q/k/v reuse) equals `run`.
+/// identical. Quantizing once and running two layers (q/k/v reuse) equals `run`. Default kernels (wgmma on sm_90a).
 #[test]
 fn deterministic_batch_invariant_and_reusable() {
     let Some(dev) = cuda_device() else { return };
     let mut rng = SplitMix64(0xC8A8_0007);
-    let (m, n, k, block) = (33, 576, 3884, 64);
+    let (m, n, k, block) = (33, 576, 3884, 128);
     let x = activations(&mut rng, m, k);
     let w = |rng: &mut SplitMix64| {
         let dense = rng.vec(n * k, -0.1, 0.1);
@@ -408,7 +438,7 @@ fn guard_words_and_bad_input() {
     let x_bf16 = dev.alloc_zeros::<bf16>(m * k).unwrap();
     assert_eq!(
         invalid_tensor(op.run(dev.stream(), &x_bf16, m, &mut y_bf16, &mut ws)),
-        "x"
+        "y"
     );
     assert_eq!(
         invalid_tensor(op.run(dev.stream(), &x, m + 1, &mut y, &mut ws)),

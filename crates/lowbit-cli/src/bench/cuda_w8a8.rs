@@ -3,8 +3,10 @@
 //! Implementations (records' `impl`):
 //! - `lowbit`: per-block W8A8 ([`W8a8LinearCuda::block`], asymmetric activations, K blocks of `--group`, default
 //!   128; `-1` = one block per row), activation quantization included: what a layer costs per call.
+//!   The GEMM is the default kernel (wgmma on sm_90a for blocks of 128·j, mma.sync elsewhere).
 //! - `lowbit_gemm`: the same GEMM on activations quantized beforehand (`run_quantized`: q/k/v reuse), for the
 //!   quantizer's share.
+//! - `lowbit_mma`: `lowbit` with the mma.sync kernel forced (the portable sm_80 path), for comparison.
 //! - `lowbit_smoothquant`: SmoothQuant (per-token quantization included, per-channel weights).
 //! - `cublas_fp16` / `cublas_bf16`: the dense `x · W^T` in the activation dtype, fp32 accumulation.
 //! - `cublaslt_int8`: cuBLASLt int8 × int8 → int32 ([`CublasLtInt8`]), no scales: the int8 ceiling.
@@ -19,7 +21,7 @@ use half::{bf16, f16};
 use lowbit::cuda::{CudaDevice, CudaSlice, CudaStream, ValidAsZeroBits};
 use lowbit::formats::block::{BlockBits, BlockQuantWeight, BlockShape};
 use lowbit::ops::linear::cuda::{CublasLinear, DenseElement};
-use lowbit::ops::w8a8::cuda::{CublasLtInt8, QuantizedActivationsCuda, W8a8LinearCuda};
+use lowbit::ops::w8a8::cuda::{CublasLtInt8, GemmKernel, QuantizedActivationsCuda, W8a8LinearCuda, W8a8Scheme};
 use lowbit::ops::w8a8::ActivationQuant;
 use lowbit::testing::SplitMix64;
 use lowbit::{DType, Error, Result};
@@ -30,7 +32,7 @@ const SHAPES: [(usize, usize); 4] = [(4096, 4096), (4096, 14336), (14336, 4096),
 /// Batch sizes timed per shape (prefill).
 const MS: [usize; 2] = [1024, 4096];
 /// Records per (shape, M, dtype).
-const IMPLS: usize = 5;
+const IMPLS: usize = 6;
 
 /// Benchmarks the CUDA W8A8 kernels on the GPU `args.device` names.
 pub fn run(args: &BenchArgs, sink: &mut Sink) -> Result<()> {
@@ -90,6 +92,12 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
     let blocks: Vec<W8a8LinearCuda> = (0..sets)
         .map(|_| W8a8LinearCuda::block(dev, &block_weight, None, ActivationQuant::Asymmetric, dtype))
         .collect::<Result<_>>()?;
+    let mma: Vec<W8a8LinearCuda> = (0..sets)
+        .map(|_| {
+            let scheme = W8a8Scheme::Block(ActivationQuant::Asymmetric);
+            W8a8LinearCuda::with_kernel(dev, &block_weight, None, scheme, dtype, GemmKernel::MmaSync)
+        })
+        .collect::<Result<_>>()?;
     let smooth: Vec<W8a8LinearCuda> = (0..sets)
         .map(|_| W8a8LinearCuda::smoothquant(dev, &channel_weight, None, dtype))
         .collect::<Result<_>>()?;
@@ -130,6 +138,15 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
         blocks[0].quantizer().run(&stream, &xs[0], m, &mut a)?;
         let us = median_of_batches(dev, &stream, sets, |i| blocks[i].run_quantized(&stream, &a, &mut ys[i]))?;
         sink.push(record("lowbit_gemm", int8_bytes, group, us))?;
+
+        sink.status(format!(
+            "w8a8 lowbit_mma {m}x{k}x{n} {dtype} ({})",
+            mma[0].kernel_name()
+        ));
+        let us = median_of_batches(dev, &stream, sets, |i| {
+            mma[i].run(&stream, &xs[i], m, &mut ys[i], &mut ws)
+        })?;
+        sink.push(record("lowbit_mma", int8_bytes, group, us))?;
 
         sink.status(format!("w8a8 lowbit_smoothquant {m}x{k}x{n} {dtype}"));
         let mut ws_smooth = dev.alloc_zeros::<u8>(smooth[0].workspace_bytes(m))?;

@@ -61,8 +61,8 @@ const PARAM: usize = 4;
 fn stage_bytes(slots: usize) -> usize {
     2 * TILE * TILE_K + 2 * slots * TILE * PARAM * 4
 }
-/// Bytes the epilogue stages the output tile in (`TILE_M * OUT_PITCH`); every stage layout is larger.
-const OUT_STAGE_BYTES: usize = TILE * (TILE * 2 + 16);
+/// Slack for aligning the stages to 1024 bytes (`SMEM_ALIGN`: wgmma's 128-byte swizzle atoms).
+const SMEM_ALIGN: usize = 1024;
 /// Longest block whose dots the kernel converts with the exact magic-number trick (`|dot| ≤ 256 · 2^14 = 2^22`).
 const SMALL_DOT_BLOCK: usize = 256;
 /// Alignment of each part of a workspace.
@@ -352,6 +352,15 @@ impl QuantizeActivationsCuda {
     }
 }
 
+/// Which GEMM kernel a [`W8a8LinearCuda`] launches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GemmKernel {
+    /// mma.sync m16n8k32 (sm_80 and later, every block size): `w8a8_gemm_<t>_s<stages>`.
+    MmaSync,
+    /// wgmma m64n128k32 (sm_90a; blocks that are multiples of 128, or one per row): `w8a8_wgmma_<t>_s<stages>`.
+    Wgmma,
+}
+
 /// Which scheme a [`W8a8LinearCuda`] computes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum W8a8Scheme {
@@ -380,6 +389,8 @@ pub struct W8a8LinearCuda {
     gemm: CudaFunction,
     stages: usize,
     slots: usize,
+    /// Dynamic shared memory of a launch.
+    smem: usize,
 }
 
 impl W8a8LinearCuda {
@@ -395,7 +406,7 @@ impl W8a8LinearCuda {
     ) -> Result<Self> {
         let shape = weight.shape();
         check_linear(weight, bias, shape.channels, shape.block_channels, "per-block W8A8")?;
-        Self::new(device, weight, bias, W8a8Scheme::Block(mode), dtype)
+        Self::new(device, weight, bias, W8a8Scheme::Block(mode), dtype, None)
     }
 
     /// Prepares SmoothQuant: `weight` `[N, K]` with one symmetric scale per output channel (e.g.
@@ -410,7 +421,29 @@ impl W8a8LinearCuda {
         check_smoothquant_weight(weight)?;
         let k = weight.shape().channels;
         check_linear(weight, bias, k, k, "SmoothQuant")?;
-        Self::new(device, weight, bias, W8a8Scheme::SmoothQuant, dtype)
+        Self::new(device, weight, bias, W8a8Scheme::SmoothQuant, dtype, None)
+    }
+
+    /// As [`W8a8LinearCuda::block`] / [`W8a8LinearCuda::smoothquant`] with the GEMM kernel forced instead of the
+    /// default (wgmma where it applies, mma.sync elsewhere). For tests and benchmarks.
+    #[doc(hidden)]
+    pub fn with_kernel(
+        device: &CudaDevice,
+        weight: &BlockQuantWeight,
+        bias: Option<&[f32]>,
+        scheme: W8a8Scheme,
+        dtype: DType,
+        kernel: GemmKernel,
+    ) -> Result<Self> {
+        let shape = weight.shape();
+        match scheme {
+            W8a8Scheme::Block(_) => check_linear(weight, bias, shape.channels, shape.block_channels, "per-block W8A8")?,
+            W8a8Scheme::SmoothQuant => {
+                check_smoothquant_weight(weight)?;
+                check_linear(weight, bias, shape.channels, shape.channels, "SmoothQuant")?
+            }
+        }
+        Self::new(device, weight, bias, scheme, dtype, Some(kernel))
     }
 
     fn new(
@@ -419,6 +452,7 @@ impl W8a8LinearCuda {
         bias: Option<&[f32]>,
         scheme: W8a8Scheme,
         dtype: DType,
+        forced: Option<GemmKernel>,
     ) -> Result<Self> {
         check_dtype(dtype)?;
         let shape = *weight.shape();
@@ -471,24 +505,43 @@ impl W8a8LinearCuda {
         } else {
             1
         };
+        // wgmma needs sm_90a and stages that lie in one block (slots = 1).
+        let wgmma_fits = device.info().arch == "sm_90a" && slots == 1;
+        let choice = forced.unwrap_or(if wgmma_fits {
+            GemmKernel::Wgmma
+        } else {
+            GemmKernel::MmaSync
+        });
+        if choice == GemmKernel::Wgmma && !wgmma_fits {
+            return Err(Error::Unsupported(format!(
+                "CUDA W8A8 wgmma kernel on {} with K blocks of {block} (needs sm_90a and blocks of 128·j or one per row)",
+                device.info().arch
+            )));
+        }
         let limit = device
             .context()
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
             .map_err(crate::cuda::driver_error("cuDeviceGetAttribute"))? as usize;
-        let stages = [4, 3, 2]
-            .into_iter()
-            .find(|s| s * stage_bytes(slots) <= limit)
-            .ok_or_else(|| {
-                Error::Unsupported(format!(
-                    "CUDA W8A8: {limit} bytes of shared memory per block is less than two stages ({})",
-                    2 * stage_bytes(slots)
-                ))
-            })?;
-        let kernel = format!("w8a8_gemm_{}_s{stages}", dtype_name(dtype));
+        // The deepest pipeline that fits (wgmma keeps one stage more in flight: it refills a stage only after the
+        // wgmmas that read it have completed).
+        let (depths, prefix): (&[usize], &str) = match choice {
+            GemmKernel::MmaSync => (&[4, 3, 2], "gemm"),
+            GemmKernel::Wgmma => (&[5, 4], "wgmma"),
+        };
+        let smem_for = |stages: usize| stages * stage_bytes(slots) + SMEM_ALIGN;
+        let stages = depths.iter().copied().find(|&s| smem_for(s) <= limit).ok_or_else(|| {
+            Error::Unsupported(format!(
+                "CUDA W8A8: {limit} bytes of shared memory per block is less than {} stages ({} bytes)",
+                depths[depths.len() - 1],
+                smem_for(depths[depths.len() - 1])
+            ))
+        })?;
+        let smem = smem_for(stages);
+        let kernel = format!("w8a8_{prefix}_{}_s{stages}", dtype_name(dtype));
         let gemm = device.function(&KERNEL, &kernel)?;
         gemm.set_attribute(
             sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            (stages * stage_bytes(slots)) as i32,
+            smem as i32,
         )
         .map_err(|e| crate::cuda::cuda_error(format!("shared memory of {kernel}"), e))?;
         Ok(Self {
@@ -506,6 +559,7 @@ impl W8a8LinearCuda {
             gemm,
             stages,
             slots,
+            smem,
         })
     }
 
@@ -529,7 +583,7 @@ impl W8a8LinearCuda {
         self.block_size
     }
 
-    /// The GEMM kernel launched (`w8a8_gemm_<dtype>_s<stages>`).
+    /// The GEMM kernel launched (`w8a8_gemm_<dtype>_s<stages>` or `w8a8_wgmma_<dtype>_s<stages>`).
     pub fn kernel_name(&self) -> &str {
         &self.kernel
     }
@@ -571,6 +625,10 @@ impl W8a8LinearCuda {
         workspace: &mut dyn DevicePtrMut<u8>,
     ) -> Result<()> {
         let layout = ActivationLayout::new(m, self.k, self.block_size)?;
+        // Every check before the first launch: a failing call leaves the workspace untouched.
+        check_type::<T>(self.dtype, "y")?;
+        let y_len = y.len();
+        buffer(y.device_ptr_mut(stream).0, y_len, m * self.n, "y", 16)?;
         let have = workspace.len();
         let ws = buffer(
             workspace.device_ptr_mut(stream).0,
@@ -658,12 +716,10 @@ impl W8a8LinearCuda {
             tiles_n: tiles_n as u32,
             small_dot: (self.block_size <= SMALL_DOT_BLOCK) as u32,
         };
-        let smem = self.stages * stage_bytes(self.slots);
-        debug_assert!(smem >= OUT_STAGE_BYTES);
         let config = LaunchConfig {
             grid_dim: (ctas as u32, 1, 1),
             block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: smem as u32,
+            shared_mem_bytes: self.smem as u32,
         };
         let mut builder = stream.launch_builder(&self.gemm);
         builder.arg(&params);
@@ -882,7 +938,8 @@ mod tests {
     fn param_structs_match_the_kernel_layout() {
         assert_eq!(std::mem::size_of::<QuantizeParams>(), 3 * 8 + 6 * 4);
         assert_eq!(std::mem::size_of::<GemmParams>(), 6 * 8 + 12 * 4);
-        assert!(stage_bytes(1) >= OUT_STAGE_BYTES);
+        // The epilogue stages the output tile (TILE_M rows of OUT_PITCH = 2·128 + 16 bytes) in stage 0.
+        assert!(stage_bytes(1) >= TILE * (TILE * 2 + 16));
     }
 
     #[test]
