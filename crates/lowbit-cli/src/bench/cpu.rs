@@ -94,17 +94,17 @@ pub fn run(args: &BenchArgs, sink: &mut Sink) -> Result<()> {
 const DEFAULT_CONVS: [&str; 2] = ["1x64x56x56,k3s1p1", "1x256x14x14,k1s1p0,co512"];
 
 /// A square-kernel convolution case, `BxCxHxW,kKsSpP[,coN]` (the `conv` field of a bench record, without `co`).
-struct ConvCase {
-    input: [usize; 4],
-    co: usize,
-    kernel: usize,
-    stride: usize,
-    padding: usize,
-    label: String,
+pub(super) struct ConvCase {
+    pub(super) input: [usize; 4],
+    pub(super) co: usize,
+    pub(super) kernel: usize,
+    pub(super) stride: usize,
+    pub(super) padding: usize,
+    pub(super) label: String,
 }
 
 impl ConvCase {
-    fn parse(spec: &str) -> Result<Self> {
+    pub(super) fn parse(spec: &str) -> Result<Self> {
         let bad = || {
             Error::invalid(
                 "--conv",

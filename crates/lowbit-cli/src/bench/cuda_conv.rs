@@ -1,9 +1,302 @@
-//! CUDA side of `lowbit bench --op conv` (not written yet).
+//! CUDA `lowbit bench --op conv`: [`Conv2dCuda`] against cuDNN's fp16 convolution on the same problems, in the
+//! same run.
+//!
+//! Implementations (records' `impl`): `lowbit` (int4 or int8 `--wbits`, blocks of `--group` input channels where
+//! that divides Ci, else one per output channel; f16 input and output unless `--dtype f32`), and `cudnn_fp16`
+//! (cuDNN through cudarc on the dequantized weight in f16, NCHW, fp32 accumulation, tensor-op math, the fastest of
+//! every forward algorithm cuDNN runs for the problem, found by timing each once here). libcudnn is looked up on
+//! the library path (on the device machine it is inside PyTorch's install); without it the `lowbit` records are
+//! still produced and a line on stderr says why the baseline is missing.
+//!
+//! Default cases: the cuDNN table of shared/anchors.md, `1x256x56x56,k3s1p1`, `8x256x56x56,k3s1p1`,
+//! `32x512x28x28,k3s1p1`, `8x1024x14x14,k1s1p0,co2048`; `--conv BxCxHxW,kKsSpP[,coN]` replaces them. Records carry
+//! `conv` = `BxCxHxW,kKsSpP` and the GEMM view `M = B·OH·OW`, `K = Ci·Kh·Kw`, `N = Co`; `bytes` is input + output
+//! + weight as each implementation stores it.
+//!
+//! Method (as bench/cuda.rs): random data (never zeros); the input/output pair is rotated among as many copies as
+//! it takes to exceed 4 × L2; a warm-up, then 7 batches of ~20 ms of back-to-back launches between CUDA events;
+//! the median batch is reported. Before timing, lowbit's output is compared with cuDNN's (same dequantized
+//! weights) and the mean relative difference is printed on stderr, with a warning above 1e-2.
+//!
+//! `LOWBIT_BENCH_VARIANTS=1` adds a record per implicit-GEMM tile forced (`lowbit_128x128`, ...), for tuning the
+//! tile choice.
 
-use super::{BenchArgs, Sink};
-use lowbit::{Error, Result};
+use super::super::cpu::ConvCase;
+use super::{median, rotation, timed, BenchArgs, BenchRecord, Shape, Sink, BATCHES, BATCH_MS};
+use half::f16;
+use lowbit::cuda::{CudaDevice, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
+use lowbit::formats::block::{BlockBits, BlockQuantWeight, BlockShape};
+use lowbit::ops::conv::cuda::{cudnn_present, Conv2dCuda, CudnnConv, Tile, Tuning};
+use lowbit::ops::conv::Conv2dParams;
+use lowbit::testing::SplitMix64;
+use lowbit::{DType, Error, Float, Result};
+use std::sync::Arc;
 
-/// Benchmarks the CUDA conv kernels against their baseline in the same run.
-pub fn run(_args: &BenchArgs, _sink: &mut Sink) -> Result<()> {
-    Err(Error::Unsupported("bench --op conv on CUDA".into()))
+/// The cuDNN fp16 table of shared/anchors.md.
+const DEFAULT_CONVS: [&str; 4] = [
+    "1x256x56x56,k3s1p1",
+    "8x256x56x56,k3s1p1",
+    "32x512x28x28,k3s1p1",
+    "8x1024x14x14,k1s1p0,co2048",
+];
+
+/// Benchmarks the conv op on the GPU `args.device` names.
+pub fn run(args: &BenchArgs, sink: &mut Sink) -> Result<()> {
+    let dev = args.cuda_device()?;
+    let specs: Vec<String> = if args.conv.is_empty() {
+        DEFAULT_CONVS.iter().map(|s| s.to_string()).collect()
+    } else {
+        args.conv.clone()
+    };
+    let cases: Vec<ConvCase> = specs.iter().map(|s| ConvCase::parse(s)).collect::<Result<_>>()?;
+    let dtypes = args.dtypes(&[DType::F16])?;
+    let variants = std::env::var("LOWBIT_BENCH_VARIANTS").is_ok_and(|v| v == "1");
+    let mut cudnn_ok = cudnn_present();
+    if !cudnn_ok {
+        eprintln!("lowbit bench: libcudnn not found on the library path; no cudnn_fp16 baseline");
+    }
+    let per_case = dtypes.len() + usize::from(cudnn_ok) + if variants { Tile::ALL.len() } else { 0 };
+    sink.expect(cases.len() * per_case);
+    for case in &cases {
+        let problem = Problem::new(&dev, args, case)?;
+        let mut cudnn_out = None;
+        if cudnn_ok {
+            sink.status(format!("conv cudnn_fp16 {}", case.label));
+            // cudarc panics when a cuDNN symbol is missing (an old libcudnn): report it and go on without.
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| problem.time_cudnn())) {
+                Ok(result) => {
+                    let (us, out) = result?;
+                    sink.push(problem.record("cudnn_fp16", DType::F16, us, problem.dense_bytes()))?;
+                    cudnn_out = Some(out);
+                }
+                Err(_) => {
+                    eprintln!("lowbit bench: cuDNN failed (see the panic above); no further cudnn_fp16 records");
+                    cudnn_ok = false;
+                }
+            }
+        }
+        for &dtype in &dtypes {
+            sink.status(format!("conv lowbit {} {dtype}", case.label));
+            let us = match dtype {
+                DType::F16 => problem.time_lowbit::<f16>(Tuning::default(), cudnn_out.as_deref())?,
+                DType::F32 => problem.time_lowbit::<f32>(Tuning::default(), None)?,
+                other => return Err(Error::invalid("--dtype", other, "CUDA conv takes f16 or f32")),
+            };
+            sink.push(problem.lowbit_record("lowbit", dtype, us))?;
+        }
+        if variants {
+            for tile in Tile::ALL {
+                sink.status(format!("conv lowbit {} {}", tile.name(), case.label));
+                let tuning = Tuning {
+                    tile: Some(tile),
+                    ..Tuning::default()
+                };
+                let us = problem.time_lowbit::<f16>(tuning, None)?;
+                sink.push(problem.lowbit_record(&format!("lowbit_{}", tile.name()), DType::F16, us))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One convolution with its random data on the device.
+struct Problem<'a> {
+    dev: &'a Arc<CudaDevice>,
+    stream: Arc<CudaStream>,
+    case: &'a ConvCase,
+    params: Conv2dParams,
+    weight: BlockQuantWeight,
+    wbits: u8,
+    /// `[B, Co, OH, OW]`.
+    output: [usize; 4],
+    /// The input in f32 (values exact in f16).
+    x: Vec<f32>,
+    /// Input/output copies rotated per launch.
+    sets: usize,
+}
+
+impl<'a> Problem<'a> {
+    fn new(dev: &'a Arc<CudaDevice>, args: &BenchArgs, case: &'a ConvCase) -> Result<Self> {
+        let [b, ci, h, w] = case.input;
+        let (co, kk) = (case.co, case.kernel);
+        let params = Conv2dParams {
+            stride: (case.stride, case.stride),
+            padding: (case.padding, case.padding),
+            ..Conv2dParams::default()
+        };
+        let blocks = match args.group {
+            g if g > 0 && ci % g as usize == 0 => ci / g as usize,
+            _ => 1,
+        };
+        let bits = match args.wbits {
+            4 => BlockBits::Int4,
+            8 => BlockBits::Int8,
+            other => return Err(Error::invalid("--wbits", other, "must be 4 or 8")),
+        };
+        let mut rng = SplitMix64(0xC0DE ^ (ci * 31 + co) as u64);
+        let dense: Vec<f32> = (0..co * ci * kk * kk).map(|_| rng.signed_unit() * 0.05).collect();
+        let weight = BlockQuantWeight::quantize(&dense, BlockShape::conv(co, ci, (kk, kk), blocks)?, bits)?;
+        let x: Vec<f32> = (0..b * ci * h * w)
+            .map(|_| f16::from_f32(rng.signed_unit()).to_f32())
+            .collect();
+        let output = lowbit::ops::conv::ConvGeometry::new(case.input, weight.shape(), &params)?.output;
+        let io_bytes = (x.len() + output.iter().product::<usize>()) * 2;
+        Ok(Self {
+            dev,
+            stream: dev.stream().clone(),
+            case,
+            params,
+            weight,
+            wbits: args.wbits,
+            output,
+            x,
+            sets: rotation(dev, io_bytes),
+        })
+    }
+
+    /// The GEMM view: `M = B·OH·OW`, `K = Ci·Kh·Kw`, `N = Co`.
+    fn shape(&self) -> Shape {
+        let [b, _, oh, ow] = self.output;
+        Shape {
+            m: b * oh * ow,
+            k: self.weight.shape().cols(),
+            n: self.case.co,
+        }
+    }
+
+    fn io_bytes(&self, dtype: DType) -> u64 {
+        ((self.x.len() + self.output.iter().product::<usize>()) * dtype.size()) as u64
+    }
+
+    /// Bytes of the f16 run with a dense f16 weight.
+    fn dense_bytes(&self) -> u64 {
+        self.io_bytes(DType::F16) + 2 * self.weight.codes().len() as u64
+    }
+
+    fn record(&self, implementation: &str, dtype: DType, us: f64, bytes: u64) -> BenchRecord {
+        let mut r = BenchRecord::new(
+            "conv",
+            implementation,
+            &self.dev.info().name,
+            dtype,
+            self.shape(),
+            bytes,
+            us,
+        );
+        r.conv = Some(self.case.label.clone());
+        r
+    }
+
+    fn lowbit_record(&self, implementation: &str, dtype: DType, us: f64) -> BenchRecord {
+        let shape = self.weight.shape();
+        let weight_bytes = self.weight.codes().len() * self.wbits as usize / 8 + 8 * shape.rows * shape.blocks();
+        let mut r = self.record(implementation, dtype, us, self.io_bytes(dtype) + weight_bytes as u64);
+        r.wbits = Some(self.wbits);
+        r.group = Some(if shape.blocks() == 1 {
+            -1
+        } else {
+            shape.block_channels as i64
+        });
+        r
+    }
+
+    /// Input and output buffers, one pair per rotation slot.
+    fn buffers<T: Float + DeviceRepr + ValidAsZeroBits>(&self) -> Result<Vec<(CudaSlice<T>, CudaSlice<T>)>> {
+        let x: Vec<T> = self.x.iter().map(|&v| T::from_f32(v)).collect();
+        (0..self.sets)
+            .map(|_| {
+                Ok((
+                    self.dev.upload(&x)?,
+                    self.dev.alloc_zeros::<T>(self.output.iter().product())?,
+                ))
+            })
+            .collect()
+    }
+
+    /// Median µs per launch of `launch(set)`: a warm-up, then `BATCHES` batches of ~`BATCH_MS` between events.
+    fn median_us(&self, mut launch: impl FnMut(usize) -> Result<()>) -> Result<f64> {
+        let probe = timed(self.dev, &self.stream, 5, self.sets, &mut launch)?;
+        let reps = ((BATCH_MS * 1e3 / probe.max(0.5)) as usize).clamp(5, 20_000);
+        let samples = (0..BATCHES)
+            .map(|_| timed(self.dev, &self.stream, reps, self.sets, &mut launch))
+            .collect::<Result<Vec<_>>>()?;
+        self.dev.synchronize()?;
+        Ok(median(samples))
+    }
+
+    /// Times lowbit with activations `T`; when `check` holds cuDNN's output (f16), compares with it first.
+    fn time_lowbit<T: Float + DeviceRepr + ValidAsZeroBits>(
+        &self,
+        tuning: Tuning,
+        check: Option<&[f16]>,
+    ) -> Result<f64> {
+        let conv = Conv2dCuda::with_tuning(self.dev, &self.weight, None, self.params, tuning)?;
+        let mut ws = self
+            .dev
+            .alloc_zeros::<u8>(conv.workspace_bytes(self.case.input)?.max(1))?;
+        let mut data = self.buffers::<T>()?;
+        if let Some(want) = check {
+            let (x, y) = &mut data[0];
+            conv.run(&self.stream, &*x, self.case.input, y, &mut ws)?;
+            let got = self.dev.download(&*y)?;
+            let (diff, norm) = got.iter().zip(want).fold((0f64, 0f64), |(d, n), (g, w)| {
+                let (g, w) = (g.to_f32() as f64, w.to_f32() as f64);
+                (d + (g - w).abs(), n + w.abs())
+            });
+            let rel = diff / norm.max(f64::MIN_POSITIVE);
+            eprintln!(
+                "conv {}: lowbit vs cudnn_fp16 mean relative difference {rel:.2e}",
+                self.case.label
+            );
+            if rel.is_nan() || rel > 1e-2 {
+                eprintln!(
+                    "conv {}: WARNING lowbit's output does not match cuDNN's (tests will say why)",
+                    self.case.label
+                );
+            }
+        }
+        self.median_us(|i| {
+            let (x, y) = &mut data[i];
+            conv.run(&self.stream, &*x, self.case.input, y, &mut ws)
+        })
+    }
+
+    /// Times cuDNN's fastest forward algorithm on the dequantized weight in f16; returns µs and its output.
+    fn time_cudnn(&self) -> Result<(f64, Vec<f16>)> {
+        let cudnn = CudnnConv::new(self.stream.clone(), self.case.input, self.weight.shape(), &self.params)?;
+        let dense: Vec<f16> = self.weight.dequantize().into_iter().map(f16::from_f32).collect();
+        let w = self.dev.upload(&dense)?;
+        let mut data = self.buffers::<f16>()?;
+        // Every algorithm cuDNN runs here (workspace up to 1 GiB), timed briefly; the fastest is measured.
+        let mut best: Option<(f64, _, CudaSlice<u8>)> = None;
+        for algo in CudnnConv::ALGORITHMS {
+            let Some(bytes) = cudnn.workspace_bytes(algo).filter(|&b| b <= 1 << 30) else {
+                continue;
+            };
+            let mut ws = self.dev.alloc_zeros::<u8>(bytes.max(1))?;
+            let (x, y) = &mut data[0];
+            if cudnn.run(algo, x, &w, y, &mut ws).is_err() {
+                continue;
+            }
+            let mut launch = |i: usize| {
+                let (x, y) = &mut data[i];
+                cudnn.run(algo, x, &w, y, &mut ws)
+            };
+            let probe = timed(self.dev, &self.stream, 3, self.sets, &mut launch)?;
+            if best.as_ref().map_or(true, |(t, _, _)| probe < *t) {
+                best = Some((probe, algo, ws));
+            }
+        }
+        let (_, algo, mut ws) = best.ok_or_else(|| Error::Cuda {
+            context: "cudnnConvolutionForward".into(),
+            message: format!("no forward algorithm runs {}", self.case.label),
+        })?;
+        eprintln!("conv {}: cuDNN algorithm {algo:?}", self.case.label);
+        let us = self.median_us(|i| {
+            let (x, y) = &mut data[i];
+            cudnn.run(algo, x, &w, y, &mut ws)
+        })?;
+        let out = self.dev.download(&data[0].1)?;
+        Ok((us, out))
+    }
 }

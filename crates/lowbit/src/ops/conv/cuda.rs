@@ -793,6 +793,155 @@ impl Conv2dCuda {
     }
 }
 
+/// cuDNN's forward algorithms (the baseline's candidates, see [`CudnnConv`]).
+pub use cudarc::cudnn::sys::cudnnConvolutionFwdAlgo_t as CudnnAlgo;
+
+/// Whether libcudnn can be loaded (it is not shipped with lowbit; on the device machine it is in PyTorch's install).
+pub fn cudnn_present() -> bool {
+    // SAFETY: only tries to dlopen the library by its candidate names.
+    unsafe { cudarc::cudnn::sys::is_culib_present() }
+}
+
+/// A dense f16 convolution through cuDNN (NCHW, fp32 accumulation, tensor-op math): the baseline the quantized
+/// kernel is measured against (`lowbit bench --op conv`), and what a model runs with unquantized weights. cuDNN
+/// adds no bias or activation here. cudarc panics if a cuDNN symbol is missing; check [`cudnn_present`] first.
+pub struct CudnnConv {
+    conv: cudarc::cudnn::ConvDescriptor<f32>,
+    x: cudarc::cudnn::TensorDescriptor<f16>,
+    y: cudarc::cudnn::TensorDescriptor<f16>,
+    w: cudarc::cudnn::FilterDescriptor<f16>,
+    input: [usize; 4],
+    output: [usize; 4],
+    weight: [usize; 4],
+}
+
+impl CudnnConv {
+    /// Every forward algorithm, for [`CudnnConv::workspace_bytes`] to accept or refuse.
+    pub const ALGORITHMS: [CudnnAlgo; 8] = [
+        CudnnAlgo::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM,
+        CudnnAlgo::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM,
+        CudnnAlgo::CUDNN_CONVOLUTION_FWD_ALGO_GEMM,
+        CudnnAlgo::CUDNN_CONVOLUTION_FWD_ALGO_DIRECT,
+        CudnnAlgo::CUDNN_CONVOLUTION_FWD_ALGO_FFT,
+        CudnnAlgo::CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING,
+        CudnnAlgo::CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD,
+        CudnnAlgo::CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED,
+    ];
+
+    /// A cuDNN handle on `stream` and the descriptors of the convolution of an f16 input of shape `input` with a
+    /// dense f16 weight of `shape`'s geometry under `params` (whose activation must be none).
+    pub fn new(
+        stream: std::sync::Arc<CudaStream>,
+        input: [usize; 4],
+        shape: &BlockShape,
+        params: &Conv2dParams,
+    ) -> Result<Self> {
+        use cudarc::cudnn::sys::{cudnnConvolutionMode_t, cudnnMathType_t, cudnnTensorFormat_t};
+        if !cudnn_present() {
+            return Err(Error::CudaUnavailable("libcudnn not found on the library path".into()));
+        }
+        if params.activation != super::Activation::None {
+            return Err(Error::invalid(
+                "activation",
+                format!("{:?}", params.activation),
+                "the cuDNN baseline has none",
+            ));
+        }
+        let geo = ConvGeometry::new(input, shape, params)?;
+        let dims = |d: [usize; 4]| -> Result<[i32; 4]> {
+            d.iter()
+                .all(|&v| v <= i32::MAX as usize)
+                .then(|| d.map(|v| v as i32))
+                .ok_or_else(|| {
+                    Error::invalid(
+                        "input",
+                        format!("shape {input:?}"),
+                        "dimensions must fit in i32 for cuDNN",
+                    )
+                })
+        };
+        let weight = [shape.rows, shape.channels, shape.kernel.0, shape.kernel.1];
+        let handle = cudarc::cudnn::Cudnn::new(stream).map_err(cudnn_error("cudnnCreate"))?;
+        let nchw = cudnnTensorFormat_t::CUDNN_TENSOR_NCHW;
+        let x = handle
+            .create_4d_tensor::<f16>(nchw, dims(input)?)
+            .map_err(cudnn_error("x descriptor"))?;
+        let y = handle
+            .create_4d_tensor::<f16>(nchw, dims(geo.output)?)
+            .map_err(cudnn_error("y descriptor"))?;
+        let w = handle
+            .create_4d_filter::<f16>(nchw, dims(weight)?)
+            .map_err(cudnn_error("filter descriptor"))?;
+        let pair = |p: (usize, usize)| [p.0 as i32, p.1 as i32];
+        let mut conv = handle
+            .create_conv2d::<f32>(
+                pair(geo.padding),
+                pair(geo.stride),
+                pair(geo.dilation),
+                cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION,
+            )
+            .map_err(cudnn_error("convolution descriptor"))?;
+        conv.set_math_type(cudnnMathType_t::CUDNN_TENSOR_OP_MATH)
+            .map_err(cudnn_error("cudnnSetConvolutionMathType"))?;
+        conv.set_group_count(geo.groups as i32)
+            .map_err(cudnn_error("cudnnSetConvolutionGroupCount"))?;
+        Ok(Self {
+            conv,
+            x,
+            y,
+            w,
+            input,
+            output: geo.output,
+            weight,
+        })
+    }
+
+    fn forward(&self) -> cudarc::cudnn::ConvForward<'_, f16, f32, f16> {
+        cudarc::cudnn::ConvForward {
+            conv: &self.conv,
+            x: &self.x,
+            w: &self.w,
+            y: &self.y,
+        }
+    }
+
+    /// The workspace `algo` needs, or `None` where cuDNN does not support it for this problem.
+    pub fn workspace_bytes(&self, algo: CudnnAlgo) -> Option<usize> {
+        self.forward().get_workspace_size(algo).ok()
+    }
+
+    /// `y = conv(x, w)` with `algo` on the handle's stream; `workspace` must hold [`CudnnConv::workspace_bytes`].
+    pub fn run(
+        &self,
+        algo: CudnnAlgo,
+        x: &CudaSlice<f16>,
+        w: &CudaSlice<f16>,
+        y: &mut CudaSlice<f16>,
+        workspace: &mut CudaSlice<u8>,
+    ) -> Result<()> {
+        let count = |d: [usize; 4]| d.iter().product::<usize>();
+        buffer(0, x.len(), count(self.input), "x", 1)?;
+        buffer(0, w.len(), count(self.weight), "w", 1)?;
+        buffer(0, y.len(), count(self.output), "y", 1)?;
+        let need = self
+            .workspace_bytes(algo)
+            .ok_or_else(|| Error::Unsupported(format!("cuDNN algorithm {algo:?} for this convolution")))?;
+        buffer(0, workspace.len(), need, "workspace", 1)?;
+        let (one, zero) = (f16::ONE, f16::ZERO);
+        // SAFETY: x, w and y are f16 buffers at least as long as their descriptors say (checked above), and the
+        // workspace holds what the algorithm asked for.
+        unsafe { self.forward().launch(algo, Some(workspace), (one, zero), x, w, y) }
+            .map_err(cudnn_error("cudnnConvolutionForward"))
+    }
+}
+
+fn cudnn_error(context: &'static str) -> impl Fn(cudarc::cudnn::CudnnError) -> Error {
+    move |e| Error::Cuda {
+        context: context.into(),
+        message: format!("{e:?}"),
+    }
+}
+
 /// `ptr` if the buffer holds at least `need` elements and is `align`-byte aligned.
 fn buffer(ptr: u64, have: usize, need: usize, name: &str, align: u64) -> Result<u64> {
     if have < need {
