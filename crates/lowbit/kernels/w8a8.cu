@@ -65,6 +65,7 @@ struct Io<__half> {
     __device__ static __forceinline__ float load(const void* p, u64 i) {
         return __half2float(reinterpret_cast<const __half*>(p)[i]);
     }
+    __device__ static __forceinline__ float from_bits(u32 b) { return __half2float(__ushort_as_half((u16)b)); }
     __device__ static __forceinline__ u32 pack(float lo, float hi) {
         const __half2 h = __floats2half2_rn(lo, hi);
         return *reinterpret_cast<const u32*>(&h);
@@ -75,6 +76,7 @@ struct Io<__nv_bfloat16> {
     __device__ static __forceinline__ float load(const void* p, u64 i) {
         return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(p)[i]);
     }
+    __device__ static __forceinline__ float from_bits(u32 b) { return __uint_as_float(b << 16); }
     __device__ static __forceinline__ u32 pack(float lo, float hi) {
         const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
         return *reinterpret_cast<const u32*>(&h);
@@ -182,6 +184,79 @@ __device__ __forceinline__ void quantize_block(const QuantizeParams& p) {
     sum = warp_sum(sum);
     if (lane == 0) p.params[(u64)b * p.m + row] = make_float4(q.scale, q.offset, (float)sum, 0.0f);
     // The last block also zeroes the row's padding up to k_pad (the GEMM reads whole 128-byte k tiles).
+    if (b == p.blocks - 1) {
+        for (u32 idx = p.k + lane; idx < p.k_pad; idx += 32) p.codes[(u64)row * p.k_pad + idx] = 0;
+    }
+}
+
+// The vector variant: lane l holds the N consecutive values l*N .. l*N + N - 1 of the block (one 2N-byte load,
+// one N-byte store of codes). The host launches it when every row and block start is N-element aligned (K and
+// the block a multiple of N, x aligned to 2N bytes). Groups that straddle the end of a partial block go element
+// by element.
+template <class T, int N>
+__device__ __forceinline__ void load_values(const void* x, u64 i, float (&v)[N]) {
+    const unsigned short* src = reinterpret_cast<const unsigned short*>(x) + i;
+    u32 w[4] = {0, 0, 0, 0};  // N values as 16-bit pairs
+    if (N == 1) w[0] = src[0];
+    if (N == 2) w[0] = *reinterpret_cast<const u32*>(src);
+    if (N == 4) {
+        const uint2 t = *reinterpret_cast<const uint2*>(src);
+        w[0] = t.x, w[1] = t.y;
+    }
+    if (N == 8) {
+        const uint4 t = *reinterpret_cast<const uint4*>(src);
+        w[0] = t.x, w[1] = t.y, w[2] = t.z, w[3] = t.w;
+    }
+#pragma unroll
+    for (int e = 0; e < N; ++e) v[e] = Io<T>::from_bits((w[e / 2] >> (16 * (e % 2))) & 0xFFFFu);
+}
+
+template <class T, bool SYM, int N>
+__device__ __forceinline__ void quantize_block_vec(const QuantizeParams& p) {
+    const u64 warp = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    const int lane = threadIdx.x % 32;
+    if (warp >= (u64)p.m * p.blocks) return;
+    const u32 row = (u32)(warp / p.blocks), b = (u32)(warp % p.blocks);
+    const u32 start = b * p.block, len = min(p.block, p.k - start);
+    const u64 src = (u64)row * p.ldx + start;
+    signed char* codes = p.codes + (u64)row * p.k_pad + start;
+    const u32 first = lane * N;
+    const bool whole = first + N <= len;
+
+    float v[N];
+    float lo = __int_as_float(0x7F800000), hi = -lo;  // +inf, -inf
+    if (whole) {
+        load_values<T, N>(p.x, src + first, v);
+    } else {
+#pragma unroll
+        for (int e = 0; e < N; ++e) v[e] = first + e < len ? Io<T>::load(p.x, src + first + e) : 0.0f;
+    }
+#pragma unroll
+    for (int e = 0; e < N; ++e)
+        if (first + e < len) lo = fminf(lo, v[e]), hi = fmaxf(hi, v[e]);
+    lo = warp_min(lo);
+    hi = warp_max(hi);
+    const BlockQuantizer<SYM> q(lo, hi);
+    int sum = 0;
+    u32 packed[2] = {0, 0};  // N codes, 4 per word
+#pragma unroll
+    for (int e = 0; e < N; ++e) {
+        const int c = first + e < len ? q.code(v[e]) : 0;
+        sum += c;
+        packed[e / 4] |= (u32)(c & 0xFF) << (8 * (e % 4));
+    }
+    if (whole) {
+        if (N == 8) *reinterpret_cast<uint2*>(codes + first) = make_uint2(packed[0], packed[1]);
+        if (N == 4) *reinterpret_cast<u32*>(codes + first) = packed[0];
+        if (N == 2) *reinterpret_cast<unsigned short*>(codes + first) = (unsigned short)packed[0];
+        if (N == 1) codes[first] = (signed char)packed[0];
+    } else {
+#pragma unroll
+        for (int e = 0; e < N; ++e)
+            if (first + e < len) codes[first + e] = (signed char)(packed[e / 4] >> (8 * (e % 4)));
+    }
+    sum = warp_sum(sum);
+    if (lane == 0) p.params[(u64)b * p.m + row] = make_float4(q.scale, q.offset, (float)sum, 0.0f);
     if (b == p.blocks - 1) {
         for (u32 idx = p.k + lane; idx < p.k_pad; idx += 32) p.codes[(u64)row * p.k_pad + idx] = 0;
     }
@@ -475,34 +550,43 @@ __device__ __forceinline__ void wgmma_s8_m64n128k32(int (&d)[64], u64 desc_a, u6
         : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
-// out += sA*(sB*dot + oB*sumA) + oA*ot for the warpgroup tile; parameters from a stage's slot 0.
+// out += sA*(sB*dot + oB*sumA) + oA*ot for this warp's rows of the warpgroup tile (`row0`: the warp's first row
+// in the CTA tile); parameters from a stage's slot 0. Each column's parameters are read once, for both rows.
 __device__ __forceinline__ void apply_block_wg(float (&out)[64], const int (&dot)[64], u32 a_params, u32 b_params,
                                                u32 row0, int lane, bool small_dot) {
     const int g = lane >> 2, t = lane & 3;
+    float sa[2], oa[2], suma[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const uint4 av = lds128(a_params + (row0 + g + 8 * h) * 16);
-        const float sa = __uint_as_float(av.x), oa = __uint_as_float(av.y), suma = __uint_as_float(av.z);
+        sa[h] = __uint_as_float(av.x), oa[h] = __uint_as_float(av.y), suma[h] = __uint_as_float(av.z);
+    }
 #pragma unroll
-        for (int j = 0; j < 16; ++j) {
+    for (int j = 0; j < 16; ++j) {
 #pragma unroll
-            for (int c = 0; c < 2; ++c) {
-                const uint4 bv = lds128(b_params + (j * 8 + 2 * t + c) * 16);
-                const float sb = __uint_as_float(bv.x), ob = __uint_as_float(bv.y), ot = __uint_as_float(bv.z);
+        for (int c = 0; c < 2; ++c) {
+            const uint4 bv = lds128(b_params + (j * 8 + 2 * t + c) * 16);
+            const float sb = __uint_as_float(bv.x), ob = __uint_as_float(bv.y), ot = __uint_as_float(bv.z);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
                 const int e = 4 * j + 2 * h + c;
                 const float f = small_dot ? small_int_to_f32(dot[e]) : __int2float_rn(dot[e]);
-                const float inner = fmaf(sb, f, ob * suma);
-                out[e] = fmaf(oa, ot, fmaf(sa, inner, out[e]));
+                const float inner = fmaf(sb, f, ob * suma[h]);
+                out[e] = fmaf(oa[h], ot, fmaf(sa[h], inner, out[e]));
             }
         }
     }
 }
 
+// cp.async writes shared memory through the generic proxy, wgmma reads it through the async proxy: each thread
+// fences its own completed copies before the barrier that publishes them.
+__device__ __forceinline__ void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
 // One stage: fence, the stage's k steps as wgmmas into `cur` (the first of a block overwrites), commit; then, once
 // all but this group are done, the pending correction of the previous block from `prev`.
 __device__ __forceinline__ void wgmma_stage(const GemmParams& p, int (&cur)[64], int (&prev)[64], float (&out)[64],
-                                            u32 stage, u32 kt, u32 wg_row, bool block_start, bool& pending,
-                                            u32 pending_params, int lane) {
+                                            u32 stage, u32 kt, u32 wg_row, u32 row0, bool block_start,
+                                            bool& pending, u32 pending_params, int lane) {
     s8_wgmma_fence();
     const u32 a_tile = stage + wg_row * TILE_K, b_tile = stage + TILE_BYTES;
 #pragma unroll
@@ -515,7 +599,7 @@ __device__ __forceinline__ void wgmma_stage(const GemmParams& p, int (&cur)[64],
     s8_wgmma_wait<1>();
     if (pending) {
         s8_fence_operands(prev);
-        apply_block_wg(out, prev, pending_params, pending_params + SLOT_BYTES, wg_row, lane, p.small_dot != 0);
+        apply_block_wg(out, prev, pending_params, pending_params + SLOT_BYTES, row0, lane, p.small_dot != 0);
         pending = false;
     }
 }
@@ -543,6 +627,7 @@ __device__ __forceinline__ void gemm_wgmma(const GemmParams& p) {
     u32 pending_params = 0, tile_in_block = 0;
     for (u32 kt = 0; kt < k_tiles; ++kt) {
         cp_async_wait<STAGES - 3>();
+        fence_proxy_async_shared();
         __syncthreads();
         const u32 next = kt + STAGES - 2;
         if (next < k_tiles) load_stage(p, base + (next % STAGES) * sbytes, next, m0, n0, tid);
@@ -551,9 +636,9 @@ __device__ __forceinline__ void gemm_wgmma(const GemmParams& p) {
         const bool block_start = tile_in_block == 0;
         const u32 params = pending_params;
         if (cur_is_0) {
-            wgmma_stage(p, dot0, dot1, out, stage, kt, wg_row, block_start, pending, params, lane);
+            wgmma_stage(p, dot0, dot1, out, stage, kt, wg_row, row0, block_start, pending, params, lane);
         } else {
-            wgmma_stage(p, dot1, dot0, out, stage, kt, wg_row, block_start, pending, params, lane);
+            wgmma_stage(p, dot1, dot0, out, stage, kt, wg_row, row0, block_start, pending, params, lane);
         }
         if (++tile_in_block == tiles_per_block || kt + 1 == k_tiles) {
             // This stage ends a block: its correction runs after the next stage's wgmmas are issued.
@@ -568,10 +653,10 @@ __device__ __forceinline__ void gemm_wgmma(const GemmParams& p) {
         // The last block's accumulator is the one `cur_is_0` no longer points at.
         if (cur_is_0) {
             s8_fence_operands(dot1);
-            apply_block_wg(out, dot1, pending_params, pending_params + SLOT_BYTES, wg_row, lane, p.small_dot != 0);
+            apply_block_wg(out, dot1, pending_params, pending_params + SLOT_BYTES, row0, lane, p.small_dot != 0);
         } else {
             s8_fence_operands(dot0);
-            apply_block_wg(out, dot0, pending_params, pending_params + SLOT_BYTES, wg_row, lane, p.small_dot != 0);
+            apply_block_wg(out, dot0, pending_params, pending_params + SLOT_BYTES, row0, lane, p.small_dot != 0);
         }
     }
     cp_async_wait<0>();
@@ -610,8 +695,21 @@ __device__ __forceinline__ void gemm_wgmma(const GemmParams& p) {
     QUANTIZE_KERNEL(w8a8_quantize_##TNAME##_sym_r4, T, true, 4)                                     \
     QUANTIZE_KERNEL(w8a8_quantize_##TNAME##_sym_r8, T, true, 8)                                     \
     QUANTIZE_KERNEL(w8a8_quantize_##TNAME##_sym_loop, T, true, 0)
+#define QUANTIZE_VEC_KERNEL(NAME, T, SYM, N)                                                        \
+    extern "C" __global__ void __launch_bounds__(256) NAME(const QuantizeParams p) {                \
+        quantize_block_vec<T, SYM, N>(p);                                                           \
+    }
+#define QUANTIZE_VEC_KERNELS(TNAME, T)                                                              \
+    QUANTIZE_VEC_KERNEL(w8a8_quantize_##TNAME##_asym_v2, T, false, 2)                               \
+    QUANTIZE_VEC_KERNEL(w8a8_quantize_##TNAME##_asym_v4, T, false, 4)                               \
+    QUANTIZE_VEC_KERNEL(w8a8_quantize_##TNAME##_asym_v8, T, false, 8)                               \
+    QUANTIZE_VEC_KERNEL(w8a8_quantize_##TNAME##_sym_v2, T, true, 2)                                 \
+    QUANTIZE_VEC_KERNEL(w8a8_quantize_##TNAME##_sym_v4, T, true, 4)                                 \
+    QUANTIZE_VEC_KERNEL(w8a8_quantize_##TNAME##_sym_v8, T, true, 8)
 QUANTIZE_KERNELS(f16, __half)
 QUANTIZE_KERNELS(bf16, __nv_bfloat16)
+QUANTIZE_VEC_KERNELS(f16, __half)
+QUANTIZE_VEC_KERNELS(bf16, __nv_bfloat16)
 
 #define GEMM_KERNEL(NAME, T, STAGES)                                                                \
     extern "C" __global__ void __launch_bounds__(W8A8_THREADS, 1) NAME(const GemmParams p) {        \

@@ -116,6 +116,12 @@ fn check_quantizer<T: Float + DeviceRepr + ValidAsZeroBits>(
     assert!(got.scales().iter().all(|s| s.is_finite() && *s > 0.0), "{what}: scales");
     assert_eq!(got, want, "{what}");
     assert_eq!(sums, want.code_sums(), "{what}: device code sums");
+    // x one element off its alignment: the scalar kernel instead of the vector one, same result.
+    let mut padded = vec![T::default()];
+    padded.extend_from_slice(&xt);
+    let shifted = dev.upload(&padded).unwrap();
+    quantizer.run(dev.stream(), &shifted.slice(1..), m, &mut a).unwrap();
+    assert_eq!(a.download(dev).unwrap().0, want, "{what}: unaligned x");
 }
 
 /// One per-block case through `run` (GPU quantization + GEMM) against the f64 reference on the GPU's operands.

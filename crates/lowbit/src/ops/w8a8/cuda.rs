@@ -250,6 +250,9 @@ pub struct QuantizeActivationsCuda {
     dtype: DType,
     kernel: String,
     function: CudaFunction,
+    /// The vector variant (`_v<N>`: N consecutive values per lane, one 2N-byte load) and its N, when K and the
+    /// block are multiples of N; launched when x is also 2N-byte aligned.
+    vector: Option<(String, CudaFunction, usize)>,
 }
 
 impl QuantizeActivationsCuda {
@@ -271,6 +274,14 @@ impl QuantizeActivationsCuda {
         };
         let kernel = format!("w8a8_quantize_{}_{mode_name}_{variant}", dtype_name(dtype));
         let function = device.function(&KERNEL, &kernel)?;
+        let per_lane = block_size.div_ceil(32).next_power_of_two();
+        let vector = if (2..=8).contains(&per_lane) && k % per_lane == 0 && block_size % per_lane == 0 {
+            let name = format!("w8a8_quantize_{}_{mode_name}_v{per_lane}", dtype_name(dtype));
+            let function = device.function(&KERNEL, &name)?;
+            Some((name, function, per_lane))
+        } else {
+            None
+        };
         Ok(Self {
             k,
             block_size,
@@ -278,6 +289,7 @@ impl QuantizeActivationsCuda {
             dtype,
             kernel,
             function,
+            vector,
         })
     }
 
@@ -342,13 +354,17 @@ impl QuantizeActivationsCuda {
             block_dim: (THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut builder = stream.launch_builder(&self.function);
+        let (kernel, function) = match &self.vector {
+            Some((name, function, per_lane)) if x % (2 * *per_lane as u64) == 0 => (name, function),
+            _ => (&self.kernel, &self.function),
+        };
+        let mut builder = stream.launch_builder(function);
         builder.arg(&params);
-        // SAFETY: x holds M·K elements (checked), codes/params were sized for this layout by their owner, and the
-        // kernel touches only those ranges.
+        // SAFETY: x holds M·K elements (checked; the vector variant also needs its alignment, checked above), codes
+        // and params were sized for this layout by their owner, and the kernel touches only those ranges.
         unsafe { builder.launch(config) }
             .map(|_| ())
-            .map_err(launch_error(&self.kernel))
+            .map_err(launch_error(kernel))
     }
 }
 
