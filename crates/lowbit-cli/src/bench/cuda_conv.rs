@@ -18,19 +18,28 @@
 //! the median batch is reported. Before timing, lowbit's output is compared with cuDNN's (same dequantized
 //! weights) and the mean relative difference is printed on stderr, with a warning above 1e-2.
 //!
+//! Each implementation is timed twice: launched back to back (`lowbit`, `cudnn_fp16`), and replayed from a CUDA
+//! graph of 16 calls (`lowbit_graph`, `cudnn_fp16_graph`). The graph figure is the GPU time alone: cuDNN's legacy
+//! API spends about 0.14 ms of host time per call on the device machine (its eager time did not drop below that
+//! for any size on the H200), so its eager figure is a host-bound floor for small convolutions. If cuDNN refuses
+//! the stream capture, its graph record is left out with a line on stderr.
+//!
 //! `LOWBIT_BENCH_VARIANTS=1` adds a record per implicit-GEMM tile forced (`lowbit_128x128`, ...), for tuning the
 //! tile choice.
 
 use super::super::cpu::ConvCase;
 use super::{median, rotation, timed, BenchArgs, BenchRecord, Shape, Sink, BATCHES, BATCH_MS};
 use half::f16;
-use lowbit::cuda::{CudaDevice, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
+use lowbit::cuda::{capture_graph, CudaDevice, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
 use lowbit::formats::block::{BlockBits, BlockQuantWeight, BlockShape};
 use lowbit::ops::conv::cuda::{cudnn_present, Conv2dCuda, CudnnConv, Tile, Tuning};
 use lowbit::ops::conv::Conv2dParams;
 use lowbit::testing::SplitMix64;
 use lowbit::{DType, Error, Float, Result};
 use std::sync::Arc;
+
+/// Calls captured per CUDA graph (cycling through the rotation sets).
+const GRAPH_CALLS: usize = 16;
 
 /// The cuDNN fp16 table of shared/anchors.md.
 const DEFAULT_CONVS: [&str; 4] = [
@@ -55,7 +64,7 @@ pub fn run(args: &BenchArgs, sink: &mut Sink) -> Result<()> {
     if !cudnn_ok {
         eprintln!("lowbit bench: libcudnn not found on the library path; no cudnn_fp16 baseline");
     }
-    let per_case = dtypes.len() + usize::from(cudnn_ok) + if variants { Tile::ALL.len() } else { 0 };
+    let per_case = 2 * (dtypes.len() + usize::from(cudnn_ok)) + if variants { Tile::ALL.len() } else { 0 };
     sink.expect(cases.len() * per_case);
     for case in &cases {
         let problem = Problem::new(&dev, args, case)?;
@@ -65,8 +74,11 @@ pub fn run(args: &BenchArgs, sink: &mut Sink) -> Result<()> {
             // cudarc panics when a cuDNN symbol is missing (an old libcudnn): report it and go on without.
             match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| problem.time_cudnn())) {
                 Ok(result) => {
-                    let (us, out) = result?;
-                    sink.push(problem.record("cudnn_fp16", DType::F16, us, problem.dense_bytes()))?;
+                    let (timing, out) = result?;
+                    sink.push(problem.record("cudnn_fp16", DType::F16, timing.eager, problem.dense_bytes()))?;
+                    if let Some(us) = timing.graph {
+                        sink.push(problem.record("cudnn_fp16_graph", DType::F16, us, problem.dense_bytes()))?;
+                    }
                     cudnn_out = Some(out);
                 }
                 Err(_) => {
@@ -77,12 +89,15 @@ pub fn run(args: &BenchArgs, sink: &mut Sink) -> Result<()> {
         }
         for &dtype in &dtypes {
             sink.status(format!("conv lowbit {} {dtype}", case.label));
-            let us = match dtype {
-                DType::F16 => problem.time_lowbit::<f16>(Tuning::default(), cudnn_out.as_deref())?,
-                DType::F32 => problem.time_lowbit::<f32>(Tuning::default(), None)?,
+            let timing = match dtype {
+                DType::F16 => problem.time_lowbit::<f16>(Tuning::default(), cudnn_out.as_deref(), true)?,
+                DType::F32 => problem.time_lowbit::<f32>(Tuning::default(), None, true)?,
                 other => return Err(Error::invalid("--dtype", other, "CUDA conv takes f16 or f32")),
             };
-            sink.push(problem.lowbit_record("lowbit", dtype, us))?;
+            sink.push(problem.lowbit_record("lowbit", dtype, timing.eager))?;
+            if let Some(us) = timing.graph {
+                sink.push(problem.lowbit_record("lowbit_graph", dtype, us))?;
+            }
         }
         if variants {
             for tile in Tile::ALL {
@@ -91,12 +106,18 @@ pub fn run(args: &BenchArgs, sink: &mut Sink) -> Result<()> {
                     tile: Some(tile),
                     ..Tuning::default()
                 };
-                let us = problem.time_lowbit::<f16>(tuning, None)?;
-                sink.push(problem.lowbit_record(&format!("lowbit_{}", tile.name()), DType::F16, us))?;
+                let timing = problem.time_lowbit::<f16>(tuning, None, false)?;
+                sink.push(problem.lowbit_record(&format!("lowbit_{}", tile.name()), DType::F16, timing.eager))?;
             }
         }
     }
     Ok(())
+}
+
+/// Median µs per call: launched back to back, and replayed from a CUDA graph (where timed).
+struct Timing {
+    eager: f64,
+    graph: Option<f64>,
 }
 
 /// One convolution with its random data on the device.
@@ -224,12 +245,37 @@ impl<'a> Problem<'a> {
         Ok(median(samples))
     }
 
-    /// Times lowbit with activations `T`; when `check` holds cuDNN's output (f16), compares with it first.
+    /// Median µs per call of `launch(set)` replayed from a CUDA graph of `GRAPH_CALLS` calls cycling through the
+    /// sets, or `None` (with a line on stderr) when the calls cannot be captured.
+    fn median_graph_us(&self, what: &str, mut launch: impl FnMut(usize) -> Result<()>) -> Result<Option<f64>> {
+        self.dev.synchronize()?;
+        let graph = match capture_graph(&self.stream, || {
+            (0..GRAPH_CALLS).try_for_each(|c| launch(c % self.sets))
+        }) {
+            Ok(graph) => graph,
+            Err(e) => {
+                eprintln!("conv {}: {what} not timed from a CUDA graph: {e}", self.case.label);
+                self.dev.synchronize()?;
+                return Ok(None);
+            }
+        };
+        let replay = self.median_us(|_| {
+            graph.launch().map_err(|e| Error::Cuda {
+                context: "cuGraphLaunch".into(),
+                message: format!("{e:?}"),
+            })
+        })?;
+        Ok(Some(replay / GRAPH_CALLS as f64))
+    }
+
+    /// Times lowbit with activations `T` (from a graph too when `graph`); when `check` holds cuDNN's output (f16),
+    /// compares with it first.
     fn time_lowbit<T: Float + DeviceRepr + ValidAsZeroBits>(
         &self,
         tuning: Tuning,
         check: Option<&[f16]>,
-    ) -> Result<f64> {
+        graph: bool,
+    ) -> Result<Timing> {
         let conv = Conv2dCuda::with_tuning(self.dev, &self.weight, None, self.params, tuning)?;
         let mut ws = self
             .dev
@@ -255,14 +301,21 @@ impl<'a> Problem<'a> {
                 );
             }
         }
-        self.median_us(|i| {
+        let mut launch = |i: usize| {
             let (x, y) = &mut data[i];
             conv.run(&self.stream, &*x, self.case.input, y, &mut ws)
-        })
+        };
+        let eager = self.median_us(&mut launch)?;
+        let graph = if graph {
+            self.median_graph_us("lowbit", &mut launch)?
+        } else {
+            None
+        };
+        Ok(Timing { eager, graph })
     }
 
-    /// Times cuDNN's fastest forward algorithm on the dequantized weight in f16; returns µs and its output.
-    fn time_cudnn(&self) -> Result<(f64, Vec<f16>)> {
+    /// Times cuDNN's fastest forward algorithm on the dequantized weight in f16; returns the timing and its output.
+    fn time_cudnn(&self) -> Result<(Timing, Vec<f16>)> {
         let cudnn = CudnnConv::new(self.stream.clone(), self.case.input, self.weight.shape(), &self.params)?;
         let dense: Vec<f16> = self.weight.dequantize().into_iter().map(f16::from_f32).collect();
         let w = self.dev.upload(&dense)?;
@@ -292,11 +345,13 @@ impl<'a> Problem<'a> {
             message: format!("no forward algorithm runs {}", self.case.label),
         })?;
         eprintln!("conv {}: cuDNN algorithm {algo:?}", self.case.label);
-        let us = self.median_us(|i| {
+        let mut launch = |i: usize| {
             let (x, y) = &mut data[i];
             cudnn.run(algo, x, &w, y, &mut ws)
-        })?;
+        };
+        let eager = self.median_us(&mut launch)?;
+        let graph = self.median_graph_us("cudnn_fp16", &mut launch)?;
         let out = self.dev.download(&data[0].1)?;
-        Ok((us, out))
+        Ok((Timing { eager, graph }, out))
     }
 }
