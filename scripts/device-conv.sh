@@ -11,15 +11,23 @@ BIN=${BIN:-.devbin-conv}
 DEST=${OUT:-/tmp/lowbit-conv}
 mkdir -p "$DEST"
 export LOWBIT_CACHE_DIR=${LOWBIT_CACHE_DIR:-/tmp/lowbit-cache}
-# PyTorch's cuDNN: the nvidia-cudnn wheel it depends on, else torch/lib.
-cudnn_lib=$(python3 -c 'import nvidia.cudnn, os; print(os.path.join(os.path.dirname(nvidia.cudnn.__file__), "lib"))' 2>/dev/null ||
-  python3 -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
+# PyTorch's cuDNN: the first nvidia/cudnn/lib (the nvidia-cudnn wheel) or torch/lib on python's path that holds
+# libcudnn.so* (the first run's `nvidia.cudnn.__file__` lookup failed: a namespace package has none).
+cudnn_lib=$(python3 - <<'PY' 2>/dev/null
+import glob, os, sys
+for p in sys.path:
+    for d in (os.path.join(p, "nvidia", "cudnn", "lib"), os.path.join(p, "torch", "lib")):
+        if glob.glob(os.path.join(d, "libcudnn.so*")):
+            print(d)
+            sys.exit()
+PY
+)
 export LD_LIBRARY_PATH=${cudnn_lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 
 main() {
   local status=0
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw --format=csv
-  echo "cudnn from $cudnn_lib: $(ls "$cudnn_lib" | grep -c cudnn) files"
+  echo "cudnn from '${cudnn_lib}' ($(ls "${cudnn_lib:-/nonexistent}" 2>/dev/null | grep -c cudnn) files); ldconfig: $(ldconfig -p | grep -c libcudnn)"
   echo "== test cuda_conv"
   timeout 75 "$BIN/tests/cuda_conv" --test-threads=4 || status=1
   echo "== bench conv int4 (+ tile variants, f16 and f32)"
