@@ -11,12 +11,13 @@
 //   shared memory again. A dense fp16 weight never exists anywhere. The activations x are B: K-major rows of tokens,
 //   loaded by TMA with the 128-byte swizzle wgmma reads without bank conflicts.
 //
-// * TILES. A CTA owns one decode tile of N_CTA = 256 (or 128) output columns and BM = 128 (or 256) tokens, and
-//   walks its k range 128 at a time: one repacked unit (16 KB of codes + its scale/zero rows, two bulk copies) and
-//   the x tile (two TMA boxes of 64 k x BM tokens) per pipeline stage. Two consumer warpgroups split the tile: by
-//   columns when N_CTA = 256 (each owns 4 decode warps' 128 columns), by tokens when N_CTA = 128. A warpgroup issues
-//   two m64n128k16 per k16 step (the two 16-row tiles of its warps' repacked words), so it holds 128 fp32
-//   accumulators per thread. A third warpgroup is the TMA producer; setmaxnreg moves its registers to the consumers.
+// * TILES. A CTA owns one decode tile of N_CTA = 256 (or 128) output columns and BM tokens, and walks its k range
+//   128 at a time: one repacked unit (16 KB of codes + its scale/zero rows, two bulk copies) and the x tile (two TMA
+//   boxes of 64 k x BM tokens) per pipeline stage. Two consumer warpgroups split the tile: by columns when
+//   N_CTA = 256 (each owns 4 decode warps' 128 columns), by tokens when N_CTA = 128. A warpgroup issues two
+//   m64nWG_TOKENSk16 per k16 step (the two 16-row tiles of its warps' repacked words): WG_TOKENS = 128 holds 128
+//   fp32 accumulators per thread, WG_TOKENS = 64 (small batches, half the wasted rows) 64. A third warpgroup is the
+//   TMA producer; setmaxnreg moves its registers to the consumers.
 //
 // * OVERLAP. Each k16 step: convert this step's two A fragments, wgmma.fence, two wgmmas, commit, then wait until at
 //   most this step's group is in flight -- so the conversion of step s+1 runs while the tensor cores work on step s.
@@ -27,16 +28,20 @@
 //   products and sums are fp32 inside wgmma; bias and the activation are applied in fp32; y is rounded once.
 //
 // * SPLIT-K. When tiles are too few to fill the GPU (M = 256 on a 4096-wide layer: 32 tiles for 132 SMs), the grid
-//   has `splits` CTAs per tile over disjoint k ranges. Each publishes its fp32 partial, the last to arrive sums all
-//   partials in split order (the same order whoever arrives last: deterministic) and runs the epilogue.
+//   has `splits` CTAs per tile over disjoint k ranges, and never more CTAs than SMs, so all splits of a tile are
+//   resident together. Each publishes its fp32 partial, waits until all have, then reduces its own 1/splits of the
+//   tile's rows over every partial in split order (deterministic, and the reduction is spread over the splits
+//   instead of serialised in one CTA).
 //
-// * EPILOGUE. Accumulators (+ bias, activation) go to shared memory as T, transposed to y's row-major order, then
-//   out with 16-byte coalesced stores (scalar at the ragged N edge or for unaligned y).
+// * EPILOGUE. Accumulators go to shared memory as an fp32 [token][column] tile, then each thread takes 8-column
+//   chunks (split-K: summed over the partials), adds bias, applies the activation, rounds, and stores 16 bytes
+//   (scalar at the ragged N edge or for unaligned y) -- coalesced, and no registers live beside the accumulators.
 //
 // * ORDER. Consecutive CTAs walk 16 column tiles before the next token tile, so the ~132 CTAs in flight share a few
 //   MB of weights and of x in L2 instead of streaming both from memory.
 //
-// The host prepends the #defines selecting one variant (LB_DTYPE, LB_ZEROS, LB_WG_N, LB_STAGES, LB_UNIT_GROUPS).
+// The host prepends the #defines selecting one variant (LB_DTYPE, LB_ZEROS, LB_WG_N, LB_WG_TOKENS, LB_STAGES,
+// LB_UNIT_GROUPS).
 #include "common.cuh"
 
 namespace lowbit {
@@ -45,7 +50,6 @@ namespace w4a16_gemm {
 typedef unsigned char u8;
 
 constexpr int K_TILE = 128;     // k per stage (= one repacked unit)
-constexpr int WG_TOKENS = 128;  // wgmma N: tokens per consumer warpgroup
 constexpr int X_BOX_K = 64;     // k per TMA box: one 128-byte swizzled row of 16-bit values
 constexpr int RASTER_N = 16;    // column tiles walked before the next token tile (L2 reuse)
 
@@ -75,13 +79,15 @@ struct Args {
     const u16* bias;       // [N] bits of T, or null
     u16* y;                // [M][y_stride] bits of T
     float* partials;       // split-K: [NT * MT * splits][BM * N_CTA]
-    u32* counters;         // split-K: [NT * MT], zero between launches
+    u32* counters;         // split-K: [2][NT * MT] (arrivals, then finished reductions), zero between launches
 };
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 
-template <class T, bool HAS_ZEROS, int WG_N, int STAGES, bool UNIT_GROUPS>
+// WG_TOKENS: the wgmma N, tokens per consumer warpgroup (64 for small batches, 128 otherwise).
+template <class T, bool HAS_ZEROS, int WG_N, int WG_TOKENS, int STAGES, bool UNIT_GROUPS>
 struct Gemm {
+    static constexpr int ACC = WG_TOKENS / 2;  // fp32 accumulators per thread per 64-row tile
     static constexpr int N_CTA = 128 * WG_N;  // output columns per tile (the repacked tile width)
     static constexpr int WG_M = 2 / WG_N;     // consumer warpgroups along tokens
     static constexpr int BM = WG_M * WG_TOKENS;
@@ -99,8 +105,8 @@ struct Gemm {
     static constexpr int DATA_BYTES = STAGES * STAGE_BYTES > Y_BYTES ? STAGES * STAGE_BYTES : Y_BYTES;
     static constexpr int TILE_FLOATS = BM * N_CTA;
 
-    __device__ static __forceinline__ void wgmma(float (&d)[64], uint4 a, u64 desc, int accumulate) {
-        wgmma_m64n128k16<T>(d, a, desc, accumulate);
+    __device__ static __forceinline__ void wgmma(float (&d)[ACC], uint4 a, u64 desc, int accumulate) {
+        wgmma_m64k16<T, WG_TOKENS>(d, a, desc, accumulate);
     }
 
     __device__ static __forceinline__ int group_row(const Shape& s, int k) {
@@ -130,16 +136,16 @@ struct Gemm {
         }
     }
 
-    __device__ static __forceinline__ void fence_accumulators(float (&acc)[2][64]) {
+    __device__ static __forceinline__ void fence_accumulators(float (&acc)[2][ACC]) {
 #pragma unroll
         for (int t = 0; t < 2; ++t)
 #pragma unroll
-            for (int i = 0; i < 64; ++i) wgmma_fence_operand(acc[t][i]);
+            for (int i = 0; i < ACC; ++i) wgmma_fence_operand(acc[t][i]);
     }
 
     // The consumer warpgroups' main loop; returns with every wgmma complete and the accumulators in `acc`.
     __device__ static __forceinline__ void mainloop(const Shape& s, u32 base, u32 bars, int kt0, int kt1, int wg,
-                                                    float (&acc)[2][64]) {
+                                                    float (&acc)[2][ACC]) {
         const int lane = threadIdx.x & 31;
         const int dw = (WG_N == 2 ? wg * 4 : 0) + ((threadIdx.x >> 5) & 3);  // this warp's 32-column decode slice
         const int wm = WG_N == 2 ? 0 : wg;                                   // this warpgroup's token half
@@ -209,7 +215,7 @@ struct Gemm {
     //    split's partial in split order (deterministic); then bias, activation, rounding, one 16-byte store.
     // Returns early in the CTAs that only publish a partial.
     __device__ static __forceinline__ void epilogue(const Args& a, const Shape& s, u32 base, int nt, int mt, int wg,
-                                                    int tile, int split, int ctid, const float (&acc)[2][64]) {
+                                                    int tile, int split, int ctid, const float (&acc)[2][ACC]) {
         const int lane = ctid & 31, g = lane >> 2, t4 = lane & 3;
         const int dw = (WG_N == 2 ? wg * 4 : 0) + ((ctid >> 5) & 3);
         const int wm = WG_N == 2 ? 0 : wg;
@@ -217,7 +223,7 @@ struct Gemm {
 #pragma unroll
         for (int t = 0; t < 2; ++t)
 #pragma unroll
-            for (int j = 0; j < 16; ++j)
+            for (int j = 0; j < WG_TOKENS / 8; ++j)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int col = dw * 32 + t * 16 + (e >> 1) * 8 + g;
@@ -228,8 +234,9 @@ struct Gemm {
 
         constexpr int CHUNKS = N_CTA / 8;  // 8-column chunks per tile row
         float4* slots = reinterpret_cast<float4*>(a.partials) + (size_t)tile * s.splits * (TILE_FLOATS / 4);
+        // Rows of the tile this CTA writes: all of them, or with split-K its share of the reduction.
+        int row_begin = 0, row_end = BM;
         if (s.splits > 1) {
-            __shared__ int s_last;
             float4* mine = slots + (size_t)split * (TILE_FLOATS / 4);
             for (int i = ctid; i < BM * CHUNKS; i += CONSUMERS) {
                 const int row = i / CHUNKS, c = i - row * CHUNKS;
@@ -237,21 +244,31 @@ struct Gemm {
                 __stcg(mine + 2 * i, lds128f(src));
                 __stcg(mine + 2 * i + 1, lds128f(src + 16));
             }
-            asm volatile("fence.acq_rel.gpu;\n" ::: "memory");  // release the partial before the counter bump
+            // Every split of the tile is resident (the host keeps tiles * splits <= SMs, one CTA per SM), so each
+            // waits for all partials and then reduces rows [split, split + 1) * BM / splits of the tile: the
+            // reduction is spread over the splits instead of serialised in the last one.
+            u32* arrived = a.counters + tile;
+            asm volatile("fence.acq_rel.gpu;\n" ::: "memory");  // release the partial before the arrival
             consumer_sync(CONSUMERS);
-            if (ctid == 0) s_last = atomicAdd(a.counters + tile, 1u) == (u32)(s.splits - 1);
+            if (ctid == 0) {
+                atomicAdd(arrived, 1u);
+                u32 seen;
+                do {
+                    asm volatile("ld.acquire.gpu.u32 %0, [%1];\n" : "=r"(seen) : "l"(arrived) : "memory");
+                } while (seen < (u32)s.splits);
+            }
             consumer_sync(CONSUMERS);
-            if (!s_last) return;
             asm volatile("fence.acq_rel.gpu;\n" ::: "memory");  // acquire every partial
-            if (ctid == 0) a.counters[tile] = 0;                 // ready for the next launch (graph replays too)
+            row_begin = split * BM / s.splits;
+            row_end = (split + 1) * BM / s.splits;
         }
-        for (int i = ctid; i < BM * CHUNKS; i += CONSUMERS) {
+        for (int i = row_begin * CHUNKS + ctid; i < row_end * CHUNKS; i += CONSUMERS) {
             const int row = i / CHUNKS, c = i - row * CHUNKS;
             const int m = mt * BM + row, n = nt * N_CTA + c * 8;
             if (m >= s.M || n >= s.N) continue;
             float v[8];
             if (s.splits > 1) {
-                for (int sp = 0; sp < s.splits; ++sp) {
+                for (int sp = 0; sp < s.splits; ++sp) {  // in split order whoever reduces: deterministic
                     const float4* p = slots + (size_t)sp * (TILE_FLOATS / 4) + 2 * i;
                     const float4 lo = __ldcg(p), hi = __ldcg(p + 1);
                     const float q[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
@@ -274,6 +291,17 @@ struct Gemm {
                 *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(out);
             } else {
                 for (int e = 0; e < 8 && n + e < s.N; ++e) dst[e] = out[e];
+            }
+        }
+        if (s.splits > 1) {
+            // The last split done with its reduction resets both counters for the next launch (graph replays too).
+            consumer_sync(CONSUMERS);
+            if (ctid == 0) {
+                u32* finished = a.counters + s.NT * s.MT + tile;
+                if (atomicAdd(finished, 1u) == (u32)(s.splits - 1)) {
+                    a.counters[tile] = 0;
+                    *finished = 0;
+                }
             }
         }
     }
@@ -308,7 +336,7 @@ struct Gemm {
             return;
         }
         setmaxnreg_inc<232>();
-        float acc[2][64];  // written by the first wgmma (accumulate = 0)
+        float acc[2][ACC];  // written by the first wgmma (accumulate = 0)
         mainloop(s, base, bars, kt0, kt1, wg, acc);
         epilogue(a, s, base, nt, mt, wg, nt * s.MT + mt, split, tid, acc);
     }
@@ -326,12 +354,15 @@ struct Gemm {
 #define LB_DTYPE F16
 #define LB_ZEROS 1
 #define LB_WG_N 2
+#define LB_WG_TOKENS 128
 #define LB_STAGES 4
 #define LB_UNIT_GROUPS 1
 #endif
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-typedef lowbit::w4a16_gemm::Gemm<lowbit::LB_DTYPE, LB_ZEROS != 0, LB_WG_N, LB_STAGES, LB_UNIT_GROUPS != 0> GemmVariant;
+typedef lowbit::w4a16_gemm::Gemm<lowbit::LB_DTYPE, LB_ZEROS != 0, LB_WG_N, LB_WG_TOKENS, LB_STAGES,
+                                 LB_UNIT_GROUPS != 0>
+    GemmVariant;
 
 extern "C" __global__ void __launch_bounds__(GemmVariant::BLOCK, 1)
     w4a16_gemm(const __grid_constant__ lowbit::w4a16_gemm::TensorMap xmap, lowbit::w4a16_gemm::Args args,
@@ -339,6 +370,96 @@ extern "C" __global__ void __launch_bounds__(GemmVariant::BLOCK, 1)
     GemmVariant::run(&xmap, args, shape);
 }
 #endif
+
+// ------------------------------------------------------------------------------------------------------------------
+// Dequantize + cuBLAS path of QuantLinear (any GPU): the repacked weight back to a dense [N, K] matrix of T, and the
+// bias + activation pass after the dense GEMM
+// ------------------------------------------------------------------------------------------------------------------
+
+namespace lowbit {
+namespace w4a16_gemm {
+
+// One thread per 16-byte lane piece of a unit (two 16-row tiles x one 32-k chunk): the same conversion as the GEMM
+// (round((q - z) * s) in T), written as 4-byte pairs to dense[n][k] (k in the repacked, act-order sorted order).
+template <class T, int N_CTA>
+__device__ __forceinline__ void dequantize_repacked(const uint4* qweight, const u16* scales, const u8* zeros,
+                                                    u16* dense, int N, int K, int KT, int group, int GP) {
+    constexpr int PIECES = N_CTA * 4;  // 16-byte pieces per unit
+    const long long total = (long long)(N + N_CTA - 1) / N_CTA * KT * PIECES;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        const long long unit = i / PIECES;
+        const int piece = (int)(i - unit * PIECES);
+        const int nt = (int)(unit / KT), kt = (int)(unit - (long long)nt * KT);
+        const int warp = piece >> 7, kc = (piece >> 5) & 3, lane = piece & 31, g = lane >> 2, t = lane & 3;
+        const uint4 wq = qweight[i];
+        const int k0 = kt * K_TILE + kc * 32;
+        for (int ks = 0; ks < 2; ++ks) {
+            const int k = k0 + ks * 16;
+            const int grow = k / group;
+            // Scale/zero terms of this lane's rows: the same 8-byte / 16-bit records the kernels read from smem.
+            const size_t prow = (size_t)nt * GP + grow;
+            const uint2 sv = *reinterpret_cast<const uint2*>(scales + prow * N_CTA + warp * 32 + g * 4);
+            u32 z = 0x8888u;
+            if (zeros) z = *reinterpret_cast<const unsigned short*>(zeros + prow * (N_CTA / 2) + warp * 16 + g * 2);
+            u32 lo[2], hi[2];
+            FragmentOps<T>::zero_terms(z * 0x10001u, lo, hi);
+            const u32 s2[2][2] = {{prmt(sv.x, sv.x, 0x1010), prmt(sv.x, sv.x, 0x3232)},
+                                  {prmt(sv.y, sv.y, 0x1010), prmt(sv.y, sv.y, 0x3232)}};
+            for (int tile = 0; tile < 2; ++tile) {
+                const u32 word = ks == 0 ? (tile == 0 ? wq.x : wq.y) : (tile == 0 ? wq.z : wq.w);
+                const uint4 q = FragmentOps<T>::dequant(word, lo[tile], hi[tile]);
+                const int n = nt * N_CTA + warp * 32 + tile * 16 + g;
+                // A fragment registers: x = (row g, k 2t..), y = (row g + 8, k 2t..), z = (g, k 2t + 8..), w = (g + 8, ...)
+                const u32 v[4] = {FragmentOps<T>::mul2(q.x, s2[tile][0]), FragmentOps<T>::mul2(q.y, s2[tile][1]),
+                                  FragmentOps<T>::mul2(q.z, s2[tile][0]), FragmentOps<T>::mul2(q.w, s2[tile][1])};
+                for (int r = 0; r < 4; ++r) {
+                    const int row = n + (r & 1) * 8, col = k + 2 * t + (r >> 1) * 8;
+                    if (row < N && col < K) *reinterpret_cast<u32*>(dense + (size_t)row * K + col) = v[r];
+                }
+            }
+        }
+    }
+}
+
+}  // namespace w4a16_gemm
+}  // namespace lowbit
+
+// dense[N][K] (K: the real input width, in the repacked k order) from the repacked weight; zeros may be null.
+#define LB_DEQUANTIZE_REPACKED(NAME, T)                                                                            \
+    extern "C" __global__ void NAME(const uint4* qweight, const unsigned short* scales, const unsigned char* zeros, \
+                                    unsigned short* dense, int N, int K, int KT, int group, int GP, int n_cta) {   \
+        using lowbit::w4a16_gemm::dequantize_repacked;                                                            \
+        if (n_cta == 256) dequantize_repacked<T, 256>(qweight, scales, zeros, dense, N, K, KT, group, GP);        \
+        if (n_cta == 128) dequantize_repacked<T, 128>(qweight, scales, zeros, dense, N, K, KT, group, GP);        \
+        if (n_cta == 64) dequantize_repacked<T, 64>(qweight, scales, zeros, dense, N, K, KT, group, GP);          \
+    }
+LB_DEQUANTIZE_REPACKED(w4a16_dequantize_repacked_f16, lowbit::F16)
+LB_DEQUANTIZE_REPACKED(w4a16_dequantize_repacked_bf16, lowbit::BF16)
+#undef LB_DEQUANTIZE_REPACKED
+
+// y[m][n] = act(y[m][n] + bias[n]) in fp32, one rounding (after a dense GEMM that wrote y without them).
+template <class T>
+__device__ __forceinline__ void bias_activation(unsigned short* y, long long y_stride, const unsigned short* bias, int M,
+                                                int N, int activation) {
+    typedef lowbit::FragmentOps<T> Ops;
+    const long long total = (long long)M * N;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        const int m = (int)(i / N), n = (int)(i - (long long)m * N);
+        unsigned short* p = y + m * y_stride + n;
+        const float b = bias ? Ops::to_f32(bias[n]) : 0.0f;
+        *p = Ops::from_f32(lowbit::apply_activation(Ops::to_f32(*p) + b, activation));
+    }
+}
+extern "C" __global__ void w4a16_bias_activation_f16(unsigned short* y, long long y_stride, const unsigned short* bias,
+                                                     int M, int N, int activation) {
+    bias_activation<lowbit::F16>(y, y_stride, bias, M, N, activation);
+}
+extern "C" __global__ void w4a16_bias_activation_bf16(unsigned short* y, long long y_stride, const unsigned short* bias,
+                                                      int M, int N, int activation) {
+    bias_activation<lowbit::BF16>(y, y_stride, bias, M, N, activation);
+}
 
 // x gathered through the act-order permutation and/or re-laid out for TMA (16-byte aligned rows of k_pad).
 extern "C" __global__ void w4a16_gemm_stage_x(const unsigned short* x, long long x_stride, const unsigned int* perm,

@@ -172,7 +172,7 @@ fn check<T: Float + DeviceRepr>(dev: &Arc<CudaDevice>, c: Case, ms: &[usize], sp
     for &forced in splits {
         let op = LinearW4A16Gemm::with_weight(dev, weight.clone(), max_m, forced).unwrap();
         for &m in ms {
-            let label = format!("{c:?} M={m} splits={} ({:?})", op.splits(m), op.variant());
+            let label = format!("{c:?} M={m} splits={} ({:?})", op.splits(m), op.variant(m));
             let mut want = reference::linear(&x[..m * c.k], m, &w, bias.as_deref());
             want.iter_mut().for_each(|v| *v = c.activation.apply_f64(*v));
             let got = run::<T>(dev, &op, &c, &x, m, bias.as_deref());

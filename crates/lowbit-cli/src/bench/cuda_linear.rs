@@ -1,26 +1,29 @@
-//! CUDA `lowbit bench --op linear`: the W4A16 kernels against cuBLAS on the same shapes, in the same run.
+//! CUDA `lowbit bench --op linear`: [`QuantLinear`] and each of its kernels against cuBLAS, in the same run.
 //!
-//! Implementations (records' `impl`): `lowbit` (the decode kernel, [`LinearW4A16Cuda::run`], M <= 64, launches
-//! back to back), `lowbit_graph` (the same calls captured once into a CUDA graph and replayed: no launch gaps),
-//! `lowbit_gemm` (the Hopper prefill GEMM, [`LinearW4A16Gemm`], M >= 16 on sm_90), and `cublas_fp16` /
-//! `cublas_bf16` (dense `x · W^T` with the unquantized weight, fp32 accumulation).
+//! Implementations (records' `impl`): `lowbit` ([`QuantLinear::run`] with its measured dispatch, launches back to
+//! back), `lowbit_graph` (the same calls captured once into a CUDA graph and replayed: no launch gaps; M <= 64),
+//! `lowbit_decode` / `lowbit_gemm` / `lowbit_dequant_cublas` (QuantLinear with that kernel forced, where it
+//! applies), and `cublas_fp16` / `cublas_bf16` (dense `x · W^T` with the unquantized weight, fp32 accumulation).
+//! `--dispatch FILE` writes the fastest kernel per shape and M of this run as QuantLinear's dispatch table.
 //!
-//! Default problem: K × N ∈ {4096 × 4096, 4096 × 14336, 14336 × 4096, 8192 × 28672} × M ∈ {1, 4, 16, 64}, group
-//! `--group` (128), zero points unless `--symmetric`, f16 unless `--dtype`. Every weight (and, for cuBLAS, every
-//! dense weight) is rotated among as many copies as it takes to exceed 2 × L2, so each launch reads device memory.
-//! Timing: warm-up, then 7 batches of ~20 ms of launches between CUDA events; the median batch is reported.
-//! `bytes` is what the call must move at least: codes, scales and zeros (or the dense weight), x and y.
+//! Default problem: K × N ∈ {4096 × 4096, 4096 × 14336, 14336 × 4096, 8192 × 28672} × M ∈ {1, 4, 16, 64, 256,
+//! 1024, 4096}, group `--group` (128), zero points unless `--symmetric`, f16 unless `--dtype`. Every weight (and,
+//! for cuBLAS, every dense weight) is rotated among as many copies as it takes to exceed 2 × L2, so each launch
+//! reads device memory. Timing: warm-up, then 7 batches of ~20 ms of launches between CUDA events; the median
+//! batch is reported. `bytes` is what the call must move at least: codes, scales and zeros (or the dense weight),
+//! x and y.
 //!
-//! `LOWBIT_BENCH_VARIANTS=1` adds records with the grid forced to one (`lowbit_1sm`) or two (`lowbit_2sm`) CTAs per
-//! SM instead of the per-shape default; `LOWBIT_BENCH_CTAS=66,88` adds records with exactly that many CTAs
-//! (`lowbit_c66`, ...: fewer, longer stream-K pieces, hence fewer fix-ups), `LOWBIT_BENCH_STAGES=3,4` with that
-//! pipeline depth (`lowbit_s3`, ...; capped at what fits). Each variant also gets a CUDA-graph record (`_graph`).
+//! `LOWBIT_BENCH_VARIANTS=1` adds decode-kernel records with the grid forced to one (`lowbit_1sm`) or two
+//! (`lowbit_2sm`) CTAs per SM; `LOWBIT_BENCH_CTAS=66,88` with exactly that many CTAs (`lowbit_c66`, ...),
+//! `LOWBIT_BENCH_STAGES=3,4` with that pipeline depth (`lowbit_s3`, ...). Each also gets a graph record (`_graph`).
 
 use super::{BenchArgs, BenchRecord, Shape, Sink};
 use half::{bf16, f16};
+use lowbit::cuda::Device;
 use lowbit::cuda::{capture_graph, CudaDevice, CudaSlice, CudaStream, StreamTimer, ValidAsZeroBits};
-use lowbit::ops::linear::cuda::gemm::{self, LinearW4A16Gemm};
 use lowbit::ops::linear::cuda::{repack, CublasLinear, DenseElement, DeviceW4, LinearW4A16Cuda, Tuning};
+use lowbit::ops::linear::quant_linear::DispatchEntry;
+use lowbit::ops::linear::{Activation, DispatchTable, LinearKernel, QuantLinear};
 use lowbit::testing::SplitMix64;
 use lowbit::{DType, Error, QuantMatrix, Result};
 use std::sync::Arc;
@@ -28,14 +31,12 @@ use std::sync::Arc;
 /// The (K, N) shapes of the speed targets.
 const SHAPES: [(usize, usize); 4] = [(4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672)];
 /// Batch sizes timed per shape.
-const MS: [usize; 4] = [1, 4, 16, 64];
+const MS: [usize; 7] = [1, 4, 16, 64, 256, 1024, 4096];
 const BATCHES: usize = 7;
 /// Target duration of one timed batch.
 const BATCH_MS: f64 = 20.0;
 /// Largest batch of the decode kernel.
 const MAX_DECODE_M: usize = lowbit::ops::linear::cuda::MAX_M;
-/// Smallest batch the GEMM is timed at (below it the decode kernel is the one to use).
-const MIN_GEMM_M: usize = 16;
 /// Calls captured per graph (cycling through the rotation sets).
 const GRAPH_CALLS: usize = 32;
 
@@ -92,15 +93,20 @@ pub fn run(args: &BenchArgs, sink: &mut Sink) -> Result<()> {
         }
     }
     let count: usize = problems.iter().map(|(_, ms)| ms.len()).sum();
-    sink.expect(count * dtypes.len() * (4 + 2 * variants.len()));
+    sink.expect(count * dtypes.len() * (5 + 2 * variants.len()));
+    let mut table = DispatchTable::default();
     for ((k, n), ms) in &problems {
         for &dtype in &dtypes {
             match dtype {
-                DType::F16 => bench_shape::<f16>(&dev, args, *k, *n, ms, &variants, sink)?,
-                DType::Bf16 => bench_shape::<bf16>(&dev, args, *k, *n, ms, &variants, sink)?,
+                DType::F16 => bench_shape::<f16>(&dev, args, *k, *n, ms, &variants, sink, &mut table)?,
+                DType::Bf16 => bench_shape::<bf16>(&dev, args, *k, *n, ms, &variants, sink, &mut table)?,
                 other => return Err(Error::invalid("--dtype", other, "CUDA linear takes f16 or bf16")),
             }
         }
+    }
+    if let Some(path) = &args.dispatch {
+        let json = serde_json::to_string_pretty(&table).map_err(|e| Error::parse(path, e))?;
+        lowbit::checkpoint::write_file_atomic(path, json.as_bytes(), true)?;
     }
     Ok(())
 }
@@ -140,6 +146,7 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
     ms: &[usize],
     tunings: &[(String, Tuning)],
     sink: &mut Sink,
+    table: &mut DispatchTable,
 ) -> Result<()> {
     let dtype = T::DTYPE;
     let group = args.group_for(k)?;
@@ -150,33 +157,25 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
     let w = random_weight(&mut rng, n, k, group, !args.symmetric, dtype);
     let packed = repack(&w, dtype)?;
     let max_m = ms.iter().copied().max().unwrap_or(1);
-    let decode_max_m = max_m.min(MAX_DECODE_M);
+    if ms.contains(&0) {
+        return Err(Error::invalid("--shape", "M = 0", "must be at least 1"));
+    }
 
-    // Rotation: enough copies of the packed weight (and of the dense weight) to exceed 2 x L2; the decode and
-    // GEMM operators of a set share its device weight.
+    // Rotation: enough copies of the layer (and of the dense weight) to exceed 2 x L2.
     let l2 = dev.info().l2_bytes;
     let copies = |bytes: usize| (2 * l2 / bytes.max(1) + 1).max(2);
     let sets = copies(packed.weight_bytes());
-    let weights: Vec<Arc<DeviceW4>> = (0..sets)
-        .map(|_| DeviceW4::upload(dev, &packed))
+    let device = Device::Cuda(dev.clone());
+    let mut layers: Vec<QuantLinear> = (0..sets)
+        .map(|_| QuantLinear::new(&device, &w, None, Activation::None, dtype, max_m))
         .collect::<Result<_>>()?;
-    let ops: Vec<LinearW4A16Cuda> = weights
-        .iter()
-        .map(|w| LinearW4A16Cuda::with_weight(dev, w.clone(), decode_max_m, Tuning::default()))
-        .collect::<Result<_>>()?;
-    let gemm_ops: Vec<LinearW4A16Gemm> = if gemm::supported(dev, &weights[0]) {
-        weights
-            .iter()
-            .map(|w| LinearW4A16Gemm::with_weight(dev, w.clone(), max_m, None))
-            .collect::<Result<_>>()?
-    } else {
-        Vec::new()
-    };
     let mut variant_ops: Vec<(&str, Vec<LinearW4A16Cuda>)> = Vec::new();
     for (label, tuning) in tunings {
-        let v = weights
-            .iter()
-            .map(|w| LinearW4A16Cuda::with_weight(dev, w.clone(), decode_max_m, *tuning))
+        let v = (0..sets)
+            .map(|_| {
+                let weight = DeviceW4::upload(dev, &packed)?;
+                LinearW4A16Cuda::with_weight(dev, weight, max_m.min(MAX_DECODE_M), *tuning)
+            })
             .collect::<Result<_>>()?;
         variant_ops.push((label, v));
     }
@@ -185,13 +184,9 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
     let dense_w: Vec<CudaSlice<T>> = (0..dense_sets).map(|_| dev.upload(&dense)).collect::<Result<_>>()?;
     drop(dense);
     let blas = CublasLinear::new(stream.clone(), n, k)?;
-    let mut ws = dev.alloc_zeros::<u8>(ops[0].workspace_bytes())?;
-    let mut gemm_ws = dev.alloc_zeros::<u8>(gemm_ops.first().map_or(0, |g| g.workspace_bytes()).max(1))?;
+    let mut ws = dev.alloc_zeros::<u8>(layers[0].workspace_bytes(max_m).max(1))?;
 
     for &m in ms {
-        if m == 0 {
-            return Err(Error::invalid("--shape", "M = 0", "must be at least 1"));
-        }
         let xs: Vec<CudaSlice<T>> = (0..sets.max(dense_sets))
             .map(|_| {
                 let x: Vec<T> = (0..m * k).map(|_| T::from_f32(rng.uniform(-1.0, 1.0))).collect();
@@ -211,14 +206,6 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
             r
         };
 
-        if !gemm_ops.is_empty() && m >= MIN_GEMM_M {
-            sink.status(format!("linear lowbit_gemm {m}x{k}x{n} {dtype}"));
-            let us = median_of_batches(dev, &stream, sets, |i| {
-                gemm_ops[i].run(&stream, &xs[i], m, None, &mut ys[i], &mut gemm_ws)
-            })?;
-            sink.push(record("lowbit_gemm", quant_bytes, us))?;
-        }
-
         let baseline = if dtype == DType::Bf16 {
             "cublas_bf16"
         } else {
@@ -230,16 +217,47 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
         })?;
         sink.push(record(baseline, dense_bytes, theirs))?;
 
-        if m > MAX_DECODE_M {
-            continue;
+        // Every kernel QuantLinear has for this M, forced; the fastest goes into the dispatch table.
+        let mut best: Option<(LinearKernel, f64)> = None;
+        for kernel in layers[0].available(m) {
+            layers.iter_mut().for_each(|l| l.force_kernel(Some(kernel)));
+            sink.status(format!("linear lowbit_{} {m}x{k}x{n} {dtype}", kernel.name()));
+            let us = median_of_batches(dev, &stream, sets, |i| {
+                layers[i].run(&stream, &xs[i], m, &mut ys[i], &mut ws)
+            })?;
+            sink.push(record(&format!("lowbit_{}", kernel.name()), quant_bytes, us))?;
+            if best.is_none_or(|(_, b)| us < b) {
+                best = Some((kernel, us));
+            }
         }
-        sink.status(format!("linear lowbit {m}x{k}x{n} {dtype}"));
+        layers.iter_mut().for_each(|l| l.force_kernel(None));
+        if let Some((kernel, _)) = best {
+            table.entries.push(DispatchEntry {
+                device: name.clone(),
+                k,
+                n,
+                m,
+                kernel,
+            });
+        }
+
+        sink.status(format!(
+            "linear lowbit {m}x{k}x{n} {dtype} ({})",
+            layers[0].kernel_for(m).name()
+        ));
         let ours = median_of_batches(dev, &stream, sets, |i| {
-            ops[i].run(&stream, &xs[i], m, None, &mut ys[i], &mut ws)
+            layers[i].run(&stream, &xs[i], m, &mut ys[i], &mut ws)
         })?;
         sink.push(record("lowbit", quant_bytes, ours))?;
+        if m <= MAX_DECODE_M {
+            sink.status(format!("linear lowbit_graph {m}x{k}x{n} {dtype}"));
+            let replay = graph_replay_us(dev, &stream, sets, |i| {
+                layers[i].run(&stream, &xs[i], m, &mut ys[i], &mut ws)
+            })?;
+            sink.push(record("lowbit_graph", quant_bytes, replay))?;
+        }
 
-        for (label, v) in &variant_ops {
+        for (label, v) in variant_ops.iter().filter(|_| m <= MAX_DECODE_M) {
             sink.status(format!("linear {label} {m}x{k}x{n} {dtype}"));
             let mut ws_v = dev.alloc_zeros::<u8>(v[0].workspace_bytes())?;
             let us = median_of_batches(dev, &stream, sets, |i| {
@@ -251,12 +269,6 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
             })?;
             sink.push(record(&format!("{label}_graph"), quant_bytes, replay))?;
         }
-
-        sink.status(format!("linear lowbit_graph {m}x{k}x{n} {dtype}"));
-        let replay = graph_replay_us(dev, &stream, sets, |i| {
-            ops[i].run(&stream, &xs[i], m, None, &mut ys[i], &mut ws)
-        })?;
-        sink.push(record("lowbit_graph", quant_bytes, replay))?;
     }
     Ok(())
 }

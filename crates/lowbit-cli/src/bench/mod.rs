@@ -46,6 +46,10 @@ pub struct BenchArgs {
     /// JSON lines (shared/bench-format.md) instead of a table
     #[arg(long)]
     pub json: bool,
+    /// `--op linear` on CUDA: also write the measured dispatch table of QuantLinear (the fastest kernel per shape
+    /// and M in this run) to FILE (JSON), as committed in bench/results/dispatch-*.json
+    #[arg(long, value_name = "FILE")]
+    pub dispatch: Option<std::path::PathBuf>,
 }
 
 /// The default problem sizes: decode (M = 1) and a small prefill (M = 64) of a 4096 × 4096 layer.

@@ -683,8 +683,13 @@ impl DeviceW4 {
         self.weight_bytes
     }
 
+    /// Whether the weight has an act-order permutation (x is gathered through it).
+    pub fn has_perm(&self) -> bool {
+        self.perm.is_some()
+    }
+
     /// Device addresses of (codes, scales, zeros or 0, act-order permutation or 0).
-    fn pointers(&self, stream: &CudaStream) -> (u64, u64, u64, u64) {
+    pub(crate) fn pointers(&self, stream: &CudaStream) -> (u64, u64, u64, u64) {
         (
             self.qweight.device_ptr(stream).0,
             self.scales.device_ptr(stream).0,

@@ -8,7 +8,9 @@
 pub mod activation;
 pub mod cpu;
 pub mod cuda;
+pub mod quant_linear;
 pub mod reference;
 
 pub use activation::Activation;
 pub use cpu::{CpuIsa, LinearCpu};
+pub use quant_linear::{DispatchTable, LinearKernel, QuantLinear};

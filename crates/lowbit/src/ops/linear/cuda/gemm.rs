@@ -38,14 +38,16 @@ pub const KERNEL: KernelSource = KernelSource {
     source: SOURCE,
 };
 
-/// Tokens per consumer warpgroup (`WG_TOKENS`, the wgmma N).
-const WG_TOKENS: usize = 128;
+/// Batches up to this many rows use the kernel with 64 tokens per warpgroup, larger ones 128.
+pub const SMALL_BATCH: usize = 64;
 /// Threads per CTA: two consumer warpgroups and the TMA producer warpgroup.
 const BLOCK: u32 = 384;
 /// Most CTAs one tile is split into along K.
 const MAX_SPLITS: usize = 8;
 /// Fewest k tiles (of 128) a split keeps: shorter ones spend more on the fp32 partials than they save.
 const MIN_KT_PER_SPLIT: usize = 4;
+/// Deepest pipeline (lowered to what fits in shared memory).
+const MAX_STAGES: usize = 6;
 
 /// Whether the GEMM runs on this device for this weight: sm_90 (wgmma, TMA) and tiles of 128 or 256 columns
 /// (N = 192 or 576 layers have 64-column tiles: they use the decode kernel or dequantize + cuBLAS).
@@ -62,6 +64,8 @@ pub struct GemmVariant {
     pub zeros: bool,
     /// Consumer warpgroups along the columns: 2 for 256-column tiles, 1 for 128 (the two then split the tokens).
     pub wg_n: usize,
+    /// Tokens per consumer warpgroup (the wgmma N): 64 or 128.
+    pub wg_tokens: usize,
     /// Pipeline stages.
     pub stages: usize,
     /// The group size is a multiple of 128 (one scale/zero row per stage).
@@ -71,7 +75,7 @@ pub struct GemmVariant {
 impl GemmVariant {
     /// Tokens per CTA tile.
     pub fn bm(&self) -> usize {
-        (2 / self.wg_n) * WG_TOKENS
+        (2 / self.wg_n) * self.wg_tokens
     }
 
     /// Output columns per CTA tile.
@@ -102,11 +106,12 @@ impl GemmVariant {
 
     fn name(&self) -> String {
         format!(
-            "linear_w4a16_gemm_{}_z{}_g{}_wgn{}_s{}",
+            "linear_w4a16_gemm_{}_z{}_g{}_wgn{}_t{}_s{}",
             self.act.name(),
             u8::from(self.zeros),
             if self.unit_groups { "unit" } else { "any" },
             self.wg_n,
+            self.wg_tokens,
             self.stages
         )
     }
@@ -119,11 +124,12 @@ impl GemmVariant {
             .unwrap_or_else(|e| e.into_inner());
         map.entry(*self).or_insert_with(|| {
             let defines = format!(
-                "#define LB_DTYPE {}\n#define LB_ZEROS {}\n#define LB_WG_N {}\n#define LB_STAGES {}\n\
-                 #define LB_UNIT_GROUPS {}\n",
+                "#define LB_DTYPE {}\n#define LB_ZEROS {}\n#define LB_WG_N {}\n#define LB_WG_TOKENS {}\n\
+                 #define LB_STAGES {}\n#define LB_UNIT_GROUPS {}\n",
                 if self.act == DType::Bf16 { "BF16" } else { "F16" },
                 u8::from(self.zeros),
                 self.wg_n,
+                self.wg_tokens,
                 self.stages,
                 u8::from(self.unit_groups)
             );
@@ -182,8 +188,10 @@ unsafe impl DeviceRepr for TensorMapParam {}
 /// time): the split-K counters live in the operator.
 pub struct LinearW4A16Gemm {
     weight: Arc<DeviceW4>,
-    variant: GemmVariant,
-    function: CudaFunction,
+    /// The kernels for small (64 tokens per warpgroup) and large (128) batches.
+    kernels: [(GemmVariant, CudaFunction); 2],
+    /// Batches up to this many rows use `kernels[0]`.
+    small_batch: usize,
     stage_x: CudaFunction,
     counters: CudaSlice<u32>,
     max_m: usize,
@@ -195,7 +203,7 @@ pub struct LinearW4A16Gemm {
 impl std::fmt::Debug for LinearW4A16Gemm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LinearW4A16Gemm")
-            .field("variant", &self.variant)
+            .field("kernels", &self.kernels.each_ref().map(|k| k.0))
             .field("max_m", &self.max_m)
             .finish_non_exhaustive()
     }
@@ -231,33 +239,39 @@ impl LinearW4A16Gemm {
         }
         let plan = &weight.plan;
         let limits = smem_limits(device.info().compute_capability);
-        let mut variant = GemmVariant {
-            act: weight.act,
-            zeros: weight.zeros.is_some(),
-            wg_n: plan.n_cta / 128,
-            stages: 4,
-            unit_groups: plan.group % K_TILE == 0,
+        let load = |wg_tokens: usize| -> Result<(GemmVariant, CudaFunction)> {
+            let mut variant = GemmVariant {
+                act: weight.act,
+                zeros: weight.zeros.is_some(),
+                wg_n: plan.n_cta / 128,
+                wg_tokens,
+                stages: MAX_STAGES,
+                unit_groups: plan.group % K_TILE == 0,
+            };
+            while variant.stages > 2 && variant.smem_bytes() > limits.per_cta {
+                variant.stages -= 1;
+            }
+            let function = device.function(variant.source(), "w4a16_gemm")?;
+            function
+                .set_attribute(
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    variant.smem_bytes() as i32,
+                )
+                .map_err(|e| crate::cuda::cuda_error(format!("shared memory of {}", variant.name()), e))?;
+            Ok((variant, function))
         };
-        while variant.stages > 2 && variant.smem_bytes() > limits.per_cta {
-            variant.stages -= 1;
-        }
-        let function = device.function(variant.source(), "w4a16_gemm")?;
-        function
-            .set_attribute(
-                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                variant.smem_bytes() as i32,
-            )
-            .map_err(|e| crate::cuda::cuda_error(format!("shared memory of {}", variant.name()), e))?;
-        let stage_x = device.function(variant.source(), "w4a16_gemm_stage_x")?;
-        let tiles = plan.n_tiles() * max_m.div_ceil(variant.bm());
+        let kernels = [load(64)?, load(128)?];
+        let stage_x = device.function(kernels[0].0.source(), "w4a16_gemm_stage_x")?;
+        // Arrival and finish counters per tile, for the smallest tiles (the most tiles).
+        let tiles = plan.n_tiles() * max_m.div_ceil(kernels[0].0.bm());
         let counters = device
             .stream()
-            .alloc_zeros(tiles)
+            .alloc_zeros(2 * tiles)
             .map_err(|e| crate::cuda::cuda_error("split-K counters", e))?;
         Ok(Self {
             weight,
-            variant,
-            function,
+            kernels,
+            small_batch: SMALL_BATCH,
             stage_x,
             counters,
             max_m,
@@ -266,9 +280,19 @@ impl LinearW4A16Gemm {
         })
     }
 
-    /// The compiled variant.
-    pub fn variant(&self) -> GemmVariant {
-        self.variant
+    /// The variant a batch of `m` rows runs.
+    pub fn variant(&self, m: usize) -> GemmVariant {
+        self.kernel(m).0
+    }
+
+    fn kernel(&self, m: usize) -> &(GemmVariant, CudaFunction) {
+        &self.kernels[usize::from(m > self.small_batch)]
+    }
+
+    /// Sends batches of up to `rows` rows (instead of [`SMALL_BATCH`]) to the 64-token kernel (benchmarking).
+    #[doc(hidden)]
+    pub fn set_small_batch(&mut self, rows: usize) {
+        self.small_batch = rows;
     }
 
     /// The device weight.
@@ -277,11 +301,13 @@ impl LinearW4A16Gemm {
     }
 
     /// CTAs per output tile for a batch of `m` rows: 1 when the tiles fill the GPU, otherwise as many as fit in
-    /// one wave (at most 8, each keeping at least 4 k tiles).
+    /// one wave (at most 8, each keeping at least 4 k tiles; a forced count is capped the same way).
     pub fn splits(&self, m: usize) -> usize {
-        let tiles = self.weight.plan.n_tiles() * m.div_ceil(self.variant.bm());
+        let tiles = self.weight.plan.n_tiles() * m.div_ceil(self.variant(m).bm());
         let most = (self.weight.plan.k_tiles() / MIN_KT_PER_SPLIT).clamp(1, MAX_SPLITS);
-        let chosen = self.forced_splits.unwrap_or(self.sms / tiles.max(1));
+        // Never more CTAs than SMs: the splits of a tile wait for each other, so all must be resident.
+        let resident = (self.sms / tiles.max(1)).max(1);
+        let chosen = self.forced_splits.unwrap_or(resident).min(resident);
         chosen.clamp(1, most.max(1)).min(self.weight.plan.k_tiles())
     }
 
@@ -291,19 +317,9 @@ impl LinearW4A16Gemm {
 
     /// Device scratch `run` needs: x staged for TMA (act-order or unaligned x) and the split-K partials.
     pub fn workspace_bytes(&self) -> usize {
-        let partial_tiles = (1..=self.max_m.div_ceil(self.variant.bm()))
-            .map(|mt| {
-                let m = mt * self.variant.bm();
-                let splits = self.splits(m);
-                if splits > 1 {
-                    splits * self.weight.plan.n_tiles() * mt
-                } else {
-                    0
-                }
-            })
-            .max()
-            .unwrap_or(0);
-        self.staged_x_bytes() + partial_tiles * self.variant.tile_floats() * 4
+        // Split-K only runs when tiles * splits <= SMs, so the partials never exceed one tile per SM.
+        let tile = self.kernels.iter().map(|(v, _)| v.tile_floats()).max().unwrap_or(0);
+        self.staged_x_bytes() + self.sms * tile * 4
     }
 
     /// `y[m, N] = x[m, K] · W^T (+ bias)` with contiguous rows and no activation.
@@ -397,9 +413,10 @@ impl LinearW4A16Gemm {
             unsafe { b.launch(cfg) }.map_err(launch_error("w4a16_gemm_stage_x"))?;
             (ws, p.k_pad, p.k_pad)
         };
-        let xmap = tensor_map(self.weight.act, x_ptr, x_cols, m, x_stride, self.variant.bm())?;
+        let (variant, function) = self.kernel(m);
+        let xmap = tensor_map(self.weight.act, x_ptr, x_cols, m, x_stride, variant.bm())?;
 
-        let bm = self.variant.bm();
+        let bm = variant.bm();
         let m_tiles = m.div_ceil(bm);
         let splits = self.splits(m);
         let ctas = p.n_tiles() * m_tiles * splits;
@@ -441,9 +458,9 @@ impl LinearW4A16Gemm {
         let cfg = LaunchConfig {
             grid_dim: (ctas as u32, 1, 1),
             block_dim: (BLOCK, 1, 1),
-            shared_mem_bytes: self.variant.smem_bytes() as u32,
+            shared_mem_bytes: variant.smem_bytes() as u32,
         };
-        let mut b = stream.launch_builder(&self.function);
+        let mut b = stream.launch_builder(function);
         b.arg(&xmap).arg(&args).arg(&shape);
         // SAFETY: x is read through the tensor map, whose bounds (K or k_pad columns, m rows, x_stride) were checked
         // against the buffer above; y rows (N columns), bias (N) and the workspace (staged x + partials of at most

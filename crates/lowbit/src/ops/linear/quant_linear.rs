@@ -1,0 +1,561 @@
+//! [`QuantLinear`]: the user-facing quantized linear layer, `y = act(x · W^T + bias)`, on the CPU or a CUDA GPU.
+//!
+//! Built from a [`QuantMatrix`] (or straight from a checkpoint layer of any supported format, with its bias), it
+//! prepares the weight once and picks, per call, the fastest kernel for the batch size `m`:
+//!
+//! | kernel | what | where |
+//! |---|---|---|
+//! | [`LinearKernel::Decode`] | the fused W4A16 decode kernel (`mma.sync`, stream-K), M ≤ 64 | any GPU |
+//! | [`LinearKernel::Gemm`] | the W4A16 prefill GEMM (`wgmma`, TMA) | sm_90 |
+//! | [`LinearKernel::DequantCublas`] | dequantize into a dense scratch weight, then cuBLAS | any GPU |
+//! | [`LinearKernel::Cpu`] | [`LinearCpu`] | the host |
+//!
+//! The choice comes from a [`DispatchTable`] measured on the device (`bench/results/dispatch-*.json`, made by
+//! `lowbit bench --op linear --dispatch`; embedded for the GPUs it covers). On a GPU it does not cover, a fixed rule
+//! stands in: decode up to 64 rows, then the GEMM on sm_90 or dequantize + cuBLAS elsewhere.
+//!
+//! All GPU kernels of one layer read the same device weight ([`DeviceW4`]); the dense scratch weight of the
+//! dequantize path is allocated on first use only.
+
+use super::cuda::gemm::{self, LinearW4A16Gemm};
+use super::cuda::{repack, CublasLinear, DenseElement, DeviceW4, LinearW4A16Cuda, Tuning, MAX_M};
+use super::{Activation, LinearCpu};
+use crate::checkpoint::{Checkpoint, QuantLayer};
+use crate::cuda::LaunchConfig;
+use crate::cuda::{launch_error, CudaDevice, CudaFunction, CudaSlice, CudaStream, Device, DevicePtr, DevicePtrMut};
+use crate::dtype::{DType, Float};
+use crate::error::{Error, Result};
+use crate::formats::QuantMatrix;
+use cudarc::driver::PushKernelArg;
+use half::{bf16, f16};
+use serde::{Deserialize, Serialize};
+use std::any::Any;
+use std::sync::{Arc, Mutex};
+
+/// The kernel a call runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LinearKernel {
+    /// [`LinearCpu`] on the host.
+    Cpu,
+    /// The fused W4A16 decode kernel (M ≤ 64).
+    Decode,
+    /// The Hopper W4A16 GEMM.
+    Gemm,
+    /// Dequantize to a dense scratch weight, then cuBLAS.
+    DequantCublas,
+}
+
+impl LinearKernel {
+    /// The name used in records and tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            LinearKernel::Cpu => "cpu",
+            LinearKernel::Decode => "decode",
+            LinearKernel::Gemm => "gemm",
+            LinearKernel::DequantCublas => "dequant_cublas",
+        }
+    }
+}
+
+/// One measured row: on `device`, for a `k x n` layer at batch `m`, `kernel` was the fastest.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DispatchEntry {
+    /// GPU name as the driver reports it (`NVIDIA H200`).
+    pub device: String,
+    pub k: usize,
+    pub n: usize,
+    pub m: usize,
+    pub kernel: LinearKernel,
+}
+
+/// Measured fastest kernels per (device, shape, M). A query takes the entries of the same GPU model, the measured
+/// shape nearest in size (log K·N, then K/N aspect), and the largest measured M not above the batch (the smallest
+/// measured M below all of them).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct DispatchTable {
+    pub entries: Vec<DispatchEntry>,
+}
+
+/// The tables measured on our device GPUs (`lowbit bench --op linear --dispatch`), embedded.
+const MEASURED: &[&str] = &[include_str!("../../../../../bench/results/dispatch-h200.json")];
+
+impl DispatchTable {
+    /// The embedded measured tables, merged.
+    pub fn measured() -> Self {
+        let mut table = DispatchTable::default();
+        for json in MEASURED {
+            // The embedded tables are ours and tested to parse; a broken one would only lose its entries.
+            if let Ok(t) = serde_json::from_str::<DispatchTable>(json) {
+                table.entries.extend(t.entries);
+            }
+        }
+        table
+    }
+
+    /// The measured choice for `device`, a `k x n` layer and batch `m`, or `None` when this GPU was not measured.
+    pub fn lookup(&self, device: &str, k: usize, n: usize, m: usize) -> Option<LinearKernel> {
+        let same_gpu: Vec<&DispatchEntry> = self.entries.iter().filter(|e| e.device == device).collect();
+        let distance = |e: &DispatchEntry| {
+            let size = ((e.k * e.n) as f64).ln() - ((k * n) as f64).ln();
+            let aspect = (e.k as f64 / e.n as f64).ln() - (k as f64 / n as f64).ln();
+            (size.abs(), aspect.abs())
+        };
+        let nearest = same_gpu.iter().min_by(|a, b| {
+            distance(a)
+                .partial_cmp(&distance(b))
+                .unwrap_or(std::cmp::Ordering::Equal)
+        })?;
+        let shape_rows = same_gpu.iter().filter(|e| (e.k, e.n) == (nearest.k, nearest.n));
+        let below = shape_rows.clone().filter(|e| e.m <= m).max_by_key(|e| e.m);
+        below.or_else(|| shape_rows.min_by_key(|e| e.m)).map(|e| e.kernel)
+    }
+}
+
+/// The rule for GPUs without measurements.
+fn fallback(m: usize, gemm: bool) -> LinearKernel {
+    match (m <= MAX_M, gemm) {
+        (true, _) => LinearKernel::Decode,
+        (false, true) => LinearKernel::Gemm,
+        (false, false) => LinearKernel::DequantCublas,
+    }
+}
+
+/// A quantized linear layer prepared for one device. See the module documentation.
+pub struct QuantLinear {
+    n: usize,
+    k: usize,
+    act: DType,
+    activation: Activation,
+    backend: Backend,
+}
+
+enum Backend {
+    Cpu { op: LinearCpu, bias: Option<Vec<f32>> },
+    Cuda(Box<CudaLinear>),
+}
+
+struct CudaLinear {
+    device: Arc<CudaDevice>,
+    weight: Arc<DeviceW4>,
+    decode: LinearW4A16Cuda,
+    gemm: Option<LinearW4A16Gemm>,
+    /// The dequantize + cuBLAS path: kernels, cuBLAS handle, and the dense scratch weight (made on first use).
+    dense: DensePath,
+    /// `CudaSlice<f16>` or `CudaSlice<bf16>` (the layer's dtype).
+    bias: Option<Box<dyn Any + Send + Sync>>,
+    /// Measured choices per batch size.
+    table: DispatchTable,
+    /// A kernel forced for every call (benchmarking, tests); `None`: the table's choice.
+    forced: Option<LinearKernel>,
+    max_m: usize,
+}
+
+struct DensePath {
+    dequantize: CudaFunction,
+    bias_activation: CudaFunction,
+    blas: CublasLinear,
+    /// `CudaSlice<T>` of N * K elements, T the layer's dtype.
+    scratch: Mutex<Option<Box<dyn Any + Send + Sync>>>,
+}
+
+impl std::fmt::Debug for QuantLinear {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QuantLinear")
+            .field("n", &self.n)
+            .field("k", &self.k)
+            .field("act", &self.act)
+            .field("activation", &self.activation)
+            .finish_non_exhaustive()
+    }
+}
+
+impl QuantLinear {
+    /// Prepares `w` (4-bit, any supported format) with an optional `bias` (N values) and fused `activation` for
+    /// activations of dtype `act` (f16 or bf16 on a GPU; also f32 on the CPU) and batches of up to `max_m` rows.
+    pub fn new(
+        device: &Device,
+        w: &QuantMatrix,
+        bias: Option<&[f32]>,
+        activation: Activation,
+        act: DType,
+        max_m: usize,
+    ) -> Result<Self> {
+        w.validate()?;
+        if let Some(b) = bias {
+            if b.len() != w.n {
+                return Err(Error::invalid(
+                    "bias",
+                    format!("{} values", b.len()),
+                    format!("must hold N = {}", w.n),
+                ));
+            }
+        }
+        if max_m == 0 {
+            return Err(Error::invalid("max_m", 0, "must be at least 1"));
+        }
+        let backend = match device {
+            Device::Cpu => Backend::Cpu {
+                op: LinearCpu::new(w)?,
+                bias: bias.map(<[f32]>::to_vec),
+            },
+            Device::Cuda(dev) => Backend::Cuda(Box::new(CudaLinear::new(dev, w, bias, act, max_m)?)),
+        };
+        Ok(QuantLinear {
+            n: w.n,
+            k: w.k,
+            act,
+            activation,
+            backend,
+        })
+    }
+
+    /// Prepares the checkpoint layer `layer` (see [`Checkpoint::quantized_layers`]) with its `<prefix>.bias` when
+    /// the checkpoint has one.
+    pub fn from_checkpoint(
+        device: &Device,
+        checkpoint: &Checkpoint,
+        layer: &QuantLayer,
+        activation: Activation,
+        act: DType,
+        max_m: usize,
+    ) -> Result<Self> {
+        let w = checkpoint.load_layer(layer)?;
+        let bias = checkpoint
+            .tensor_opt(&format!("{}.bias", layer.prefix))?
+            .map(|t| t.to_f32())
+            .transpose()?;
+        Self::new(device, &w, bias.as_deref(), activation, act, max_m)
+    }
+
+    /// Output features.
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    /// Input features.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// Forces `kernel` for every call where it applies (others fall back to the rule), or restores the measured
+    /// choice with `None` (benchmarking and tests).
+    #[doc(hidden)]
+    pub fn force_kernel(&mut self, kernel: Option<LinearKernel>) {
+        if let Backend::Cuda(c) = &mut self.backend {
+            c.forced = kernel;
+        }
+    }
+
+    /// Replaces the measured dispatch table (tests, or a table measured on another GPU).
+    pub fn set_dispatch_table(&mut self, table: DispatchTable) {
+        if let Backend::Cuda(c) = &mut self.backend {
+            c.table = table;
+        }
+    }
+
+    /// Bytes of weight a call reads (codes, scales, zeros; the GPU's repacked layout), or 0 on the CPU.
+    pub fn weight_bytes(&self) -> usize {
+        match &self.backend {
+            Backend::Cpu { .. } => 0,
+            Backend::Cuda(c) => c.weight.weight_bytes(),
+        }
+    }
+
+    /// The kernels that can run a batch of `m` rows on this layer's device.
+    pub fn available(&self, m: usize) -> Vec<LinearKernel> {
+        match &self.backend {
+            Backend::Cpu { .. } => vec![LinearKernel::Cpu],
+            Backend::Cuda(c) => {
+                let mut v = Vec::new();
+                if m <= MAX_M {
+                    v.push(LinearKernel::Decode);
+                }
+                if c.gemm.is_some() {
+                    v.push(LinearKernel::Gemm);
+                }
+                if !c.weight.has_perm() {
+                    v.push(LinearKernel::DequantCublas);
+                }
+                v
+            }
+        }
+    }
+
+    /// The kernel a batch of `m` rows runs.
+    pub fn kernel_for(&self, m: usize) -> LinearKernel {
+        match &self.backend {
+            Backend::Cpu { .. } => LinearKernel::Cpu,
+            Backend::Cuda(c) => c.kernel_for(m, self.k, self.n),
+        }
+    }
+
+    /// `y = act(x · W^T + bias)` for `m` rows of host data, on the layer's device (uploads, runs, downloads on a
+    /// GPU, where `T` must be the layer's dtype). The same call works for every backend.
+    pub fn forward<T: Float>(&self, x: &[T], m: usize) -> Result<Vec<T>> {
+        if x.len() != m * self.k {
+            return Err(Error::invalid(
+                "x",
+                format!("{} values", x.len()),
+                format!("must hold M * K = {m} * {}", self.k),
+            ));
+        }
+        match &self.backend {
+            Backend::Cpu { op, bias } => {
+                let mut y = vec![0f32; m * self.n];
+                let x32: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
+                op.forward(&x32, m, self.k, bias.as_deref(), &mut y)?;
+                // The epilogue in f32, one rounding to T (what the GPU kernels do).
+                Ok(y.iter().map(|&v| T::from_f32(self.activation.apply(v))).collect())
+            }
+            Backend::Cuda(c) => {
+                if T::DTYPE != self.act {
+                    return Err(Error::invalid(
+                        "x",
+                        T::DTYPE,
+                        format!("dtype must be {} (the layer's)", self.act),
+                    ));
+                }
+                // T is the layer's f16/bf16, so the f32 round trip below is exact.
+                let x32: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
+                let y32 = match self.act {
+                    DType::Bf16 => self.forward_cuda::<bf16>(c, &x32, m)?,
+                    _ => self.forward_cuda::<f16>(c, &x32, m)?,
+                };
+                Ok(y32.into_iter().map(T::from_f32).collect())
+            }
+        }
+    }
+
+    fn forward_cuda<T: DenseElement + cudarc::driver::ValidAsZeroBits>(
+        &self,
+        c: &CudaLinear,
+        x: &[f32],
+        m: usize,
+    ) -> Result<Vec<f32>> {
+        let xt: Vec<T> = x.iter().map(|&v| T::from_f32(v)).collect();
+        let x_dev = c.device.upload(&xt)?;
+        let mut y_dev = c.device.alloc_zeros::<T>(m * self.n)?;
+        let mut ws = c.device.alloc_zeros::<u8>(c.workspace_bytes(m).max(1))?;
+        self.run(c.device.stream(), &x_dev, m, &mut y_dev, &mut ws)?;
+        Ok(c.device.download(&y_dev)?.iter().map(|v| v.to_f32()).collect())
+    }
+
+    /// Device scratch [`QuantLinear::run`] needs for batches of up to `m` rows (GPU layers; 0 on the CPU).
+    pub fn workspace_bytes(&self, m: usize) -> usize {
+        match &self.backend {
+            Backend::Cpu { .. } => 0,
+            Backend::Cuda(c) => c.workspace_bytes(m),
+        }
+    }
+
+    /// `y = act(x · W^T + bias)` on device buffers (GPU layers): `m` contiguous rows of x and y, no allocation except
+    /// the dense scratch weight on the first dequantize + cuBLAS call, no synchronisation.
+    pub fn run<T: DenseElement>(
+        &self,
+        stream: &CudaStream,
+        x: &CudaSlice<T>,
+        m: usize,
+        y: &mut CudaSlice<T>,
+        workspace: &mut dyn DevicePtrMut<u8>,
+    ) -> Result<()> {
+        let Backend::Cuda(c) = &self.backend else {
+            return Err(Error::Unsupported(
+                "QuantLinear::run on device buffers of a CPU layer (use forward)".into(),
+            ));
+        };
+        if T::DTYPE != self.act {
+            return Err(Error::invalid(
+                "x",
+                T::DTYPE,
+                format!("dtype must be {} (the layer's)", self.act),
+            ));
+        }
+        if m > c.max_m {
+            return Err(Error::invalid(
+                "x",
+                format!("{m} rows"),
+                format!("at most max_m = {}", c.max_m),
+            ));
+        }
+        let bias = c
+            .bias
+            .as_ref()
+            .and_then(|b| b.downcast_ref::<CudaSlice<T>>())
+            .map(|b| b as &dyn DevicePtr<T>);
+        match (c.kernel_for(m, self.k, self.n), &c.gemm) {
+            (LinearKernel::Decode, _) => {
+                c.decode.run(stream, x, m, bias, y, workspace)?;
+                // The decode kernel fuses the bias only; the activation is one more pass over y (m <= 64 rows).
+                c.epilogue(stream, y, m, false, self.activation)
+            }
+            (LinearKernel::Gemm, Some(g)) => {
+                g.run_strided(stream, x, self.k, m, bias, self.activation, y, self.n, workspace)
+            }
+            _ => c.run_dense(stream, x, m, self.activation, y),
+        }
+    }
+}
+
+impl CudaLinear {
+    fn new(dev: &Arc<CudaDevice>, w: &QuantMatrix, bias: Option<&[f32]>, act: DType, max_m: usize) -> Result<Self> {
+        if w.bits != 4 {
+            return Err(Error::Unsupported(format!(
+                "QuantLinear on CUDA: {}-bit weights (4-bit only)",
+                w.bits
+            )));
+        }
+        let packed = repack(w, act)?;
+        let weight = DeviceW4::upload(dev, &packed)?;
+        let decode = LinearW4A16Cuda::with_weight(dev, weight.clone(), max_m.min(MAX_M), Tuning::default())?;
+        let gemm = gemm::supported(dev, &weight)
+            .then(|| LinearW4A16Gemm::with_weight(dev, weight.clone(), max_m, None))
+            .transpose()?;
+        let source = &gemm::KERNEL;
+        let suffix = if act == DType::Bf16 { "bf16" } else { "f16" };
+        let dense = DensePath {
+            dequantize: dev.function(source, &format!("w4a16_dequantize_repacked_{suffix}"))?,
+            bias_activation: dev.function(source, &format!("w4a16_bias_activation_{suffix}"))?,
+            blas: CublasLinear::new(dev.stream().clone(), w.n, w.k)?,
+            scratch: Mutex::new(None),
+        };
+        let bias: Option<Box<dyn Any + Send + Sync>> = match (bias, act) {
+            (None, _) => None,
+            (Some(b), DType::Bf16) => Some(Box::new(
+                dev.upload(&b.iter().map(|&v| bf16::from_f32(v)).collect::<Vec<_>>())?,
+            )),
+            (Some(b), _) => Some(Box::new(
+                dev.upload(&b.iter().map(|&v| f16::from_f32(v)).collect::<Vec<_>>())?,
+            )),
+        };
+        Ok(CudaLinear {
+            device: dev.clone(),
+            weight,
+            decode,
+            gemm,
+            dense,
+            bias,
+            table: DispatchTable::measured(),
+            forced: None,
+            max_m,
+        })
+    }
+
+    fn kernel_for(&self, m: usize, k: usize, n: usize) -> LinearKernel {
+        let gemm = self.gemm.is_some();
+        let choice = self
+            .forced
+            .or_else(|| self.table.lookup(&self.device.info().name, k, n, m))
+            .unwrap_or_else(|| fallback(m, gemm));
+        match choice {
+            LinearKernel::Decode if m > MAX_M => fallback(m, gemm),
+            LinearKernel::Gemm if !gemm => fallback(m, gemm),
+            LinearKernel::Cpu => fallback(m, gemm),
+            c => c,
+        }
+    }
+
+    fn workspace_bytes(&self, m: usize) -> usize {
+        let decode = self.decode.workspace_bytes();
+        let gemm = self.gemm.as_ref().map_or(0, |g| g.workspace_bytes());
+        let _ = m; // the workspace does not grow with m below max_m (each operator sized itself for max_m)
+        decode.max(gemm)
+    }
+
+    /// Dequantize into the scratch weight, cuBLAS, then bias + activation when there are any.
+    fn run_dense<T: DenseElement>(
+        &self,
+        stream: &CudaStream,
+        x: &CudaSlice<T>,
+        m: usize,
+        activation: Activation,
+        y: &mut CudaSlice<T>,
+    ) -> Result<()> {
+        let p = self.weight.plan();
+        if self.weight.has_perm() {
+            return Err(Error::Unsupported(
+                "QuantLinear: dequantize + cuBLAS with act-order weights (the GEMM and decode kernels take them)"
+                    .into(),
+            ));
+        }
+        let mut scratch = self.dense.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        if scratch
+            .as_ref()
+            .and_then(|s| s.downcast_ref::<CudaSlice<T>>())
+            .is_none()
+        {
+            // First use, or a scratch of the other dtype (impossible: the layer has one dtype).
+            let fresh: CudaSlice<T> = self.device.upload(&vec![T::from_f32(0.0); p.n * p.k])?;
+            *scratch = Some(Box::new(fresh));
+        }
+        let dense = scratch
+            .as_mut()
+            .and_then(|s| s.downcast_mut::<CudaSlice<T>>())
+            .expect("allocated above");
+        let (qweight, scales, zeros, _) = self.weight.pointers(stream);
+        let dense_ptr = dense.device_ptr_mut(stream).0;
+        let pieces = (p.n_tiles() * p.k_tiles() * p.n_cta * 4) as u64;
+        let (ni, ki, kti, gi, gpi, ncta) = (
+            p.n as i32,
+            p.k as i32,
+            p.k_tiles() as i32,
+            p.group as i32,
+            p.group_rows as i32,
+            p.n_cta as i32,
+        );
+        let mut b = stream.launch_builder(&self.dense.dequantize);
+        b.arg(&qweight)
+            .arg(&scales)
+            .arg(&zeros)
+            .arg(&dense_ptr)
+            .arg(&ni)
+            .arg(&ki)
+            .arg(&kti)
+            .arg(&gi)
+            .arg(&gpi)
+            .arg(&ncta);
+        let cfg = LaunchConfig {
+            grid_dim: (pieces.div_ceil(256).min(65_535) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: reads the operator's own repacked weight (all units) and writes dense[N][K] (row < N, col < K
+        // checked per element) into the scratch buffer of N * K elements.
+        unsafe { b.launch(cfg) }.map_err(launch_error("w4a16_dequantize_repacked"))?;
+        self.dense.blas.run(dense, x, m, y)?;
+        self.epilogue(stream, y, m, true, activation)
+    }
+
+    /// `y = act(y + bias)` in place (bias only when `with_bias` and the layer has one); nothing to do is no launch.
+    fn epilogue<T: DenseElement>(
+        &self,
+        stream: &CudaStream,
+        y: &mut CudaSlice<T>,
+        m: usize,
+        with_bias: bool,
+        activation: Activation,
+    ) -> Result<()> {
+        let bias = self
+            .bias
+            .as_ref()
+            .filter(|_| with_bias)
+            .and_then(|b| b.downcast_ref::<CudaSlice<T>>());
+        if bias.is_none() && activation == Activation::None {
+            return Ok(());
+        }
+        let n = self.weight.plan().n;
+        let y_ptr = y.device_ptr_mut(stream).0;
+        let bias_ptr = bias.map_or(0, |b| b.device_ptr(stream).0);
+        let (ys, mi, ni, code) = (n as i64, m as i32, n as i32, activation.code());
+        let mut b = stream.launch_builder(&self.dense.bias_activation);
+        b.arg(&y_ptr).arg(&ys).arg(&bias_ptr).arg(&mi).arg(&ni).arg(&code);
+        let cfg = LaunchConfig {
+            grid_dim: ((m * n).div_ceil(256).min(65_535) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: y holds m * N elements (the callers checked it), bias N.
+        unsafe { b.launch(cfg) }.map_err(launch_error("w4a16_bias_activation"))?;
+        Ok(())
+    }
+}
