@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CUDA W8A8 on the device machine in one call: the GPU tests (tests/cuda_w8a8: quantizer bit for bit, both GEMM
 # kernels against the f64 reference, exact modes, guard words), then `lowbit bench --op w8a8` (lowbit, lowbit_gemm,
-# lowbit_mma, lowbit_smoothquant, cuBLAS fp16, cuBLASLt int8 on the four target shapes x M in {1024, 4096}) with a
+# lowbit_wgmma, lowbit_smoothquant, cuBLAS fp16, cuBLASLt int8 on the four target shapes x M in {1024, 4096}) with a
 # table of ratios to cuBLAS fp16 and cuBLASLt int8, then compute-sanitizer memcheck on the small exact cases, then
 # Nsight Compute on one GEMM launch.
 # Binaries: `DEVBIN=.devbin-w8a8 TESTS=cuda_w8a8 bash scripts/prepare-devbin.sh` (from a clean tree when the JSON is
@@ -59,8 +59,8 @@ PY
     grep -E "ERROR SUMMARY|test result|Invalid|out of bounds" "$DEST/memcheck.log" | head -20
   fi
   if [ "${PROFILE:-1}" = 1 ] && command -v ncu >/dev/null; then
-    echo "== ncu: the default GEMM kernel at 4096 x 4096 x 4096, f16, blocks of 128"
-    timeout 90 ncu --kernel-name regex:w8a8_wgmma --launch-skip 3 --launch-count 1 --section SpeedOfLight \
+    echo "== ncu: the first GEMM launch (default kernel) at 4096 x 4096 x 4096, f16, blocks of 128"
+    timeout 90 ncu --kernel-name regex:"w8a8_(gemm|wgmma)" --launch-skip 3 --launch-count 1 --section SpeedOfLight \
       --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy \
       "$BIN/lowbit" bench --device cuda --op w8a8 --shape 4096x4096x4096 --json > "$DEST/ncu.txt" 2>&1 || status=1
     grep -E "Duration|Throughput|Busy|Stall|Eligible|Issued|Registers|Achieved|Hit Rate|Bandwidth" "$DEST/ncu.txt" | head -40

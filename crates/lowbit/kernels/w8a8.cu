@@ -613,7 +613,8 @@ __device__ __forceinline__ void gemm_wgmma(const GemmParams& p) {
     const u32 wg_row = (warp / 4) * 64, row0 = wg_row + (warp % 4) * 16;  // warpgroup rows, this warp's rows
     const u32 base = aligned_smem_base(smem), sbytes = stage_bytes(1);
     const u32 k_tiles = (p.k_steps + STEPS_PER_STAGE - 1) / STEPS_PER_STAGE;
-    const u32 tiles_per_block = p.block_steps / STEPS_PER_STAGE;  // the last block may end early
+    // Rounded up: one block per row of K = 3884 has 122 k steps in 31 stages (the last block may end early).
+    const u32 tiles_per_block = (p.block_steps + STEPS_PER_STAGE - 1) / STEPS_PER_STAGE;
 #pragma unroll
     for (int s = 0; s < STAGES - 2; ++s) {
         if ((u32)s < k_tiles) load_stage(p, base + s * sbytes, s, m0, n0, tid);

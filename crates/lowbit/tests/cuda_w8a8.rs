@@ -378,7 +378,7 @@ fn round_all(v: &[f64], dtype: DType) -> Vec<f32> {
 }
 
 /// Rows do not depend on the batch: row 0 of an M = 33 call equals the M = 1 call, bit for bit, and reruns are
-/// identical. Quantizing once and running two layers (q/k/v reuse) equals `run`. Default kernels (wgmma on sm_90a).
+/// identical. Quantizing once and running two layers (q/k/v reuse) equals `run`. Default kernels.
 #[test]
 fn deterministic_batch_invariant_and_reusable() {
     let Some(dev) = cuda_device() else { return };

@@ -521,9 +521,12 @@ impl W8a8LinearCuda {
         } else {
             1
         };
-        // wgmma needs sm_90a and stages that lie in one block (slots = 1).
+        // wgmma needs sm_90a and stages that lie in one block (slots = 1). Default (H200 measurements in
+        // docs/notes/w8a8.md): wgmma for SmoothQuant, whose single correction leaves the pace to the tensor cores;
+        // mma.sync for per-block W8A8, where the per-block correction sets the pace and the wgmma kernel ran 5-13%
+        // slower.
         let wgmma_fits = device.info().arch == "sm_90a" && slots == 1;
-        let choice = forced.unwrap_or(if wgmma_fits {
+        let choice = forced.unwrap_or(if wgmma_fits && scheme == W8a8Scheme::SmoothQuant {
             GemmKernel::Wgmma
         } else {
             GemmKernel::MmaSync
