@@ -33,9 +33,14 @@
 //   tile's rows over every partial in split order (deterministic, and the reduction is spread over the splits
 //   instead of serialised in one CTA).
 //
-// * EPILOGUE. Accumulators go to shared memory as an fp32 [token][column] tile, then each thread takes 8-column
-//   chunks (split-K: summed over the partials), adds bias, applies the activation, rounds, and stores 16 bytes
-//   (scalar at the ragged N edge or for unaligned y) -- coalesced, and no registers live beside the accumulators.
+// * PERSISTENT. The grid is at most one CTA per SM; CTA c takes work items (tile x split) c, c + grid, ... and the
+//   producer runs ahead across items, so the next tile's stages fill while the consumers run an epilogue: K = 4096
+//   tiles have only 32 k tiles, and a drained and refilled pipeline per tile cost ~7% there.
+//
+// * EPILOGUE. Without split-K, straight from registers: bias, activation, rounding, then neighbouring lanes swap
+//   halves so each stores two adjacent columns of one token (4 bytes) -- no shared memory, so it never races the
+//   producer. With split-K (then every CTA has one item) through shared memory: the fp32 tile is written
+//   [token][column], then each thread takes 8-column chunks, sums the splits' partials, and stores 16 bytes.
 //
 // * ORDER. Consecutive CTAs walk 16 column tiles before the next token tile, so the ~132 CTAs in flight share a few
 //   MB of weights and of x in L2 instead of streaming both from memory.
@@ -113,26 +118,50 @@ struct Gemm {
         return s.group_shift >= 0 ? k >> s.group_shift : k / s.group;
     }
 
-    // TMA producer (one thread): per k tile, wait for the stage to be free, announce its bytes, issue the copies.
-    __device__ static void produce(const TensorMap* xmap, const Args& a, const Shape& s, u32 base, u32 bars, int nt,
-                                   int mt, int kt0, int kt1) {
-        int buf = 0;
-        for (int i = 0, kt = kt0; kt < kt1; ++i, ++kt) {
-            const u32 full = bars + buf * 8, empty = bars + (STAGES + buf) * 8;
-            if (i >= STAGES) mbar_wait(empty, ((i / STAGES) - 1) & 1);
-            const u32 stage = base + buf * STAGE_BYTES;
-            const int k0 = kt * K_TILE;
-            const int g_lo = group_row(s, k0), rows = group_row(s, k0 + K_TILE - 1) - g_lo + 1;
-            const size_t row0 = (size_t)nt * s.GP + g_lo;
-            mbar_arrive_expect_tx(full, X_BYTES + W_BYTES + rows * (N_CTA * 2) + (HAS_ZEROS ? rows * (N_CTA / 2) : 0));
-            tma_load_2d(stage, xmap, k0, mt * BM, full);
-            tma_load_2d(stage + BM * 128, xmap, k0 + X_BOX_K, mt * BM, full);
-            bulk_copy(stage + X_BYTES, a.qweight + ((size_t)nt * s.KT + kt) * (N_CTA * 4), W_BYTES, full);
-            bulk_copy(stage + X_BYTES + W_BYTES, a.scales + row0 * N_CTA, rows * (N_CTA * 2), full);
-            if (HAS_ZEROS)
-                bulk_copy(stage + X_BYTES + W_BYTES + S_BYTES, a.zeros + row0 * (N_CTA / 2), rows * (N_CTA / 2),
-                            full);
-            if (++buf == STAGES) buf = 0;
+    // One work item: a tile (nt, mt) and a split of its k range.
+    struct Work {
+        int nt, mt, split, kt0, kt1;
+    };
+    // Items in order: the splits of a tile consecutively; tiles in groups of RASTER_N column tiles, token tiles inner
+    // within a group (L2 reuse among the CTAs in flight).
+    __device__ static __forceinline__ Work work(const Shape& s, int item) {
+        Work w;
+        w.split = item % s.splits;
+        const int tile_seq = item / s.splits;
+        const int per_group = RASTER_N * s.MT, group = tile_seq / per_group;
+        const int first_n = group * RASTER_N, width = min(RASTER_N, s.NT - first_n);
+        const int local = tile_seq - group * per_group;
+        w.nt = first_n + local % width, w.mt = local / width;
+        w.kt0 = (int)((long long)w.split * s.KT / s.splits);
+        w.kt1 = (int)((long long)(w.split + 1) * s.KT / s.splits);
+        return w;
+    }
+
+    // TMA producer (one thread): for every k tile of every item of this CTA, wait for the stage to be free, announce
+    // its bytes, issue the copies. It runs ahead across items, so the next tile's stages fill during an epilogue.
+    __device__ static void produce(const TensorMap* xmap, const Args& a, const Shape& s, u32 base, u32 bars,
+                                   int items) {
+        int buf = 0, i = 0;
+        for (int item = blockIdx.x; item < items; item += gridDim.x) {
+            const Work w = work(s, item);
+            for (int kt = w.kt0; kt < w.kt1; ++kt, ++i) {
+                const u32 full = bars + buf * 8, empty = bars + (STAGES + buf) * 8;
+                if (i >= STAGES) mbar_wait(empty, ((i / STAGES) - 1) & 1);
+                const u32 stage = base + buf * STAGE_BYTES;
+                const int k0 = kt * K_TILE;
+                const int g_lo = group_row(s, k0), rows = group_row(s, k0 + K_TILE - 1) - g_lo + 1;
+                const size_t row0 = (size_t)w.nt * s.GP + g_lo;
+                mbar_arrive_expect_tx(full,
+                                      X_BYTES + W_BYTES + rows * (N_CTA * 2) + (HAS_ZEROS ? rows * (N_CTA / 2) : 0));
+                tma_load_2d(stage, xmap, k0, w.mt * BM, full);
+                tma_load_2d(stage + BM * 128, xmap, k0 + X_BOX_K, w.mt * BM, full);
+                bulk_copy(stage + X_BYTES, a.qweight + ((size_t)w.nt * s.KT + kt) * (N_CTA * 4), W_BYTES, full);
+                bulk_copy(stage + X_BYTES + W_BYTES, a.scales + row0 * N_CTA, rows * (N_CTA * 2), full);
+                if (HAS_ZEROS)
+                    bulk_copy(stage + X_BYTES + W_BYTES + S_BYTES, a.zeros + row0 * (N_CTA / 2), rows * (N_CTA / 2),
+                              full);
+                if (++buf == STAGES) buf = 0;
+            }
         }
     }
 
@@ -144,13 +173,12 @@ struct Gemm {
     }
 
     // The consumer warpgroups' main loop; returns with every wgmma complete and the accumulators in `acc`.
+    // `buf`/`phase`: the stage the next k tile is in and the parity of its use, carried across items.
     __device__ static __forceinline__ void mainloop(const Shape& s, u32 base, u32 bars, int kt0, int kt1, int wg,
-                                                    float (&acc)[2][ACC]) {
+                                                    int& buf, u32& phase, float (&acc)[2][ACC]) {
         const int lane = threadIdx.x & 31;
         const int dw = (WG_N == 2 ? wg * 4 : 0) + ((threadIdx.x >> 5) & 3);  // this warp's 32-column decode slice
         const int wm = WG_N == 2 ? 0 : wg;                                   // this warpgroup's token half
-        int buf = 0;
-        u32 phase = 0;
         for (int kt = kt0; kt < kt1; ++kt) {
             mbar_wait(bars + buf * 8, phase);
             const u32 stage = base + buf * STAGE_BYTES;
@@ -205,6 +233,7 @@ struct Gemm {
         }
         wgmma_wait<0>();
         fence_accumulators(acc);
+        mbar_arrive(bars + (STAGES + (buf == 0 ? STAGES - 1 : buf - 1)) * 8);  // the item's last stage
     }
 
     // Epilogue, in two passes over shared memory so that no extra registers are live next to the accumulators:
@@ -306,6 +335,43 @@ struct Gemm {
         }
     }
 
+    // Epilogue without shared memory (no split-K; the producer may already be filling stages for the next item):
+    // bias and activation in fp32, then lanes g and g ^ 1 (lane ^ 4) swap halves so that each holds two adjacent
+    // columns of one token, and store 4 bytes (scalar at the ragged N edge or for unaligned y).
+    __device__ static __forceinline__ void epilogue_direct(const Args& a, const Shape& s, int nt, int mt, int wg,
+                                                           int ctid, const float (&acc)[2][ACC]) {
+        const int lane = ctid & 31, g = lane >> 2, t4 = lane & 3, odd = g & 1;
+        const int dw = (WG_N == 2 ? wg * 4 : 0) + ((ctid >> 5) & 3);
+        const int wm = WG_N == 2 ? 0 : wg;
+#pragma unroll
+        for (int t = 0; t < 2; ++t)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int n = nt * N_CTA + dw * 32 + t * 16 + h * 8 + g;  // this lane's column
+                const float b = (a.bias && n < s.N) ? FragmentOps<T>::to_f32(a.bias[n]) : 0.0f;
+                const int n_pair = n - odd;                                // the pair's first column
+#pragma unroll
+                for (int j = 0; j < WG_TOKENS / 8; ++j) {
+                    const float v0 = apply_activation(acc[t][4 * j + 2 * h] + b, s.activation);
+                    const float v1 = apply_activation(acc[t][4 * j + 2 * h + 1] + b, s.activation);
+                    // mine: (column n, token 2t4) low, (n, 2t4 + 1) high.
+                    const u32 mine = (u32)FragmentOps<T>::from_f32(v0) | ((u32)FragmentOps<T>::from_f32(v1) << 16);
+                    const u32 other = __shfl_xor_sync(0xffffffffu, mine, 4);
+                    // Even g keeps token 2t4: (n, n + 1); odd g token 2t4 + 1: (n - 1, n).
+                    const u32 pair = odd ? __byte_perm(other, mine, 0x7632) : __byte_perm(mine, other, 0x5410);
+                    const int m = mt * BM + wm * WG_TOKENS + j * 8 + t4 * 2 + odd;
+                    if (m >= s.M || n_pair >= s.N) continue;
+                    u16* dst = a.y + (size_t)m * s.y_stride + n_pair;
+                    if (s.y_vector && n_pair + 1 < s.N) {
+                        *reinterpret_cast<u32*>(dst) = pair;
+                    } else {
+                        dst[0] = (u16)pair;
+                        if (n_pair + 1 < s.N) dst[1] = (u16)(pair >> 16);
+                    }
+                }
+            }
+    }
+
     __device__ static void run(const TensorMap* xmap, const Args& a, const Shape& s) {
         extern __shared__ __align__(16) char smem_raw[];
         // Swizzled TMA tiles need 1024-byte alignment: the host allocates 1 KB of slack.
@@ -313,14 +379,7 @@ struct Gemm {
         const u32 bars = base + DATA_BYTES;
         const int tid = threadIdx.x, wg = tid >> 7;
 
-        // Tile of this CTA: splits consecutive CTAs per tile; tiles in groups of RASTER_N column tiles, token tiles
-        // inner within a group.
-        const int split = blockIdx.x % s.splits, tile_seq = blockIdx.x / s.splits;
-        const int per_group = RASTER_N * s.MT, group = tile_seq / per_group;
-        const int first_n = group * RASTER_N, width = min(RASTER_N, s.NT - first_n);
-        const int local = tile_seq - group * per_group;
-        const int nt = first_n + local % width, mt = local / width;
-        const int kt0 = (int)((long long)split * s.KT / s.splits), kt1 = (int)((long long)(split + 1) * s.KT / s.splits);
+        const int items = s.NT * s.MT * s.splits;
 
         if (tid == 0) {
             for (int st = 0; st < STAGES; ++st) {
@@ -332,13 +391,25 @@ struct Gemm {
         __syncthreads();
         if (wg == 2) {
             setmaxnreg_dec<40>();
-            if (tid == CONSUMERS) produce(xmap, a, s, base, bars, nt, mt, kt0, kt1);
+            if (tid == CONSUMERS) produce(xmap, a, s, base, bars, items);
             return;
         }
         setmaxnreg_inc<232>();
-        float acc[2][ACC];  // written by the first wgmma (accumulate = 0)
-        mainloop(s, base, bars, kt0, kt1, wg, acc);
-        epilogue(a, s, base, nt, mt, wg, nt * s.MT + mt, split, tid, acc);
+        int buf = 0;
+        u32 phase = 0;
+        // Persistent: the grid is at most one CTA per SM and each CTA takes items blockIdx.x, + gridDim.x, ...
+        // With split-K there are no more items than CTAs (the host's rule), so the shared-memory epilogue, which
+        // reuses the stages, never races the producer.
+        for (int item = blockIdx.x; item < items; item += gridDim.x) {
+            const Work w = work(s, item);
+            float acc[2][ACC];  // written by the first wgmma (accumulate = 0)
+            mainloop(s, base, bars, w.kt0, w.kt1, wg, buf, phase, acc);
+            if (s.splits > 1) {
+                epilogue(a, s, base, w.nt, w.mt, wg, w.nt * s.MT + w.mt, w.split, tid, acc);
+            } else {
+                epilogue_direct(a, s, w.nt, w.mt, wg, tid, acc);
+            }
+        }
     }
 };
 

@@ -285,3 +285,19 @@ fn unsupported_tiles_are_a_typed_error() {
     let err = LinearW4A16Gemm::with_weight(&dev, weight, 64, None).unwrap_err();
     assert!(err.to_string().contains("64-column tiles"), "{err}");
 }
+
+#[test]
+fn persistent_grid_with_several_tiles_per_cta() {
+    let Some(dev) = hopper() else { return };
+    // 8 column tiles x 17 token tiles = 136 items for at most 132 CTAs: some CTAs run two tiles back to back (the
+    // producer prefetching the second during the first's epilogue); M = 2100 leaves a ragged last token tile.
+    let c = Case {
+        n: 2048,
+        k: 256,
+        bias: true,
+        activation: Activation::Relu,
+        ..BASE
+    };
+    check::<f16>(&dev, c, &[2100], &[None]);
+    check::<f16>(&dev, Case { exact: true, ..c }, &[2100], &[None]);
+}

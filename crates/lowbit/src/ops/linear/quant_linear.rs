@@ -12,7 +12,7 @@
 //!
 //! The choice comes from a [`DispatchTable`] measured on the device (`bench/results/dispatch-*.json`, made by
 //! `lowbit bench --op linear --dispatch`; embedded for the GPUs it covers). On a GPU it does not cover, a fixed rule
-//! stands in: decode up to 64 rows, then the GEMM on sm_90 or dequantize + cuBLAS elsewhere.
+//! stands in: decode up to 16 rows, then the GEMM on sm_90; elsewhere decode up to 64, then dequantize + cuBLAS.
 //!
 //! All GPU kernels of one layer read the same device weight ([`DeviceW4`]); the dense scratch weight of the
 //! dequantize path is allocated on first use only.
@@ -112,12 +112,14 @@ impl DispatchTable {
     }
 }
 
-/// The rule for GPUs without measurements.
+/// The rule for GPUs without measurements, from the H200's table: the decode kernel up to 16 rows, then the GEMM
+/// on sm_90; elsewhere the decode kernel up to its 64 rows, then dequantize + cuBLAS.
 fn fallback(m: usize, gemm: bool) -> LinearKernel {
-    match (m <= MAX_M, gemm) {
-        (true, _) => LinearKernel::Decode,
-        (false, true) => LinearKernel::Gemm,
-        (false, false) => LinearKernel::DequantCublas,
+    match (m, gemm) {
+        (0..=16, _) => LinearKernel::Decode,
+        (_, true) => LinearKernel::Gemm,
+        (0..=MAX_M, false) => LinearKernel::Decode,
+        _ => LinearKernel::DequantCublas,
     }
 }
 

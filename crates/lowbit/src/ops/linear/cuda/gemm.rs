@@ -285,8 +285,12 @@ impl LinearW4A16Gemm {
         self.kernel(m).0
     }
 
+    /// The 64-token kernel for small batches, and for batches whose 128-token tiles would not cover half the SMs
+    /// (more, smaller tiles then beat split-K); the 128-token kernel otherwise.
     fn kernel(&self, m: usize) -> &(GemmVariant, CudaFunction) {
-        &self.kernels[usize::from(m > self.small_batch)]
+        let large_tiles = self.weight.plan.n_tiles() * m.div_ceil(self.kernels[1].0.bm());
+        let small = m <= self.small_batch || 2 * large_tiles < self.sms;
+        &self.kernels[usize::from(!small)]
     }
 
     /// Sends batches of up to `rows` rows (instead of [`SMALL_BATCH`]) to the 64-token kernel (benchmarking).
@@ -419,8 +423,10 @@ impl LinearW4A16Gemm {
         let bm = variant.bm();
         let m_tiles = m.div_ceil(bm);
         let splits = self.splits(m);
-        let ctas = p.n_tiles() * m_tiles * splits;
-        if ctas > i32::MAX as usize {
+        // Persistent grid: one CTA per SM at most, each taking every gridDim-th item (tile x split).
+        let items = p.n_tiles() * m_tiles * splits;
+        let ctas = items.min(self.sms);
+        if items > i32::MAX as usize {
             return Err(Error::invalid(
                 "x",
                 format!("{m} rows"),
