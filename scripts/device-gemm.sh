@@ -4,7 +4,8 @@
 # GEMM test and the QuantLinear dispatch test, then `lowbit bench --op linear` on the four target shapes x
 # M in $MS (default 1 4 16 64 256 1024 4096), writing QuantLinear's measured dispatch table to $OUT/dispatch.json.
 # Binaries: `DEVBIN=.devbin TESTS="cuda_linear_gemm quant_linear cuda_linear" scripts/prepare-devbin.sh`.
-# Logs/JSON under $OUT. Knobs: DTYPES (default f16), MS, SKIP_TESTS=1, DECODE_TESTS=1.
+# Logs/JSON under $OUT. Knobs: DTYPES (default f16), MS, SKIP_TESTS=1, DECODE_TESTS=1, W8_MS="1 64 ..." (also
+# bench 8-bit weights, f16, at those M).
 set -uo pipefail
 BIN=${BIN:-.devbin}
 OUT=${OUT:-/tmp/lowbit-out}
@@ -42,13 +43,23 @@ for dt in ${DTYPES:-f16}; do
   timeout 400 "$BIN/lowbit" bench --device cuda --op linear --dtype "$dt" --json $shapes \
     --dispatch "$OUT/dispatch-$dt.json" >> "$J" 2> "$OUT/bench-$dt.err" || { status=1; tail -n 5 "$OUT/bench-$dt.err"; }
 done
+if [ -n "${W8_MS:-}" ]; then
+  echo "== bench --op linear --wbits 8 (W8A16, f16)"
+  shapes=""
+  for kn in 4096x4096 4096x14336 14336x4096 8192x28672; do
+    for m in $W8_MS; do shapes="$shapes --shape ${m}x${kn}"; done
+  done
+  timeout 300 "$BIN/lowbit" bench --device cuda --op linear --wbits 8 --dtype f16 --json $shapes >> "$J" \
+    2> "$OUT/bench-w8.err" || { status=1; tail -n 5 "$OUT/bench-w8.err"; }
+fi
 python3 - "$J" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-base = {(r["M"], r["K"], r["N"], r["dtype"]): r["us"] for r in rows if r["impl"].startswith("cublas")}
+key = lambda r: (r["M"], r["K"], r["N"], r["dtype"], r.get("wbits"))
+base = {key(r): r["us"] for r in rows if r["impl"].startswith("cublas")}
 for r in rows:
-    b = base.get((r["M"], r["K"], r["N"], r["dtype"]))
-    print(f'{r["impl"]:22s} {r["dtype"]} M={r["M"]:5d} K={r["K"]:6d} N={r["N"]:6d} {r["us"]:9.1f} us  x{(b / r["us"]) if b else 0:5.2f}')
+    b = base.get(key(r))
+    print(f'{r["impl"]:22s} {r["dtype"]} w{r.get("wbits")} M={r["M"]:5d} K={r["K"]:6d} N={r["N"]:6d} {r["us"]:9.1f} us  x{(b / r["us"]) if b else 0:5.2f}')
 PY
 echo "device-gemm: status $status"
 exit $status

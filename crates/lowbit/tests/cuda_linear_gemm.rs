@@ -25,6 +25,7 @@ use std::sync::Arc;
 
 #[derive(Debug, Clone, Copy)]
 struct Case {
+    bits: u8,
     n: usize,
     k: usize,
     group: usize,
@@ -37,6 +38,7 @@ struct Case {
 }
 
 const BASE: Case = Case {
+    bits: 4,
     n: 512,
     k: 1024,
     group: 128,
@@ -53,12 +55,12 @@ fn quant(rng: &mut Rng, c: &Case) -> QuantMatrix {
     QuantMatrix {
         n: c.n,
         k: c.k,
-        bits: 4,
+        bits: c.bits,
         group_size: c.group,
-        codes: (0..c.n * c.k).map(|_| rng.below(16) as u8).collect(),
+        codes: (0..c.n * c.k).map(|_| rng.below(1 << c.bits) as u8).collect(),
         zeros: c
             .zeros
-            .then(|| (0..c.n * groups).map(|_| rng.below(16) as u8).collect()),
+            .then(|| (0..c.n * groups).map(|_| rng.below(1 << c.bits) as u8).collect()),
         scales: (0..c.n * groups)
             .map(|_| {
                 if c.exact {
@@ -300,4 +302,31 @@ fn persistent_grid_with_several_tiles_per_cta() {
     };
     check::<f16>(&dev, c, &[2100], &[None]);
     check::<f16>(&dev, Case { exact: true, ..c }, &[2100], &[None]);
+}
+
+#[test]
+fn eight_bit_weights_as_two_int4_planes() {
+    let Some(dev) = hopper() else { return };
+    // W8A16: the same kernels on the two nibble planes (K doubles, x is read twice); exact and random data,
+    // symmetric per channel and asymmetric g128 with act-order.
+    let c = Case { bits: 8, ..BASE };
+    check::<f16>(&dev, Case { exact: true, ..c }, &[1, 100], &[None]);
+    check::<f16>(
+        &dev,
+        Case {
+            act_order: true,
+            bias: true,
+            ..c
+        },
+        &[64, 300],
+        &[None],
+    );
+    let per_channel = Case {
+        bits: 8,
+        group: 1024,
+        zeros: false,
+        act: DType::Bf16,
+        ..BASE
+    };
+    check::<bf16>(&dev, per_channel, &[1, 256], &[None]);
 }

@@ -133,16 +133,26 @@ fn cuda_every_kernel_and_the_dispatch_across_boundaries() {
         return;
     };
     let device = Device::Cuda(dev);
-    for (act, n, k, group) in [(DType::F16, 512, 1024, 128), (DType::Bf16, 384, 2048, 64)] {
+    for (act, n, k, group, bits) in [
+        (DType::F16, 512, 1024, 128, 4),
+        (DType::Bf16, 384, 2048, 64, 4),
+        (DType::F16, 256, 512, 128, 8),
+    ] {
         let mut rng = Rng(n as u64);
-        let w = weight(&mut rng, n, k, group, act);
+        let mut w = weight(&mut rng, n, k, group, act);
+        if bits == 8 {
+            // W8A16: codes and zeros over the whole byte.
+            w.bits = 8;
+            w.codes.iter_mut().for_each(|c| *c = rng.below(256) as u8);
+            w.zeros.iter_mut().flatten().for_each(|z| *z = rng.below(256) as u8);
+        }
         let bias: Vec<f32> = (0..n)
             .map(|_| lowbit::dtype::round_to(act, rng.uniform(-1.0, 1.0)))
             .collect();
         for activation in [Activation::None, Activation::Silu] {
             let mut layer = QuantLinear::new(&device, &w, Some(&bias), activation, act, 300).unwrap();
             let ms = [1, 17, 64, 65, 256, 300];
-            let label = format!("cuda {act} N={n} K={k} g{group}");
+            let label = format!("cuda {act} W{bits} N={n} K={k} g{group}");
             for kernel in [LinearKernel::Decode, LinearKernel::Gemm, LinearKernel::DequantCublas] {
                 let ms: Vec<usize> = ms
                     .iter()

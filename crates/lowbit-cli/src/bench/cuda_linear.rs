@@ -43,11 +43,8 @@ const GRAPH_CALLS: usize = 32;
 /// Benchmarks the linear op on the GPU `args.device` names.
 pub fn run(args: &BenchArgs, sink: &mut Sink) -> Result<()> {
     let dev = args.cuda_device()?;
-    if args.wbits != 4 {
-        return Err(Error::Unsupported(format!(
-            "bench --op linear --wbits {} on CUDA (4 only)",
-            args.wbits
-        )));
+    if !matches!(args.wbits, 4 | 8) {
+        return Err(Error::invalid("--wbits", args.wbits, "CUDA linear takes 4 or 8"));
     }
     // (K, N) -> the batch sizes asked for it, in order.
     let mut problems: Vec<((usize, usize), Vec<usize>)> = Vec::new();
@@ -111,24 +108,34 @@ pub fn run(args: &BenchArgs, sink: &mut Sink) -> Result<()> {
     Ok(())
 }
 
-/// A random int4 weight: codes and zeros over every nibble, f16/bf16-exact scales of realistic size.
-fn random_weight(rng: &mut SplitMix64, n: usize, k: usize, group: usize, zeros: bool, dtype: DType) -> QuantMatrix {
+/// A random int4 or int8 weight: codes and zeros over every value, f16/bf16-exact scales of realistic size.
+#[allow(clippy::too_many_arguments)]
+fn random_weight(
+    rng: &mut SplitMix64,
+    n: usize,
+    k: usize,
+    group: usize,
+    zeros: bool,
+    dtype: DType,
+    wbits: u8,
+) -> QuantMatrix {
     let groups = k / group;
+    let mask = (1u64 << wbits) - 1;
     let mut codes = vec![0u8; n * k];
-    for chunk in codes.chunks_mut(16) {
+    for chunk in codes.chunks_mut(64 / wbits as usize) {
         let mut bits = rng.next_u64();
         for c in chunk {
-            *c = (bits & 15) as u8;
-            bits >>= 4;
+            *c = (bits & mask) as u8;
+            bits >>= wbits;
         }
     }
     QuantMatrix {
         n,
         k,
-        bits: 4,
+        bits: wbits,
         group_size: group,
         codes,
-        zeros: zeros.then(|| (0..n * groups).map(|_| (rng.next_u64() & 15) as u8).collect()),
+        zeros: zeros.then(|| (0..n * groups).map(|_| (rng.next_u64() & mask) as u8).collect()),
         scales: (0..n * groups)
             .map(|_| lowbit::dtype::round_to(dtype, 2f32.powf(rng.uniform(-9.0, -5.0))))
             .collect(),
@@ -154,7 +161,7 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
     let name = dev.info().name.clone();
     let mut rng = SplitMix64(0x11ea ^ (k * 131 + n) as u64);
     sink.status(format!("linear {k}x{n} {dtype}: preparing weights"));
-    let w = random_weight(&mut rng, n, k, group, !args.symmetric, dtype);
+    let w = random_weight(&mut rng, n, k, group, !args.symmetric, dtype, args.wbits);
     let packed = repack(&w, dtype)?;
     let max_m = ms.iter().copied().max().unwrap_or(1);
     if ms.contains(&0) {
@@ -201,7 +208,7 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
         let dense_bytes = (n * k + m * k + m * n) * 2;
         let record = |implementation: &str, bytes: usize, us: f64| {
             let mut r = BenchRecord::new("linear", implementation, &name, dtype, shape, bytes as u64, us);
-            r.wbits = Some(4);
+            r.wbits = Some(args.wbits);
             r.group = Some(if group == k { -1 } else { group as i64 });
             r
         };
@@ -307,10 +314,10 @@ fn dense_weight<T: DenseElement>(w: &QuantMatrix) -> Vec<T> {
     dense
 }
 
-/// Bytes of an int4 weight at its checkpoint size: codes, 16-bit scales, 4-bit zeros.
+/// Bytes of a weight at its checkpoint size: codes, 16-bit scales, zeros of the code width.
 fn packed_bytes(w: &QuantMatrix) -> usize {
-    let groups = w.groups();
-    w.n * w.k / 2 + w.n * groups * 2 + if w.zeros.is_some() { w.n * groups / 2 } else { 0 }
+    let (groups, bits) = (w.groups(), w.bits as usize);
+    w.n * w.k * bits / 8 + w.n * groups * 2 + if w.zeros.is_some() { w.n * groups * bits / 8 } else { 0 }
 }
 
 /// Median µs per call of `launch(set)`: warm-up, then `BATCHES` batches of ~`BATCH_MS` between CUDA events.

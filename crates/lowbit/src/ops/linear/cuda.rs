@@ -98,8 +98,11 @@ const PAD_CODE: u8 = 8;
 pub struct Plan {
     /// Output features.
     pub n: usize,
-    /// Input features.
+    /// Input features of the kernel's weight: the layer's `input_k`, or twice it for an 8-bit weight run as two
+    /// int4 planes (see [`repack`]).
     pub k: usize,
+    /// Input features of the layer (columns of x).
+    pub input_k: usize,
     /// Warps per CTA (each covers 32 output columns): 8, 4 or 2.
     pub warps: usize,
     /// Output columns per tile (`32 * warps`).
@@ -137,6 +140,7 @@ impl Plan {
         Ok(Plan {
             n,
             k,
+            input_k: k,
             warps: n_cta / WARP_N,
             n_cta,
             n_pad: n.next_multiple_of(n_cta),
@@ -177,8 +181,13 @@ pub struct RepackedW4 {
     /// `[n_tiles][group_rows][n_cta / 2]`, two zero codes per byte in `param_slot` order (low nibble first);
     /// `None` = all 8.
     pub zeros: Option<Vec<u8>>,
-    /// Act-order: source input of each position of the kernel's k order.
+    /// The column of x each position of the kernel's k order reads (act-order, and the two planes of an 8-bit
+    /// weight); `None`: position k reads column k.
     pub perm: Option<Vec<u32>>,
+    /// 8-bit weights: the int4-plane column of each kernel position (what `unpack` needs); `None` otherwise.
+    plane_perm: Option<Vec<u32>>,
+    /// Bits of the source weight (4, or 8 stored as two int4 planes).
+    source_bits: u8,
     /// Round-trip facts: the source stored zeros (even if all 8), carried a g_idx (even if trivial), its scale dtype
     /// and group size.
     zeros_given: bool,
@@ -246,12 +255,78 @@ fn param_slot(c: usize) -> usize {
 /// unequal size, and scales outside the range of `act`.
 pub fn repack(w: &QuantMatrix, act: DType) -> Result<RepackedW4> {
     w.validate()?;
-    if w.bits != 4 {
+    match w.bits {
+        4 => repack_int4(w, act),
+        8 => {
+            let mut r = repack_int4(&int4_planes(w)?, act)?;
+            // x feeds both planes: kernel position p reads x column (plane column) mod K.
+            let k = w.k;
+            let plane_perm = r.perm.take().unwrap_or_else(|| (0..2 * k as u32).collect());
+            r.perm = Some(plane_perm.iter().map(|&c| c % k as u32).collect());
+            r.plane_perm = Some(plane_perm);
+            r.plan.input_k = k;
+            (r.source_bits, r.group_size, r.g_idx_given) = (8, w.group_size, w.g_idx.is_some());
+            r.zeros_given = w.zeros.is_some();
+            Ok(r)
+        }
+        bits => Err(Error::Unsupported(format!(
+            "CUDA linear: {bits}-bit weights (4 and 8 only)"
+        ))),
+    }
+}
+
+/// An 8-bit weight as an int4 weight of twice the inputs: `q = 16 q_hi + q_lo` and `z = 16 z_hi + z_lo`, so
+/// `(q - z) s = (q_hi - z_hi) (16 s) + (q_lo - z_lo) s` exactly: the high nibbles with scale `16 s` are inputs
+/// `0..K`, the low nibbles with scale `s` inputs `K..2K`, and x is read twice. The int4 kernels then run 8-bit
+/// weights at 8 bits per weight with no kernel of their own. Groups double (high-plane groups first).
+fn int4_planes(w: &QuantMatrix) -> Result<QuantMatrix> {
+    let (n, k, groups) = (w.n, w.k, w.groups());
+    let mut codes = vec![0u8; n * 2 * k];
+    for (row, out) in w.codes.chunks_exact(k).zip(codes.chunks_exact_mut(2 * k)) {
+        for (i, &q) in row.iter().enumerate() {
+            out[i] = q >> 4;
+            out[k + i] = q & 0xF;
+        }
+    }
+    let mut zeros = vec![0u8; n * 2 * groups];
+    let mut scales = vec![0f32; n * 2 * groups];
+    for r in 0..n {
+        for g in 0..groups {
+            let z = w.zero(r, g);
+            let s = w.scales[r * groups + g];
+            zeros[r * 2 * groups + g] = z >> 4;
+            zeros[r * 2 * groups + groups + g] = z & 0xF;
+            scales[r * 2 * groups + g] = 16.0 * s; // exact: a power-of-two multiple
+            scales[r * 2 * groups + groups + g] = s;
+        }
+    }
+    let group_size = if groups == 1 { k } else { w.group_size };
+    if group_size % 16 != 0 {
         return Err(Error::Unsupported(format!(
-            "CUDA W4A16 linear: {}-bit weights (4-bit only)",
-            w.bits
+            "CUDA linear, 8-bit: group size {group_size} (a multiple of 16 is required, per channel too)"
         )));
     }
+    Ok(QuantMatrix {
+        n,
+        k: 2 * k,
+        bits: 4,
+        group_size,
+        codes,
+        zeros: Some(zeros),
+        scales,
+        scale_dtype: w.scale_dtype,
+        g_idx: w.g_idx.as_ref().map(|g| {
+            g.iter()
+                .chain(g)
+                .enumerate()
+                .map(|(i, &gi)| gi + if i < k { 0 } else { groups as u32 })
+                .collect()
+        }),
+    })
+}
+
+/// [`repack`] of a 4-bit weight.
+fn repack_int4(w: &QuantMatrix, act: DType) -> Result<RepackedW4> {
     if !matches!(act, DType::F16 | DType::Bf16) {
         return Err(Error::invalid("activation dtype", act, "must be f16 or bf16"));
     }
@@ -332,6 +407,8 @@ pub fn repack(w: &QuantMatrix, act: DType) -> Result<RepackedW4> {
         scales,
         zeros,
         perm,
+        plane_perm: None,
+        source_bits: 4,
         zeros_given: w.zeros.is_some(),
         g_idx_given: w.g_idx.is_some(),
         scale_dtype: w.scale_dtype,
@@ -342,6 +419,65 @@ pub fn repack(w: &QuantMatrix, act: DType) -> Result<RepackedW4> {
 impl RepackedW4 {
     /// The [`QuantMatrix`] this was made from (exact when its scales are representable in the activation dtype).
     pub fn unpack(&self) -> QuantMatrix {
+        if self.source_bits == 8 {
+            return self.unpack_planes();
+        }
+        self.unpack_int4()
+    }
+
+    /// An 8-bit weight back from its two int4 planes.
+    fn unpack_planes(&self) -> QuantMatrix {
+        let planes = RepackedW4 {
+            perm: self
+                .plane_perm
+                .clone()
+                .filter(|p| p.iter().enumerate().any(|(i, &c)| i as u32 != c)),
+            plane_perm: None,
+            source_bits: 4,
+            zeros_given: true,
+            g_idx_given: self.g_idx_given,
+            group_size: if self.plan.groups == 2 {
+                self.plan.input_k
+            } else {
+                self.group_size
+            },
+            plan: Plan {
+                input_k: self.plan.k,
+                ..self.plan.clone()
+            },
+            ..self.clone()
+        }
+        .unpack_int4();
+        let (n, k, groups) = (self.plan.n, self.plan.input_k, self.plan.groups / 2);
+        let mut codes = vec![0u8; n * k];
+        for (out, row) in codes.chunks_exact_mut(k).zip(planes.codes.chunks_exact(2 * k)) {
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = (row[i] << 4) | row[k + i];
+            }
+        }
+        let zeros_all = planes.zeros.as_ref().expect("planes always carry zeros");
+        let mut zeros = vec![0u8; n * groups];
+        let mut scales = vec![0f32; n * groups];
+        for r in 0..n {
+            for g in 0..groups {
+                zeros[r * groups + g] = (zeros_all[r * 2 * groups + g] << 4) | zeros_all[r * 2 * groups + groups + g];
+                scales[r * groups + g] = planes.scales[r * 2 * groups + groups + g];
+            }
+        }
+        QuantMatrix {
+            n,
+            k,
+            bits: 8,
+            group_size: self.group_size,
+            codes,
+            zeros: self.zeros_given.then_some(zeros),
+            scales,
+            scale_dtype: self.scale_dtype,
+            g_idx: planes.g_idx.map(|g| g[..k].to_vec()),
+        }
+    }
+
+    fn unpack_int4(&self) -> QuantMatrix {
         let p = &self.plan;
         let (n_cta, rows, k_tiles) = (p.n_cta, p.group_rows, p.k_tiles());
         let mut codes = vec![0u8; p.n * p.k];
@@ -861,7 +997,7 @@ impl LinearW4A16Cuda {
         y: &mut dyn DevicePtrMut<T>,
         workspace: &mut dyn DevicePtrMut<u8>,
     ) -> Result<()> {
-        self.run_strided(stream, x, self.plan.k, m, bias, y, self.plan.n, workspace)
+        self.run_strided(stream, x, self.plan.input_k, m, bias, y, self.plan.n, workspace)
     }
 
     /// `y[m, N] = x[m, K] · W^T (+ bias)` on `stream`: row `i` of x starts at element `i * x_stride`, row `i` of y
@@ -897,15 +1033,15 @@ impl LinearW4A16Cuda {
         if m == 0 {
             return Ok(());
         }
-        if x_stride < p.k || y_stride < p.n {
+        if x_stride < p.input_k || y_stride < p.n {
             return Err(Error::invalid(
                 "x/y row stride",
                 format!("{x_stride}/{y_stride}"),
-                format!("must be at least K = {} / N = {}", p.k, p.n),
+                format!("must be at least K = {} / N = {}", p.input_k, p.n),
             ));
         }
         let rows_len = |stride: usize, width: usize| (m - 1) * stride + width;
-        let x_ptr = buffer(x.device_ptr(stream).0, x.len(), rows_len(x_stride, p.k), "x", 2)?;
+        let x_ptr = buffer(x.device_ptr(stream).0, x.len(), rows_len(x_stride, p.input_k), "x", 2)?;
         let y_len = y.len();
         let y_ptr = buffer(y.device_ptr_mut(stream).0, y_len, rows_len(y_stride, p.n), "y", 2)?;
         let bias_ptr = match bias {
@@ -1158,6 +1294,48 @@ mod tests {
             scales,
             scale_dtype: DType::F16,
             g_idx,
+        }
+    }
+
+    /// `random_weight` as an 8-bit weight (codes and zeros over 0..=255).
+    fn random_weight8(rng: &mut Rng, n: usize, k: usize, g: usize, zeros: bool, act_order: bool) -> QuantMatrix {
+        let mut w = random_weight(rng, n, k, g, zeros, act_order);
+        w.bits = 8;
+        w.codes.iter_mut().for_each(|c| *c = rng.below(256) as u8);
+        if let Some(z) = w.zeros.as_mut() {
+            z.iter_mut().for_each(|c| *c = rng.below(256) as u8);
+        }
+        w
+    }
+
+    #[test]
+    fn eight_bit_planes_are_a_bijection_and_read_x_twice() {
+        let mut rng = Rng(8);
+        for &(n, k, g) in &[(64, 128, 32), (192, 4160, 64), (256, 256, 256)] {
+            for zeros in [false, true] {
+                for act_order in [false, true] {
+                    if act_order && g == k {
+                        continue;
+                    }
+                    let w = random_weight8(&mut rng, n, k, g, zeros, act_order);
+                    let packed = repack(&w, DType::F16).unwrap();
+                    assert_eq!(
+                        packed.unpack(),
+                        w,
+                        "n={n} k={k} g={g} zeros={zeros} act_order={act_order}"
+                    );
+                    assert_eq!((packed.plan.k, packed.plan.input_k), (2 * k, k));
+                    // Every input column is read exactly twice (once per plane).
+                    let mut reads = vec![0; k];
+                    packed
+                        .perm
+                        .as_ref()
+                        .unwrap()
+                        .iter()
+                        .for_each(|&c| reads[c as usize] += 1);
+                    assert!(reads.iter().all(|&r| r == 2));
+                }
+            }
         }
     }
 

@@ -401,12 +401,6 @@ impl QuantLinear {
 
 impl CudaLinear {
     fn new(dev: &Arc<CudaDevice>, w: &QuantMatrix, bias: Option<&[f32]>, act: DType, max_m: usize) -> Result<Self> {
-        if w.bits != 4 {
-            return Err(Error::Unsupported(format!(
-                "QuantLinear on CUDA: {}-bit weights (4-bit only)",
-                w.bits
-            )));
-        }
         let packed = repack(w, act)?;
         let weight = DeviceW4::upload(dev, &packed)?;
         let decode = LinearW4A16Cuda::with_weight(dev, weight.clone(), max_m.min(MAX_M), Tuning::default())?;

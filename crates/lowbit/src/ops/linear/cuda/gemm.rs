@@ -337,7 +337,7 @@ impl LinearW4A16Gemm {
         workspace: &mut dyn DevicePtrMut<u8>,
     ) -> Result<()> {
         let p = &self.weight.plan;
-        self.run_strided(stream, x, p.k, m, bias, Activation::None, y, p.n, workspace)
+        self.run_strided(stream, x, p.input_k, m, bias, Activation::None, y, p.n, workspace)
     }
 
     /// `y[m, N] = act(x[m, K] · W^T + bias)` on `stream`, row `i` of x at element `i * x_stride`, of y at
@@ -373,15 +373,15 @@ impl LinearW4A16Gemm {
         if m == 0 {
             return Ok(());
         }
-        if x_stride < p.k || y_stride < p.n {
+        if x_stride < p.input_k || y_stride < p.n {
             return Err(Error::invalid(
                 "x/y row stride",
                 format!("{x_stride}/{y_stride}"),
-                format!("must be at least K = {} / N = {}", p.k, p.n),
+                format!("must be at least K = {} / N = {}", p.input_k, p.n),
             ));
         }
         let rows_len = |stride: usize, width: usize| (m - 1) * stride + width;
-        let x_ptr = buffer(x.device_ptr(stream).0, x.len(), rows_len(x_stride, p.k), "x", 2)?;
+        let x_ptr = buffer(x.device_ptr(stream).0, x.len(), rows_len(x_stride, p.input_k), "x", 2)?;
         let y_len = y.len();
         let y_ptr = buffer(y.device_ptr_mut(stream).0, y_len, rows_len(y_stride, p.n), "y", 2)?;
         let bias_ptr = match bias {
