@@ -402,6 +402,8 @@ struct FragmentOps;
 template <>
 struct FragmentOps<F16> {
     LB_MMA_M16N8K16("f16")
+    // A packed pair of f16 values as two floats.
+    __device__ static __forceinline__ float2 pair_to_f32(u32 pair) { return __half22float2(*reinterpret_cast<const __half2*>(&pair)); }
     __device__ static __forceinline__ u32 mul2(u32 a, u32 b) { return F16::mul(a, b); }
 
     // Row g codes (nibbles 0/4 of the word, and 2/6 after >> 8) become 1024 + q with one lop3 and are subtracted
@@ -433,6 +435,8 @@ struct FragmentOps<F16> {
 template <>
 struct FragmentOps<BF16> {
     LB_MMA_M16N8K16("bf16")
+    // A packed pair of bf16 values as two floats.
+    __device__ static __forceinline__ float2 pair_to_f32(u32 pair) { return make_float2(__uint_as_float(pair << 16), __uint_as_float(pair & 0xFFFF0000u)); }
     __device__ static __forceinline__ u32 mul2(u32 a, u32 b) { return BF16::mul(a, b); }
 
     // bf16 has 7 mantissa bits, too few for 1024 + 16q, so every nibble pair is shifted down to bits 0-3 / 16-19

@@ -450,45 +450,70 @@ extern "C" __global__ void __launch_bounds__(GemmVariant::BLOCK, 1)
 namespace lowbit {
 namespace w4a16_gemm {
 
-// One thread per 16-byte lane piece of a unit (two 16-row tiles x one 32-k chunk): the same conversion as the GEMM
-// (round((q - z) * s) in T), written as 4-byte pairs to dense[n][k] (k in the repacked, act-order sorted order).
+// One CTA per (column tile, k tile): every piece of the unit (and, for an 8-bit weight stored as two int4 planes,
+// of its low-plane partner unit K / 128 tiles on) is converted to fp32 (q - z) * s, the planes summed, rounded once
+// to T into a shared [N_CTA][128] tile, which is then written to dense[n][k] in coalesced 16-byte chunks -- the
+// fragment order of the repacked words would otherwise scatter 4-byte stores over 8 rows (a third of copy speed).
+constexpr int DENSE_PITCH = K_TILE + 8;  // shared tile row pitch (elements): +16 B spreads rows over banks
+
 template <class T, int N_CTA>
 __device__ __forceinline__ void dequantize_repacked(const uint4* qweight, const u16* scales, const u8* zeros,
-                                                    u16* dense, int N, int K, int KT, int group, int GP) {
-    constexpr int PIECES = N_CTA * 4;  // 16-byte pieces per unit
-    const long long total = (long long)(N + N_CTA - 1) / N_CTA * KT * PIECES;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
-         i += (long long)gridDim.x * blockDim.x) {
-        const long long unit = i / PIECES;
-        const int piece = (int)(i - unit * PIECES);
-        const int nt = (int)(unit / KT), kt = (int)(unit - (long long)nt * KT);
+                                                    u16* dense, int N, int K, int KT, int group, int GP,
+                                                    int planes) {
+    extern __shared__ __align__(16) u16 tile[];  // [N_CTA][DENSE_PITCH]
+    constexpr int PIECES = N_CTA * 4;              // 16-byte pieces per unit
+    const int kt_in = KT / planes;                 // k tiles of the dense output
+    const int nt = blockIdx.x / kt_in, kt = blockIdx.x - nt * kt_in;
+    for (int piece = threadIdx.x; piece < PIECES; piece += blockDim.x) {
         const int warp = piece >> 7, kc = (piece >> 5) & 3, lane = piece & 31, g = lane >> 2, t = lane & 3;
-        const uint4 wq = qweight[i];
-        const int k0 = kt * K_TILE + kc * 32;
-        for (int ks = 0; ks < 2; ++ks) {
-            const int k = k0 + ks * 16;
-            const int grow = k / group;
-            // Scale/zero terms of this lane's rows: the same 8-byte / 16-bit records the kernels read from smem.
-            const size_t prow = (size_t)nt * GP + grow;
-            const uint2 sv = *reinterpret_cast<const uint2*>(scales + prow * N_CTA + warp * 32 + g * 4);
-            u32 z = 0x8888u;
-            if (zeros) z = *reinterpret_cast<const unsigned short*>(zeros + prow * (N_CTA / 2) + warp * 16 + g * 2);
-            u32 lo[2], hi[2];
-            FragmentOps<T>::zero_terms(z * 0x10001u, lo, hi);
-            const u32 s2[2][2] = {{prmt(sv.x, sv.x, 0x1010), prmt(sv.x, sv.x, 0x3232)},
-                                  {prmt(sv.y, sv.y, 0x1010), prmt(sv.y, sv.y, 0x3232)}};
-            for (int tile = 0; tile < 2; ++tile) {
-                const u32 word = ks == 0 ? (tile == 0 ? wq.x : wq.y) : (tile == 0 ? wq.z : wq.w);
-                const uint4 q = FragmentOps<T>::dequant(word, lo[tile], hi[tile]);
-                const int n = nt * N_CTA + warp * 32 + tile * 16 + g;
-                // A fragment registers: x = (row g, k 2t..), y = (row g + 8, k 2t..), z = (g, k 2t + 8..), w = (g + 8, ...)
-                const u32 v[4] = {FragmentOps<T>::mul2(q.x, s2[tile][0]), FragmentOps<T>::mul2(q.y, s2[tile][1]),
-                                  FragmentOps<T>::mul2(q.z, s2[tile][0]), FragmentOps<T>::mul2(q.w, s2[tile][1])};
-                for (int r = 0; r < 4; ++r) {
-                    const int row = n + (r & 1) * 8, col = k + 2 * t + (r >> 1) * 8;
-                    if (row < N && col < K) *reinterpret_cast<u32*>(dense + (size_t)row * K + col) = v[r];
+        float v[2][2][4][2];  // [ks][tile][register][half]: fp32 (q - z) * s summed over the planes
+        for (int plane = 0; plane < planes; ++plane) {
+            const int ktp = kt + plane * kt_in;
+            const uint4 wq = qweight[((size_t)nt * KT + ktp) * PIECES + piece];
+            for (int ks = 0; ks < 2; ++ks) {
+                const size_t prow = (size_t)nt * GP + (ktp * K_TILE + kc * 32 + ks * 16) / group;
+                const uint2 sv = *reinterpret_cast<const uint2*>(scales + prow * N_CTA + warp * 32 + g * 4);
+                u32 z = 0x8888u;
+                if (zeros) z = *reinterpret_cast<const unsigned short*>(zeros + prow * (N_CTA / 2) + warp * 16 + g * 2);
+                u32 lo[2], hi[2];
+                FragmentOps<T>::zero_terms(z * 0x10001u, lo, hi);
+                const float2 s[2] = {FragmentOps<T>::scale_pair(sv.x), FragmentOps<T>::scale_pair(sv.y)};
+                for (int tl = 0; tl < 2; ++tl) {
+                    const u32 word = ks == 0 ? (tl == 0 ? wq.x : wq.y) : (tl == 0 ? wq.z : wq.w);
+                    const uint4 q = FragmentOps<T>::dequant(word, lo[tl], hi[tl]);  // exact (q - z) pairs
+                    const u32 r[4] = {q.x, q.y, q.z, q.w};
+                    for (int i = 0; i < 4; ++i) {
+                        // Registers 0, 2 are row g (scale .x), 1, 3 row g + 8 (scale .y).
+                        const float sc = (i & 1) ? s[tl].y : s[tl].x;
+                        const float2 d = FragmentOps<T>::pair_to_f32(r[i]);
+                        v[ks][tl][i][0] = (plane ? v[ks][tl][i][0] : 0.0f) + d.x * sc;
+                        v[ks][tl][i][1] = (plane ? v[ks][tl][i][1] : 0.0f) + d.y * sc;
+                    }
                 }
             }
+        }
+        for (int ks = 0; ks < 2; ++ks)
+            for (int tl = 0; tl < 2; ++tl)
+                for (int i = 0; i < 4; ++i) {
+                    const int row = warp * 32 + tl * 16 + g + (i & 1) * 8, col = kc * 32 + ks * 16 + 2 * t + (i >> 1) * 8;
+                    const u32 packed = (u32)FragmentOps<T>::from_f32(v[ks][tl][i][0]) |
+                                       ((u32)FragmentOps<T>::from_f32(v[ks][tl][i][1]) << 16);
+                    *reinterpret_cast<u32*>(tile + row * DENSE_PITCH + col) = packed;
+                }
+    }
+    __syncthreads();
+    constexpr int CHUNKS = K_TILE / 8;  // 16-byte chunks per tile row
+    const bool vector = (K & 7) == 0;
+    for (int i = threadIdx.x; i < N_CTA * CHUNKS; i += blockDim.x) {
+        const int row = i / CHUNKS, c = i - row * CHUNKS;
+        const int n = nt * N_CTA + row, k = kt * K_TILE + c * 8;
+        if (n >= N || k >= K) continue;
+        const u16* src = tile + row * DENSE_PITCH + c * 8;
+        u16* dst = dense + (size_t)n * K + k;
+        if (vector) {
+            *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+        } else {
+            for (int e = 0; e < 8 && k + e < K; ++e) dst[e] = src[e];
         }
     }
 }
@@ -496,14 +521,17 @@ __device__ __forceinline__ void dequantize_repacked(const uint4* qweight, const 
 }  // namespace w4a16_gemm
 }  // namespace lowbit
 
-// dense[N][K] (K: the real input width, in the repacked k order) from the repacked weight; zeros may be null.
+// dense[N][K] (K: the layer's input width; positions in k order, so the weight must have no act-order) from the
+// repacked weight, `planes` = 2 for an 8-bit weight stored as two int4 planes (K a multiple of 128); zeros may be
+// null. Grid: column tiles x (KT / planes) CTAs of 256 threads, N_CTA * (128 + 8) * 2 bytes of shared memory.
 #define LB_DEQUANTIZE_REPACKED(NAME, T)                                                                            \
     extern "C" __global__ void NAME(const uint4* qweight, const unsigned short* scales, const unsigned char* zeros, \
-                                    unsigned short* dense, int N, int K, int KT, int group, int GP, int n_cta) {   \
+                                    unsigned short* dense, int N, int K, int KT, int group, int GP, int n_cta,     \
+                                    int planes) {                                                                  \
         using lowbit::w4a16_gemm::dequantize_repacked;                                                            \
-        if (n_cta == 256) dequantize_repacked<T, 256>(qweight, scales, zeros, dense, N, K, KT, group, GP);        \
-        if (n_cta == 128) dequantize_repacked<T, 128>(qweight, scales, zeros, dense, N, K, KT, group, GP);        \
-        if (n_cta == 64) dequantize_repacked<T, 64>(qweight, scales, zeros, dense, N, K, KT, group, GP);          \
+        if (n_cta == 256) dequantize_repacked<T, 256>(qweight, scales, zeros, dense, N, K, KT, group, GP, planes); \
+        if (n_cta == 128) dequantize_repacked<T, 128>(qweight, scales, zeros, dense, N, K, KT, group, GP, planes); \
+        if (n_cta == 64) dequantize_repacked<T, 64>(qweight, scales, zeros, dense, N, K, KT, group, GP, planes);   \
     }
 LB_DEQUANTIZE_REPACKED(w4a16_dequantize_repacked_f16, lowbit::F16)
 LB_DEQUANTIZE_REPACKED(w4a16_dequantize_repacked_bf16, lowbit::BF16)

@@ -137,6 +137,8 @@ fn cuda_every_kernel_and_the_dispatch_across_boundaries() {
         (DType::F16, 512, 1024, 128, 4),
         (DType::Bf16, 384, 2048, 64, 4),
         (DType::F16, 256, 512, 128, 8),
+        // 64-column tiles (no GEMM: decode and dequantize + cuBLAS) and a partial last k tile.
+        (DType::F16, 192, 4160, 64, 4),
     ] {
         let mut rng = Rng(n as u64);
         let mut w = weight(&mut rng, n, k, group, act);

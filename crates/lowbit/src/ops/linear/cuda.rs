@@ -417,6 +417,16 @@ fn repack_int4(w: &QuantMatrix, act: DType) -> Result<RepackedW4> {
 }
 
 impl RepackedW4 {
+    /// Planes a dense dequantization sums (see [`DeviceW4::dense_planes`]).
+    fn dense_planes(&self) -> Option<usize> {
+        let k = self.plan.input_k;
+        match (self.source_bits, &self.perm) {
+            (4, None) => Some(1),
+            (8, Some(perm)) if k % K_TILE == 0 && perm.iter().enumerate().all(|(p, &c)| c as usize == p % k) => Some(2),
+            _ => None,
+        }
+    }
+
     /// The [`QuantMatrix`] this was made from (exact when its scales are representable in the activation dtype).
     pub fn unpack(&self) -> QuantMatrix {
         if self.source_bits == 8 {
@@ -756,6 +766,9 @@ pub struct DeviceW4 {
     zeros: Option<CudaSlice<u8>>,
     perm: Option<CudaSlice<u32>>,
     weight_bytes: usize,
+    /// Planes a dense [N, K] dequantization sums per position when the kernel's k order is x's own order (no
+    /// act-order): 1 for int4, 2 for an 8-bit weight as two planes (K a multiple of 128); `None` otherwise.
+    dense_planes: Option<usize>,
 }
 
 impl std::fmt::Debug for DeviceW4 {
@@ -801,7 +814,13 @@ impl DeviceW4 {
                 .transpose()
                 .map_err(upload_err)?,
             weight_bytes: packed.weight_bytes(),
+            dense_planes: packed.dense_planes(),
         }))
+    }
+
+    /// See the field: `Some(planes)` when the weight can be dequantized to a dense [N, K] matrix in x's order.
+    pub fn dense_planes(&self) -> Option<usize> {
+        self.dense_planes
     }
 
     /// The shape decisions.
@@ -1213,7 +1232,7 @@ mod sealed {
 }
 
 /// The element types [`CublasLinear`] multiplies: f16 and bf16.
-pub trait DenseElement: Float + DeviceRepr + sealed::Sealed {
+pub trait DenseElement: Float + DeviceRepr + cudarc::driver::ValidAsZeroBits + sealed::Sealed {
     /// cuBLAS GEMM for this type.
     ///
     /// # Safety

@@ -112,6 +112,11 @@ impl DispatchTable {
     }
 }
 
+/// Shared memory of the dense dequantization's tile for `n_cta`-column tiles (`DENSE_PITCH` = 128 + 8 elements).
+fn dense_tile_bytes(n_cta: usize) -> usize {
+    n_cta * (128 + 8) * 2
+}
+
 /// The rule for GPUs without measurements, from the H200's table: the decode kernel up to 16 rows, then the GEMM
 /// on sm_90; elsewhere the decode kernel up to its 64 rows, then dequantize + cuBLAS.
 fn fallback(m: usize, gemm: bool) -> LinearKernel {
@@ -276,7 +281,7 @@ impl QuantLinear {
                 if c.gemm.is_some() {
                     v.push(LinearKernel::Gemm);
                 }
-                if !c.weight.has_perm() {
+                if c.weight.dense_planes().is_some() {
                     v.push(LinearKernel::DequantCublas);
                 }
                 v
@@ -410,7 +415,15 @@ impl CudaLinear {
         let source = &gemm::KERNEL;
         let suffix = if act == DType::Bf16 { "bf16" } else { "f16" };
         let dense = DensePath {
-            dequantize: dev.function(source, &format!("w4a16_dequantize_repacked_{suffix}"))?,
+            dequantize: {
+                let f = dev.function(source, &format!("w4a16_dequantize_repacked_{suffix}"))?;
+                f.set_attribute(
+                    cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    dense_tile_bytes(256) as i32,
+                )
+                .map_err(|e| crate::cuda::cuda_error("shared memory of w4a16_dequantize_repacked", e))?;
+                f
+            },
             bias_activation: dev.function(source, &format!("w4a16_bias_activation_{suffix}"))?,
             blas: CublasLinear::new(dev.stream().clone(), w.n, w.k)?,
             scratch: Mutex::new(None),
@@ -468,12 +481,13 @@ impl CudaLinear {
         y: &mut CudaSlice<T>,
     ) -> Result<()> {
         let p = self.weight.plan();
-        if self.weight.has_perm() {
+        let Some(planes) = self.weight.dense_planes() else {
             return Err(Error::Unsupported(
-                "QuantLinear: dequantize + cuBLAS with act-order weights (the GEMM and decode kernels take them)"
+                "QuantLinear: dequantize + cuBLAS with act-order weights, or 8-bit weights with K not a multiple \
+                 of 128 (the GEMM and decode kernels take them)"
                     .into(),
             ));
-        }
+        };
         let mut scratch = self.dense.scratch.lock().unwrap_or_else(|e| e.into_inner());
         if scratch
             .as_ref()
@@ -481,7 +495,7 @@ impl CudaLinear {
             .is_none()
         {
             // First use, or a scratch of the other dtype (impossible: the layer has one dtype).
-            let fresh: CudaSlice<T> = self.device.upload(&vec![T::from_f32(0.0); p.n * p.k])?;
+            let fresh: CudaSlice<T> = self.device.alloc_zeros(p.n * p.input_k)?;
             *scratch = Some(Box::new(fresh));
         }
         let dense = scratch
@@ -490,14 +504,14 @@ impl CudaLinear {
             .expect("allocated above");
         let (qweight, scales, zeros, _) = self.weight.pointers(stream);
         let dense_ptr = dense.device_ptr_mut(stream).0;
-        let pieces = (p.n_tiles() * p.k_tiles() * p.n_cta * 4) as u64;
-        let (ni, ki, kti, gi, gpi, ncta) = (
+        let (ni, ki, kti, gi, gpi, ncta, planes_i) = (
             p.n as i32,
-            p.k as i32,
+            p.input_k as i32,
             p.k_tiles() as i32,
             p.group as i32,
             p.group_rows as i32,
             p.n_cta as i32,
+            planes as i32,
         );
         let mut b = stream.launch_builder(&self.dense.dequantize);
         b.arg(&qweight)
@@ -509,14 +523,15 @@ impl CudaLinear {
             .arg(&kti)
             .arg(&gi)
             .arg(&gpi)
-            .arg(&ncta);
+            .arg(&ncta)
+            .arg(&planes_i);
         let cfg = LaunchConfig {
-            grid_dim: (pieces.div_ceil(256).min(65_535) as u32, 1, 1),
+            grid_dim: ((p.n_tiles() * p.k_tiles() / planes) as u32, 1, 1),
             block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
+            shared_mem_bytes: dense_tile_bytes(p.n_cta) as u32,
         };
-        // SAFETY: reads the operator's own repacked weight (all units) and writes dense[N][K] (row < N, col < K
-        // checked per element) into the scratch buffer of N * K elements.
+        // SAFETY: CTA (n tile, k tile) reads its unit(s) of the operator's own repacked weight and writes
+        // dense[n][k] for n < N, k < K (checked per chunk) into the scratch buffer of N * K elements.
         unsafe { b.launch(cfg) }.map_err(launch_error("w4a16_dequantize_repacked"))?;
         self.dense.blas.run(dense, x, m, y)?;
         self.epilogue(stream, y, m, true, activation)
