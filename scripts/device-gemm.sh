@@ -49,7 +49,8 @@ if [ -n "${W8_MS:-}" ]; then
   for kn in 4096x4096 4096x14336 14336x4096 8192x28672; do
     for m in $W8_MS; do shapes="$shapes --shape ${m}x${kn}"; done
   done
-  timeout 300 "$BIN/lowbit" bench --device cuda --op linear --wbits 8 --dtype f16 --json $shapes >> "$J" \
+  timeout 300 "$BIN/lowbit" bench --device cuda --op linear --wbits 8 --dtype f16 --json $shapes \
+    --dispatch "$OUT/dispatch-f16.json" >> "$J" \
     2> "$OUT/bench-w8.err" || { status=1; tail -n 5 "$OUT/bench-w8.err"; }
 fi
 python3 - "$J" <<'PY'

@@ -97,6 +97,7 @@ fn bad_inputs_are_typed_errors() {
 fn dispatch_table_lookup() {
     let e = |k, n, m, kernel| DispatchEntry {
         device: "GPU A".into(),
+        wbits: 4,
         k,
         n,
         m,
@@ -112,17 +113,19 @@ fn dispatch_table_lookup() {
         ],
     };
     // Same shape: the largest measured M not above the batch; below all of them, the smallest.
-    assert_eq!(table.lookup("GPU A", 4096, 4096, 100), Some(LinearKernel::Decode));
-    assert_eq!(table.lookup("GPU A", 4096, 4096, 256), Some(LinearKernel::Gemm));
+    assert_eq!(table.lookup("GPU A", 4, 4096, 4096, 100), Some(LinearKernel::Decode));
+    assert_eq!(table.lookup("GPU A", 4, 4096, 4096, 256), Some(LinearKernel::Gemm));
     assert_eq!(
-        table.lookup("GPU A", 4096, 4096, 9999),
+        table.lookup("GPU A", 4, 4096, 4096, 9999),
         Some(LinearKernel::DequantCublas)
     );
     // Nearest shape by size: 5120 x 5120 is nearer 4096², 8192 x 22016 nearer 8192 x 28672.
-    assert_eq!(table.lookup("GPU A", 5120, 5120, 300), Some(LinearKernel::Gemm));
-    assert_eq!(table.lookup("GPU A", 8192, 22016, 70), Some(LinearKernel::Gemm));
+    assert_eq!(table.lookup("GPU A", 4, 5120, 5120, 300), Some(LinearKernel::Gemm));
+    assert_eq!(table.lookup("GPU A", 4, 8192, 22016, 70), Some(LinearKernel::Gemm));
+    // 8-bit weights on a GPU measured for 4-bit only: the 4-bit entries answer.
+    assert_eq!(table.lookup("GPU A", 8, 4096, 4096, 256), Some(LinearKernel::Gemm));
     // Another GPU: no answer (the caller's fallback rule applies).
-    assert_eq!(table.lookup("GPU B", 4096, 4096, 1), None);
+    assert_eq!(table.lookup("GPU B", 4, 4096, 4096, 1), None);
     // The embedded measured tables parse.
     let _ = DispatchTable::measured();
 }

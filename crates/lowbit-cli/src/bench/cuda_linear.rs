@@ -102,6 +102,14 @@ pub fn run(args: &BenchArgs, sink: &mut Sink) -> Result<()> {
         }
     }
     if let Some(path) = &args.dispatch {
+        // Entries of other weight widths already in the file are kept (one file per device for 4 and 8 bits).
+        if let Ok(old) = std::fs::read_to_string(path) {
+            if let Ok(old) = serde_json::from_str::<DispatchTable>(&old) {
+                table
+                    .entries
+                    .extend(old.entries.into_iter().filter(|e| e.wbits != args.wbits));
+            }
+        }
         let json = serde_json::to_string_pretty(&table).map_err(|e| Error::parse(path, e))?;
         lowbit::checkpoint::write_file_atomic(path, json.as_bytes(), true)?;
     }
@@ -241,6 +249,7 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
         if let Some((kernel, _)) = best {
             table.entries.push(DispatchEntry {
                 device: name.clone(),
+                wbits: args.wbits,
                 k,
                 n,
                 m,

@@ -58,20 +58,27 @@ impl LinearKernel {
     }
 }
 
-/// One measured row: on `device`, for a `k x n` layer at batch `m`, `kernel` was the fastest.
+/// One measured row: on `device`, for a `k x n` layer of `wbits`-bit weights at batch `m`, `kernel` was the fastest.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DispatchEntry {
     /// GPU name as the driver reports it (`NVIDIA H200`).
     pub device: String,
+    /// Weight bits (4 or 8).
+    #[serde(default = "four")]
+    pub wbits: u8,
     pub k: usize,
     pub n: usize,
     pub m: usize,
     pub kernel: LinearKernel,
 }
 
-/// Measured fastest kernels per (device, shape, M). A query takes the entries of the same GPU model, the measured
-/// shape nearest in size (log K·N, then K/N aspect), and the largest measured M not above the batch (the smallest
-/// measured M below all of them).
+fn four() -> u8 {
+    4
+}
+
+/// Measured fastest kernels per (device, weight bits, shape, M). A query takes the entries of the same GPU model and
+/// weight bits (any bits when those were not measured), the measured shape nearest in size (log K·N, then K/N
+/// aspect), and the largest measured M not above the batch (the smallest measured M below all of them).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct DispatchTable {
     pub entries: Vec<DispatchEntry>,
@@ -94,8 +101,13 @@ impl DispatchTable {
     }
 
     /// The measured choice for `device`, a `k x n` layer and batch `m`, or `None` when this GPU was not measured.
-    pub fn lookup(&self, device: &str, k: usize, n: usize, m: usize) -> Option<LinearKernel> {
-        let same_gpu: Vec<&DispatchEntry> = self.entries.iter().filter(|e| e.device == device).collect();
+    pub fn lookup(&self, device: &str, wbits: u8, k: usize, n: usize, m: usize) -> Option<LinearKernel> {
+        let gpu = || self.entries.iter().filter(|e| e.device == device);
+        let same_gpu: Vec<&DispatchEntry> = if gpu().any(|e| e.wbits == wbits) {
+            gpu().filter(|e| e.wbits == wbits).collect()
+        } else {
+            gpu().collect()
+        };
         let distance = |e: &DispatchEntry| {
             let size = ((e.k * e.n) as f64).ln() - ((k * n) as f64).ln();
             let aspect = (e.k as f64 / e.n as f64).ln() - (k as f64 / n as f64).ln();
@@ -155,6 +167,8 @@ struct CudaLinear {
     table: DispatchTable,
     /// A kernel forced for every call (benchmarking, tests); `None`: the table's choice.
     forced: Option<LinearKernel>,
+    /// Weight bits (the table is per bit width).
+    wbits: u8,
     max_m: usize,
 }
 
@@ -446,6 +460,7 @@ impl CudaLinear {
             bias,
             table: DispatchTable::measured(),
             forced: None,
+            wbits: w.bits,
             max_m,
         })
     }
@@ -454,7 +469,7 @@ impl CudaLinear {
         let gemm = self.gemm.is_some();
         let choice = self
             .forced
-            .or_else(|| self.table.lookup(&self.device.info().name, k, n, m))
+            .or_else(|| self.table.lookup(&self.device.info().name, self.wbits, k, n, m))
             .unwrap_or_else(|| fallback(m, gemm));
         match choice {
             LinearKernel::Decode if m > MAX_M => fallback(m, gemm),
