@@ -560,6 +560,11 @@ __device__ __forceinline__ void wgmma_wait() {
 // synchronous, could read an accumulator before wgmma_wait or write an A fragment while a wgmma still reads it.
 __device__ __forceinline__ void wgmma_fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 __device__ __forceinline__ void wgmma_fence_operand(u32& r) { asm volatile("" : "+r"(r)::"memory"); }
+// All 64 int32 accumulators of an s8 wgmma (after a wait: no read of them moves above it).
+__device__ __forceinline__ void wgmma_fence_operands(int (&d)[64]) {
+#pragma unroll
+    for (int i = 0; i < 64; ++i) asm volatile("" : "+r"(d[i])::"memory");
+}
 
 // Shared-memory matrix descriptor of a K-major operand in the 128-byte swizzle layout TMA writes with
 // CU_TENSOR_MAP_SWIZZLE_128B: rows of 64 16-bit elements (128 B), 8-row groups 1024 B apart (stride byte offset),
@@ -638,6 +643,27 @@ __device__ __forceinline__ void wgmma_m64k16<BF16, 128>(float (&d)[64], uint4 a,
         : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "l"(desc), "r"(accumulate));
 }
 // clang-format on
+
+// d[64 x 128] (+)= A[64 x 32] * B[32 x 128] in int32; accumulate = 0 ignores d's old value.
+// d[4j + e] of a thread (warp w of the warpgroup, lane 4g + t): row 16w + g + 8(e / 2), column 8j + 2t + e % 2.
+__device__ __forceinline__ void wgmma_s8_m64n128k32(int (&d)[64], u64 desc_a, u64 desc_b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "
+        "%23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, "
+        "%45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "%64, %65, p;\n}\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
+          "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
+          "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
+          "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]),
+          "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]),
+          "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]),
+          "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
+          "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
 
 #endif  // sm_90
 

@@ -510,46 +510,6 @@ __device__ __forceinline__ void gemm(const GemmParams& p) {
 // so the prefetch distance is STAGES - 2.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 
-__device__ __forceinline__ void s8_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void s8_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void s8_wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-// After a wait: tells the compiler the accumulators change here, so no read of them moves above the wait.
-__device__ __forceinline__ void s8_fence_operands(int (&d)[64]) {
-#pragma unroll
-    for (int i = 0; i < 64; ++i) asm volatile("" : "+r"(d[i])::"memory");
-}
-
-// Descriptor of a K-major tile of 128-byte rows in the 128-byte swizzle: start address >> 4 in bits [0, 14),
-// leading byte offset 1 (unused when swizzled), stride byte offset 1024 >> 4 (8-row atoms) in [32, 46), layout 1
-// (128-byte swizzle) in [62, 64). A k step of 32 codes inside the row is a plain address advance.
-__device__ __forceinline__ u64 k_major_sw128_desc(u32 addr) {
-    return (u64)((addr & 0x3FFFF) >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) | ((u64)1 << 62);
-}
-
-// d[64 x 128] (+)= A[64 x 32] * B[32 x 128] in int32; accumulate = 0 ignores d's old value.
-// d[4j + e] of a thread (warp w of the warpgroup, lane 4g + t): row 16w + g + 8(e / 2), column 8j + 2t + e % 2.
-__device__ __forceinline__ void wgmma_s8_m64n128k32(int (&d)[64], u64 desc_a, u64 desc_b, int accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "
-        "%23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, "
-        "%45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-        "%64, %65, p;\n}\n"
-        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]),
-          "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15]),
-          "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]),
-          "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]),
-          "+r"(d[32]), "+r"(d[33]), "+r"(d[34]), "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]),
-          "+r"(d[40]), "+r"(d[41]), "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]),
-          "+r"(d[48]), "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
-          "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]), "+r"(d[63])
-        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-}
-
 // out += sA*(sB*dot + oB*sumA) + oA*ot for this warp's rows of the warpgroup tile (`row0`: the warp's first row
 // in the CTA tile); parameters from a stage's slot 0. Each column's parameters are read once, for both rows.
 __device__ __forceinline__ void apply_block_wg(float (&out)[64], const int (&dot)[64], u32 a_params, u32 b_params,
@@ -587,18 +547,18 @@ __device__ __forceinline__ void fence_proxy_async_shared() { asm volatile("fence
 __device__ __forceinline__ void wgmma_stage(const GemmParams& p, int (&cur)[64], int (&prev)[64], float (&out)[64],
                                             u32 stage, u32 kt, u32 wg_row, u32 row0, bool block_start,
                                             bool& pending, u32 pending_params, int lane) {
-    s8_wgmma_fence();
+    wgmma_fence();
     const u32 a_tile = stage + wg_row * TILE_K, b_tile = stage + TILE_BYTES;
 #pragma unroll
     for (int ks = 0; ks < STEPS_PER_STAGE; ++ks) {
         if (kt * STEPS_PER_STAGE + ks >= p.k_steps) break;
-        wgmma_s8_m64n128k32(cur, k_major_sw128_desc(a_tile + ks * 32), k_major_sw128_desc(b_tile + ks * 32),
+        wgmma_s8_m64n128k32(cur, smem_desc_sw128(a_tile + ks * 32), smem_desc_sw128(b_tile + ks * 32),
                             (block_start && ks == 0) ? 0 : 1);
     }
-    s8_wgmma_commit();
-    s8_wgmma_wait<1>();
+    wgmma_commit();
+    wgmma_wait<1>();
     if (pending) {
-        s8_fence_operands(prev);
+        wgmma_fence_operands(prev);
         apply_block_wg(out, prev, pending_params, pending_params + SLOT_BYTES, row0, lane, p.small_dot != 0);
         pending = false;
     }
@@ -649,14 +609,14 @@ __device__ __forceinline__ void gemm_wgmma(const GemmParams& p) {
             tile_in_block = 0;
         }
     }
-    s8_wgmma_wait<0>();
+    wgmma_wait<0>();
     if (pending) {
         // The last block's accumulator is the one `cur_is_0` no longer points at.
         if (cur_is_0) {
-            s8_fence_operands(dot1);
+            wgmma_fence_operands(dot1);
             apply_block_wg(out, dot1, pending_params, pending_params + SLOT_BYTES, row0, lane, p.small_dot != 0);
         } else {
-            s8_fence_operands(dot0);
+            wgmma_fence_operands(dot0);
             apply_block_wg(out, dot0, pending_params, pending_params + SLOT_BYTES, row0, lane, p.small_dot != 0);
         }
     }
