@@ -19,8 +19,10 @@
 //   fp32 accumulators per thread, WG_TOKENS = 64 (small batches, half the wasted rows) 64. A third warpgroup is the
 //   TMA producer; setmaxnreg moves its registers to the consumers.
 //
-// * OVERLAP. Each k16 step: convert this step's two A fragments, wgmma.fence, two wgmmas, commit, then wait until at
-//   most this step's group is in flight -- so the conversion of step s+1 runs while the tensor cores work on step s.
+// * OVERLAP. Each k16 step: wgmma.fence, two wgmmas, commit, wait until at most this step's group is in flight, then
+//   convert the A fragments of the step TWO ahead (four fragment buffers, so the one written was last read by a
+//   group already complete). The tensor cores always have the next step queued while a warp converts, which a
+//   one-step lookahead did not guarantee at the 64-token tile (conversion latency ~ one group's run time).
 //   A stage is released to the producer (its "empty" mbarrier) as soon as the first group of the next stage has
 //   been waited for, i.e. when no wgmma can still read it.
 //
@@ -173,62 +175,100 @@ struct Gemm {
     }
 
     // The consumer warpgroups' main loop; returns with every wgmma complete and the accumulators in `acc`.
+    // The conversion side of the main loop: the stage it reads, its words and group terms, two steps ahead of the
+    // wgmmas (see mainloop).
+    struct Converter {
+        u32 ws, params, starts;
+        uint4 wq;
+        GroupTerms gt;
+
+        // Points at the stage of k tile `kt` in buffer `stage` (waits for it to be full first: done by the caller).
+        __device__ __forceinline__ void begin(const Shape& s, u32 stage, int kt, int dw, int lane) {
+            ws = stage + X_BYTES + dw * 2048 + lane * 16;
+            params = stage + X_BYTES + W_BYTES;
+            // Bit j set: a group starts at k16 step j (j >= 1) of this unit; its row is the popcount up to j.
+            starts = 0;
+            if (!UNIT_GROUPS) {
+                const int k0 = kt * K_TILE;
+                for (int j = ((group_row(s, k0) + 1) * s.group - k0) >> 4; j < K_TILE / 16; j += s.group >> 4)
+                    starts |= 1u << j;
+            }
+            gt = load_group_terms<T, HAS_ZEROS, N_CTA>(params, S_BYTES, 0, dw, lane);
+        }
+
+        // Step j of the stage as the two A fragments (q - z) * s (registers x, z: row g; y, w: row g + 8).
+        template <int J>
+        __device__ __forceinline__ void convert(uint4 (&frag)[2], int dw, int lane) {
+            if (J % 2 == 0) wq = lds128(ws + (J / 2) * 512);
+            if (!UNIT_GROUPS && J > 0 && (starts >> J) & 1)
+                gt = load_group_terms<T, HAS_ZEROS, N_CTA>(params, S_BYTES, __popc(starts & ((2u << J) - 1)), dw,
+                                                          lane);
+#pragma unroll
+            for (int t = 0; t < 2; ++t) {
+                const u32 word = J % 2 == 0 ? (t == 0 ? wq.x : wq.y) : (t == 0 ? wq.z : wq.w);
+                const uint4 q = FragmentOps<T>::dequant(word, gt.lo[t], gt.hi[t]);
+                frag[t] = make_uint4(FragmentOps<T>::mul2(q.x, gt.s2[t][0]), FragmentOps<T>::mul2(q.y, gt.s2[t][1]),
+                                     FragmentOps<T>::mul2(q.z, gt.s2[t][0]), FragmentOps<T>::mul2(q.w, gt.s2[t][1]));
+                wgmma_fence_operand(frag[t].x), wgmma_fence_operand(frag[t].y);
+                wgmma_fence_operand(frag[t].z), wgmma_fence_operand(frag[t].w);
+            }
+        }
+    };
+
+    // One stage's 8 k16 steps of wgmma, converting two steps ahead: step j's fragments were made while steps j - 2
+    // and j - 1 ran, into buffer j % 4, which wgmma(j - 4) -- complete since the wait<1> of step j - 3 -- no longer
+    // reads. Steps 6 and 7 convert steps 0 and 1 of the next stage (waiting for it to be full).
+    template <int J>
+    __device__ static __forceinline__ void stage_step(const Shape& s, u32 base, u32 bars, int kt, int kt0, int kt1, int buf,
+                                               u32 phase, u32 xs, int dw, int lane, Converter& cv,
+                                               uint4 (&frag)[4][2], float (&acc)[2][ACC]) {
+        // Step J reads k [16J, 16J + 16): box J / 4, 32 bytes per step inside its rows.
+        const u64 desc = smem_desc_sw128(xs + (J >> 2) * (BM * 128) + (J & 3) * 32);
+        const int accumulate = kt > kt0 || J > 0;  // the first product overwrites D: no zeroing
+        fence_accumulators(acc);
+        wgmma_fence();
+        wgmma(acc[0], frag[J % 4][0], desc, accumulate);
+        wgmma(acc[1], frag[J % 4][1], desc, accumulate);
+        wgmma_commit();
+        fence_accumulators(acc);
+        wgmma_wait<1>();
+        if (J == 0 && kt > kt0) {  // the previous stage's last group is done: release its buffer
+            mbar_arrive(bars + (STAGES + (buf == 0 ? STAGES - 1 : buf - 1)) * 8);
+        }
+        if (J + 2 < 8) {
+            cv.template convert<(J + 2) % 8>(frag[(J + 2) % 4], dw, lane);
+        } else if (kt + 1 < kt1) {
+            if (J == 6) {
+                const int next = buf + 1 == STAGES ? 0 : buf + 1;
+                mbar_wait(bars + next * 8, next == 0 ? phase ^ 1 : phase);
+                cv.begin(s, base + next * STAGE_BYTES, kt + 1, dw, lane);
+            }
+            cv.template convert<(J + 2) % 8>(frag[(J + 2) % 4], dw, lane);
+        }
+    }
+
     // `buf`/`phase`: the stage the next k tile is in and the parity of its use, carried across items.
     __device__ static __forceinline__ void mainloop(const Shape& s, u32 base, u32 bars, int kt0, int kt1, int wg,
                                                     int& buf, u32& phase, float (&acc)[2][ACC]) {
         const int lane = threadIdx.x & 31;
         const int dw = (WG_N == 2 ? wg * 4 : 0) + ((threadIdx.x >> 5) & 3);  // this warp's 32-column decode slice
         const int wm = WG_N == 2 ? 0 : wg;                                   // this warpgroup's token half
+        Converter cv;
+        uint4 frag[4][2];
+        mbar_wait(bars + buf * 8, phase);
+        cv.begin(s, base + buf * STAGE_BYTES, kt0, dw, lane);
+        cv.template convert<0>(frag[0], dw, lane);
+        cv.template convert<1>(frag[1], dw, lane);
         for (int kt = kt0; kt < kt1; ++kt) {
-            mbar_wait(bars + buf * 8, phase);
-            const u32 stage = base + buf * STAGE_BYTES;
-            const u32 xs = stage + wm * (WG_TOKENS * 128);
-            const u32 ws = stage + X_BYTES + dw * 2048 + lane * 16;
-            const u32 params = stage + X_BYTES + W_BYTES;
-            // Bit j set: a group starts at k16 step j (j >= 1) of this unit; its row is the popcount up to j.
-            u32 starts = 0;
-            if (!UNIT_GROUPS) {
-                const int k0 = kt * K_TILE;
-                for (int j = ((group_row(s, k0) + 1) * s.group - k0) >> 4; j < K_TILE / 16; j += s.group >> 4)
-                    starts |= 1u << j;
-            }
-            GroupTerms gt = load_group_terms<T, HAS_ZEROS, N_CTA>(params, S_BYTES, 0, dw, lane);
-#pragma unroll
-            for (int kc = 0; kc < 4; ++kc) {
-                const uint4 wq = lds128(ws + kc * 512);
-#pragma unroll
-                for (int ks = 0; ks < 2; ++ks) {
-                    const int step = kc * 2 + ks;
-                    if (!UNIT_GROUPS && (starts >> step) & 1)
-                        gt = load_group_terms<T, HAS_ZEROS, N_CTA>(params, S_BYTES,
-                                                                  __popc(starts & ((2u << step) - 1)), dw, lane);
-                    uint4 frag[2];
-#pragma unroll
-                    for (int t = 0; t < 2; ++t) {
-                        const u32 word = ks == 0 ? (t == 0 ? wq.x : wq.y) : (t == 0 ? wq.z : wq.w);
-                        const uint4 q = FragmentOps<T>::dequant(word, gt.lo[t], gt.hi[t]);
-                        // Registers x, z hold row g, registers y, w row g + 8 (the A fragment layout).
-                        frag[t] = make_uint4(FragmentOps<T>::mul2(q.x, gt.s2[t][0]), FragmentOps<T>::mul2(q.y, gt.s2[t][1]),
-                                             FragmentOps<T>::mul2(q.z, gt.s2[t][0]), FragmentOps<T>::mul2(q.w, gt.s2[t][1]));
-                        wgmma_fence_operand(frag[t].x), wgmma_fence_operand(frag[t].y);
-                        wgmma_fence_operand(frag[t].z), wgmma_fence_operand(frag[t].w);
-                    }
-                    // Step j of the unit reads k [16j, 16j + 16): box j / 4, 32 bytes per step inside its rows.
-                    const u64 desc = smem_desc_sw128(xs + (step >> 2) * (BM * 128) + (step & 3) * 32);
-                    const int accumulate = kt > kt0 || step > 0;  // the first product overwrites D: no zeroing
-                    fence_accumulators(acc);
-                    wgmma_fence();
-                    wgmma(acc[0], frag[0], desc, accumulate);
-                    wgmma(acc[1], frag[1], desc, accumulate);
-                    wgmma_commit();
-                    fence_accumulators(acc);
-                    wgmma_wait<1>();
-                    if (step == 0 && kt > kt0) {  // the previous stage's last group is done: release its buffer
-                        const int prev = buf == 0 ? STAGES - 1 : buf - 1;
-                        mbar_arrive(bars + (STAGES + prev) * 8);
-                    }
-                }
-            }
+            const u32 xs = base + buf * STAGE_BYTES + wm * (WG_TOKENS * 128);
+            stage_step<0>(s, base, bars, kt, kt0, kt1, buf, phase, xs, dw, lane, cv, frag, acc);
+            stage_step<1>(s, base, bars, kt, kt0, kt1, buf, phase, xs, dw, lane, cv, frag, acc);
+            stage_step<2>(s, base, bars, kt, kt0, kt1, buf, phase, xs, dw, lane, cv, frag, acc);
+            stage_step<3>(s, base, bars, kt, kt0, kt1, buf, phase, xs, dw, lane, cv, frag, acc);
+            stage_step<4>(s, base, bars, kt, kt0, kt1, buf, phase, xs, dw, lane, cv, frag, acc);
+            stage_step<5>(s, base, bars, kt, kt0, kt1, buf, phase, xs, dw, lane, cv, frag, acc);
+            stage_step<6>(s, base, bars, kt, kt0, kt1, buf, phase, xs, dw, lane, cv, frag, acc);
+            stage_step<7>(s, base, bars, kt, kt0, kt1, buf, phase, xs, dw, lane, cv, frag, acc);
             if (++buf == STAGES) buf = 0, phase ^= 1;
         }
         wgmma_wait<0>();
