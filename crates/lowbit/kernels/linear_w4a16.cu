@@ -413,13 +413,7 @@ struct Linear {
             }
         }
         if constexpr (TMA) {
-            if (tid == 0) {
-                for (int st = 0; st < STAGES; ++st) {
-                    mbar_init(bars + st * 8, 1);                     // full: the producer's expect_tx arrival
-                    mbar_init(bars + (STAGES + st) * 8, THREADS);   // empty: every consumer thread
-                }
-                mbar_init_fence();
-            }
+            if (tid == 0) init_pipeline_barriers(bars, STAGES, THREADS);
             __syncthreads();
             if (warp == WARPS) {
                 produce(a, s, smem, bars, u_begin, count, lane);

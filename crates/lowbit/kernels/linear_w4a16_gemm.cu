@@ -421,13 +421,7 @@ struct Gemm {
 
         const int items = s.NT * s.MT * s.splits;
 
-        if (tid == 0) {
-            for (int st = 0; st < STAGES; ++st) {
-                mbar_init(bars + st * 8, 1);                         // full: the producer's expect_tx arrival
-                mbar_init(bars + (STAGES + st) * 8, CONSUMERS);     // empty: every consumer thread
-            }
-            mbar_init_fence();
-        }
+        if (tid == 0) init_pipeline_barriers(bars, STAGES, CONSUMERS);
         __syncthreads();
         if (wg == 2) {
             setmaxnreg_dec<40>();

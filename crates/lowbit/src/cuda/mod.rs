@@ -18,8 +18,8 @@ mod nvrtc;
 pub use cache::{cache_dir, CacheOutcome};
 pub use device::{copy_device, CudaDevice, DeviceInfo, StreamTimer};
 pub use nvrtc::{
-    arch_for, compile, compile_options, include_dir, nvrtc_present, nvrtc_version, Compiled, KernelSource,
-    COMMON_HEADER, DEQUANTIZE, KERNELS, KNOWN_ARCHES,
+    arch_for, compile, compile_options, include_dir, nvrtc_present, nvrtc_version, variant_source, Compiled,
+    KernelSource, COMMON_HEADER, DEQUANTIZE, KERNELS, KNOWN_ARCHES,
 };
 
 /// The CUBIN of a kernel for an architecture, through the memory and disk caches.

@@ -35,6 +35,24 @@ pub const KERNELS: &[KernelSource] = &[
     crate::ops::conv::cuda::KERNEL,
 ];
 
+/// `source` with a variant's `#define`s prepended, named `name` (unique per variant): made once per process and
+/// leaked (a handful per process), because [`KernelSource`] holds `&'static str`s and the module cache keys on them.
+pub fn variant_source(name: String, defines: impl FnOnce() -> String, source: &'static str) -> &'static KernelSource {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    static SOURCES: OnceLock<Mutex<HashMap<String, &'static KernelSource>>> = OnceLock::new();
+    let mut map = SOURCES
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    map.entry(name).or_insert_with_key(|name| {
+        Box::leak(Box::new(KernelSource {
+            name: Box::leak(name.clone().into_boxed_str()),
+            source: Box::leak((defines() + source).into_boxed_str()),
+        }))
+    })
+}
+
 /// The architectures `lowbit doctor --compile-only` accepts (others are passed to NVRTC as given).
 pub const KNOWN_ARCHES: &[&str] = &["sm_80", "sm_86", "sm_89", "sm_90a"];
 

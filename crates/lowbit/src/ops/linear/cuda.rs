@@ -39,8 +39,7 @@ use crate::formats::QuantMatrix;
 use cudarc::driver::{sys, PushKernelArg};
 use half::{bf16, f16};
 use rayon::prelude::*;
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 
 /// The kernel source; the host prepends the `#define`s of one variant.
 const SOURCE: &str = include_str!("../../../kernels/linear_w4a16.cu");
@@ -654,13 +653,10 @@ impl Variant {
 
     /// The kernel source of this variant, made once per process (the module cache keys on its `&'static` name).
     fn source(&self) -> &'static KernelSource {
-        static SOURCES: OnceLock<Mutex<HashMap<Variant, &'static KernelSource>>> = OnceLock::new();
-        let mut map = SOURCES
-            .get_or_init(Default::default)
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        map.entry(*self).or_insert_with(|| {
-            let defines = format!(
+        crate::cuda::variant_source(
+            self.name(),
+            || {
+                format!(
                 "#define LB_DTYPE {}\n#define LB_MT {}\n#define LB_ZEROS {}\n#define LB_WARPS {}\n#define LB_STAGES {}\n\
                  #define LB_TMA {}\n#define LB_MIN_BLOCKS {}\n#define LB_UNIT_GROUPS {}\n",
                 if self.act == DType::Bf16 { "BF16" } else { "F16" },
@@ -671,13 +667,10 @@ impl Variant {
                 u8::from(self.tma),
                 self.min_blocks,
                 u8::from(self.unit_groups)
-            );
-            // Leaked once per variant (a handful per process): KernelSource holds &'static strs.
-            Box::leak(Box::new(KernelSource {
-                name: Box::leak(self.name().into_boxed_str()),
-                source: Box::leak((defines + SOURCE).into_boxed_str()),
-            }))
-        })
+            )
+            },
+            SOURCE,
+        )
     }
 }
 
@@ -1035,46 +1028,16 @@ impl LinearW4A16Cuda {
         workspace: &mut dyn DevicePtrMut<u8>,
     ) -> Result<()> {
         let p = &self.plan;
-        if T::DTYPE != self.act {
-            return Err(Error::invalid(
-                "x",
-                T::DTYPE,
-                format!("dtype must be {} (the operator's)", self.act),
-            ));
-        }
-        if m > self.max_m {
-            return Err(Error::invalid(
-                "x",
-                format!("{m} rows"),
-                format!("at most max_m = {}", self.max_m),
-            ));
-        }
-        if m == 0 {
+        let call = (self.act, self.max_m, self.workspace_bytes());
+        let Some(CallBuffers {
+            x: x_ptr,
+            y: y_ptr,
+            bias: bias_ptr,
+            workspace: ws,
+        }) = call_buffers(p, call, stream, (x, x_stride), m, bias, (y, y_stride), workspace)?
+        else {
             return Ok(());
-        }
-        if x_stride < p.input_k || y_stride < p.n {
-            return Err(Error::invalid(
-                "x/y row stride",
-                format!("{x_stride}/{y_stride}"),
-                format!("must be at least K = {} / N = {}", p.input_k, p.n),
-            ));
-        }
-        let rows_len = |stride: usize, width: usize| (m - 1) * stride + width;
-        let x_ptr = buffer(x.device_ptr(stream).0, x.len(), rows_len(x_stride, p.input_k), "x", 2)?;
-        let y_len = y.len();
-        let y_ptr = buffer(y.device_ptr_mut(stream).0, y_len, rows_len(y_stride, p.n), "y", 2)?;
-        let bias_ptr = match bias {
-            Some(b) => buffer(b.device_ptr(stream).0, b.len(), p.n, "bias", 2)?,
-            None => 0,
         };
-        let ws_len = workspace.len();
-        let ws = buffer(
-            workspace.device_ptr_mut(stream).0,
-            ws_len,
-            self.workspace_bytes(),
-            "workspace",
-            256,
-        )?;
 
         let mt = token_tiles(m);
         let (variant, function) = self
@@ -1092,28 +1055,8 @@ impl LinearW4A16Cuda {
         let (x_ptr, x_stride) = if direct {
             (x_ptr, x_stride)
         } else {
-            let staged = ws;
-            let total = (m * p.k_pad) as u64;
-            let blocks = total.div_ceil(256).min(4096) as u32;
-            let perm_ptr = perm;
-            let mut b = stream.launch_builder(&self.stage_x);
-            let (xs, mi, ki, kp) = (x_stride as i64, m as i32, p.k as i32, p.k_pad as i32);
-            b.arg(&x_ptr)
-                .arg(&xs)
-                .arg(&perm_ptr)
-                .arg(&staged)
-                .arg(&mi)
-                .arg(&ki)
-                .arg(&kp);
-            let cfg = LaunchConfig {
-                grid_dim: (blocks, 1, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            // SAFETY: reads m rows of x (checked above) and perm[k] for k < K (perm has K entries); writes
-            // m * k_pad elements at the start of the workspace, which holds staged_x_bytes >= max_m * k_pad * 2.
-            unsafe { b.launch(cfg) }.map_err(launch_error("w4a16_stage_x"))?;
-            (staged, p.k_pad)
+            stage_x(stream, &self.stage_x, p, x_ptr, x_stride, perm, ws, m)?;
+            (ws, p.k_pad)
         };
 
         let args = KernelArgs {
@@ -1265,6 +1208,112 @@ macro_rules! dense_element {
 }
 dense_element!(f16);
 dense_element!(bf16);
+
+/// Device addresses of one call's buffers ([`call_buffers`]).
+pub(crate) struct CallBuffers {
+    pub x: u64,
+    pub y: u64,
+    /// 0 without a bias.
+    pub bias: u64,
+    pub workspace: u64,
+}
+
+/// The argument checks every W4A16 launcher makes: `x` of the operator's dtype `call.0` with at most `call.1` rows
+/// of `plan.input_k` values `x_stride` apart, y rows of N values, bias N values, a 256-byte aligned workspace of
+/// `call.2` bytes. Returns the buffers' addresses, or `None` when there is nothing to do (m = 0).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn call_buffers<T: Float + DeviceRepr>(
+    plan: &Plan,
+    call: (DType, usize, usize),
+    stream: &CudaStream,
+    (x, x_stride): (&dyn DevicePtr<T>, usize),
+    m: usize,
+    bias: Option<&dyn DevicePtr<T>>,
+    (y, y_stride): (&mut dyn DevicePtrMut<T>, usize),
+    workspace: &mut dyn DevicePtrMut<u8>,
+) -> Result<Option<CallBuffers>> {
+    let (act, max_m, workspace_bytes) = call;
+    if T::DTYPE != act {
+        return Err(Error::invalid(
+            "x",
+            T::DTYPE,
+            format!("dtype must be {act} (the operator's)"),
+        ));
+    }
+    if m > max_m {
+        return Err(Error::invalid(
+            "x",
+            format!("{m} rows"),
+            format!("at most max_m = {max_m}"),
+        ));
+    }
+    if m == 0 {
+        return Ok(None);
+    }
+    if x_stride < plan.input_k || y_stride < plan.n {
+        return Err(Error::invalid(
+            "x/y row stride",
+            format!("{x_stride}/{y_stride}"),
+            format!("must be at least K = {} / N = {}", plan.input_k, plan.n),
+        ));
+    }
+    let rows_len = |stride: usize, width: usize| (m - 1) * stride + width;
+    let x_ptr = buffer(
+        x.device_ptr(stream).0,
+        x.len(),
+        rows_len(x_stride, plan.input_k),
+        "x",
+        2,
+    )?;
+    let y_len = y.len();
+    let y_ptr = buffer(y.device_ptr_mut(stream).0, y_len, rows_len(y_stride, plan.n), "y", 2)?;
+    let bias_ptr = match bias {
+        Some(b) => buffer(b.device_ptr(stream).0, b.len(), plan.n, "bias", 2)?,
+        None => 0,
+    };
+    let ws_len = workspace.len();
+    let ws = buffer(
+        workspace.device_ptr_mut(stream).0,
+        ws_len,
+        workspace_bytes,
+        "workspace",
+        256,
+    )?;
+    Ok(Some(CallBuffers {
+        x: x_ptr,
+        y: y_ptr,
+        bias: bias_ptr,
+        workspace: ws,
+    }))
+}
+
+/// Launches `stage_x` (a kernel of `stage_x(x, x_stride, perm, out, M, K, k_pad)`'s signature, `common.cuh`): the
+/// `m` rows of x gathered through `perm` (0: none) into `dst` as rows of `plan.k_pad` values, zero past `plan.k`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn stage_x(
+    stream: &CudaStream,
+    function: &CudaFunction,
+    plan: &Plan,
+    x: u64,
+    x_stride: usize,
+    perm: u64,
+    dst: u64,
+    m: usize,
+) -> Result<()> {
+    let total = (m * plan.k_pad) as u64;
+    let (xs, mi, ki, kp) = (x_stride as i64, m as i32, plan.k as i32, plan.k_pad as i32);
+    let mut b = stream.launch_builder(function);
+    b.arg(&x).arg(&xs).arg(&perm).arg(&dst).arg(&mi).arg(&ki).arg(&kp);
+    let cfg = LaunchConfig {
+        grid_dim: (total.div_ceil(256).min(8192) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: the callers checked m rows of x; perm, when given, has plan.k entries (each < plan.input_k); dst is
+    // the start of a workspace holding at least max_m * k_pad values.
+    unsafe { b.launch(cfg) }.map_err(launch_error("stage_x"))?;
+    Ok(())
+}
 
 /// Checks a device buffer: at least `need` elements and `align`-byte aligned; returns its address.
 fn buffer(ptr: u64, have: usize, need: usize, name: &str, align: u64) -> Result<u64> {

@@ -18,7 +18,7 @@
 //! `round((q − z) · s)` in the activation type, as dequantize + cuBLAS computes it; fp32 accumulation; bias and
 //! activation in fp32; one rounding of y.
 
-use super::{buffer, smem_limits, DeviceW4, RepackedW4, K_TILE, MAX_GROUP_ROWS};
+use super::{call_buffers, smem_limits, stage_x, CallBuffers, DeviceW4, RepackedW4, K_TILE, MAX_GROUP_ROWS};
 use crate::cuda::{launch_error, CudaDevice, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
 use crate::cuda::{KernelSource, LaunchConfig};
 use crate::dtype::{DType, Float};
@@ -26,8 +26,7 @@ use crate::error::{Error, Result};
 use crate::formats::QuantMatrix;
 use crate::ops::linear::Activation;
 use cudarc::driver::{sys, PushKernelArg};
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 
 /// The kernel source; the host prepends the `#define`s of one variant.
 const SOURCE: &str = include_str!("../../../../kernels/linear_w4a16_gemm.cu");
@@ -117,28 +116,22 @@ impl GemmVariant {
     }
 
     fn source(&self) -> &'static KernelSource {
-        static SOURCES: OnceLock<Mutex<HashMap<GemmVariant, &'static KernelSource>>> = OnceLock::new();
-        let mut map = SOURCES
-            .get_or_init(Default::default)
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        map.entry(*self).or_insert_with(|| {
-            let defines = format!(
-                "#define LB_DTYPE {}\n#define LB_ZEROS {}\n#define LB_WG_N {}\n#define LB_WG_TOKENS {}\n\
+        crate::cuda::variant_source(
+            self.name(),
+            || {
+                format!(
+                    "#define LB_DTYPE {}\n#define LB_ZEROS {}\n#define LB_WG_N {}\n#define LB_WG_TOKENS {}\n\
                  #define LB_STAGES {}\n#define LB_UNIT_GROUPS {}\n",
-                if self.act == DType::Bf16 { "BF16" } else { "F16" },
-                u8::from(self.zeros),
-                self.wg_n,
-                self.wg_tokens,
-                self.stages,
-                u8::from(self.unit_groups)
-            );
-            // Leaked once per variant (a handful per process): KernelSource holds &'static strs.
-            Box::leak(Box::new(KernelSource {
-                name: Box::leak(self.name().into_boxed_str()),
-                source: Box::leak((defines + SOURCE).into_boxed_str()),
-            }))
-        })
+                    if self.act == DType::Bf16 { "BF16" } else { "F16" },
+                    u8::from(self.zeros),
+                    self.wg_n,
+                    self.wg_tokens,
+                    self.stages,
+                    u8::from(self.unit_groups)
+                )
+            },
+            SOURCE,
+        )
     }
 }
 
@@ -356,46 +349,16 @@ impl LinearW4A16Gemm {
         workspace: &mut dyn DevicePtrMut<u8>,
     ) -> Result<()> {
         let p = &self.weight.plan;
-        if T::DTYPE != self.weight.act {
-            return Err(Error::invalid(
-                "x",
-                T::DTYPE,
-                format!("dtype must be {} (the operator's)", self.weight.act),
-            ));
-        }
-        if m > self.max_m {
-            return Err(Error::invalid(
-                "x",
-                format!("{m} rows"),
-                format!("at most max_m = {}", self.max_m),
-            ));
-        }
-        if m == 0 {
+        let call = (self.weight.act, self.max_m, self.workspace_bytes());
+        let Some(CallBuffers {
+            x: x_ptr,
+            y: y_ptr,
+            bias: bias_ptr,
+            workspace: ws,
+        }) = call_buffers(p, call, stream, (x, x_stride), m, bias, (y, y_stride), workspace)?
+        else {
             return Ok(());
-        }
-        if x_stride < p.input_k || y_stride < p.n {
-            return Err(Error::invalid(
-                "x/y row stride",
-                format!("{x_stride}/{y_stride}"),
-                format!("must be at least K = {} / N = {}", p.input_k, p.n),
-            ));
-        }
-        let rows_len = |stride: usize, width: usize| (m - 1) * stride + width;
-        let x_ptr = buffer(x.device_ptr(stream).0, x.len(), rows_len(x_stride, p.input_k), "x", 2)?;
-        let y_len = y.len();
-        let y_ptr = buffer(y.device_ptr_mut(stream).0, y_len, rows_len(y_stride, p.n), "y", 2)?;
-        let bias_ptr = match bias {
-            Some(b) => buffer(b.device_ptr(stream).0, b.len(), p.n, "bias", 2)?,
-            None => 0,
         };
-        let ws_len = workspace.len();
-        let ws = buffer(
-            workspace.device_ptr_mut(stream).0,
-            ws_len,
-            self.workspace_bytes(),
-            "workspace",
-            256,
-        )?;
         let (qweight, scales, zeros, perm) = self.weight.pointers(stream);
 
         // TMA reads x in place when its rows are 16-byte aligned and in k order; otherwise x is staged.
@@ -403,18 +366,7 @@ impl LinearW4A16Gemm {
         let (x_ptr, x_stride, x_cols) = if direct {
             (x_ptr, x_stride, p.k)
         } else {
-            let total = (m * p.k_pad) as u64;
-            let mut b = stream.launch_builder(&self.stage_x);
-            let (xs, mi, ki, kp) = (x_stride as i64, m as i32, p.k as i32, p.k_pad as i32);
-            b.arg(&x_ptr).arg(&xs).arg(&perm).arg(&ws).arg(&mi).arg(&ki).arg(&kp);
-            let cfg = LaunchConfig {
-                grid_dim: (total.div_ceil(256).min(8192) as u32, 1, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            // SAFETY: reads m rows of x (checked) and perm[k] for k < K; writes m * k_pad elements at the start of
-            // the workspace, which holds staged_x_bytes >= max_m * k_pad * 2.
-            unsafe { b.launch(cfg) }.map_err(launch_error("w4a16_gemm_stage_x"))?;
+            stage_x(stream, &self.stage_x, p, x_ptr, x_stride, perm, ws, m)?;
             (ws, p.k_pad, p.k_pad)
         };
         let (variant, function) = self.kernel(m);
