@@ -2,6 +2,7 @@
 //! `cpu` (the fast CPU kernel) and `cuda` (the launcher of the CUDA kernel of the same name in `kernels/`).
 
 pub mod conv;
+pub mod conv_int8;
 pub mod dequantize;
 pub mod linear;
 pub mod w8a8;
