@@ -218,7 +218,7 @@ struct BF16 {
 };
 
 // ------------------------------------------------------------------------------------------------------------------
-// Epilogue activations (codes match lowbit::ops::linear::Activation)
+// Epilogue activations (codes match lowbit::ops::Activation)
 // ------------------------------------------------------------------------------------------------------------------
 
 enum Activation : int { ACT_NONE = 0, ACT_RELU = 1, ACT_RELU6 = 2, ACT_GELU = 3, ACT_SILU = 4 };

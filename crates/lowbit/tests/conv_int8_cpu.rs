@@ -233,3 +233,24 @@ fn bad_weights_and_quantization_are_typed_errors() {
         .to_string();
     assert!(e.contains("input"), "{e}");
 }
+
+#[test]
+fn non_clamp_activations_are_refused() {
+    let w = weight(&mut Rng(9), 4, 8, (1, 1), false);
+    let params = ConvInt8Params {
+        conv: Conv2dParams {
+            activation: lowbit::ops::Activation::Gelu,
+            ..Conv2dParams::default()
+        },
+        input: Int8Quant {
+            scale: 0.1,
+            zero_point: 0,
+        },
+        output: Int8Quant {
+            scale: 0.1,
+            zero_point: 0,
+        },
+    };
+    let e = ConvInt8Cpu::new(&w, None, params).unwrap_err().to_string();
+    assert!(e.contains("activation") && e.contains("gelu"), "{e}");
+}

@@ -16,28 +16,8 @@ pub mod reference;
 use crate::error::{ensure, Result};
 use crate::formats::block::BlockShape;
 
-/// The activation fused into the epilogue, as a clamp `[min, max]` (MNN's `minV`/`maxV`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum Activation {
-    /// No clamp (`±inf`).
-    #[default]
-    None,
-    /// `[0, inf)`.
-    Relu,
-    /// `[0, 6]`.
-    Relu6,
-}
-
-impl Activation {
-    /// The clamp bounds `(min, max)`.
-    pub fn bounds(self) -> (f32, f32) {
-        match self {
-            Activation::None => (f32::NEG_INFINITY, f32::INFINITY),
-            Activation::Relu => (0.0, f32::INFINITY),
-            Activation::Relu6 => (0.0, 6.0),
-        }
-    }
-}
+/// The activation fused into the epilogue: a clamp (none, relu, relu6; `Activation::bounds`), MNN's `minV`/`maxV`.
+pub use crate::ops::activation::Activation;
 
 /// Convolution hyper-parameters; each pair is `(height, width)`. Padding is symmetric (both sides).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -64,6 +44,12 @@ impl Conv2dParams {
             "dilation",
             format!("{:?}", self.dilation),
             "dilation must be positive",
+        )?;
+        ensure(
+            self.activation.is_clamp(),
+            "activation",
+            self.activation.name(),
+            "a convolution fuses none, relu or relu6",
         )?;
         let g = self.groups;
         ensure(g > 0, "groups", g, "groups must be positive")?;

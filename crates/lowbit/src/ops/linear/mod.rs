@@ -5,12 +5,11 @@
 //!
 //! [`QuantMatrix`]: crate::formats::QuantMatrix
 
-pub mod activation;
 pub mod cpu;
 pub mod cuda;
 pub mod quant_linear;
 pub mod reference;
 
-pub use activation::Activation;
+pub use crate::ops::activation::Activation;
 pub use cpu::{CpuIsa, LinearCpu};
 pub use quant_linear::{DispatchTable, LinearKernel, QuantLinear};

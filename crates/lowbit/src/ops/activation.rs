@@ -1,4 +1,5 @@
-//! The activation a linear layer can fuse after its bias (the kernels' epilogue and the CPU path share the codes).
+//! The activation an operation fuses after its bias: every activation for the linear layers (the CUDA epilogues
+//! take its `code`), the clamps none/relu/relu6 for the convolutions (MNN's `minV`/`maxV`, see `bounds`).
 
 use crate::error::{Error, Result};
 
@@ -50,6 +51,21 @@ impl Activation {
             .into_iter()
             .find(|a| a.name() == name)
             .ok_or_else(|| Error::invalid("activation", name, "must be none, relu, relu6, gelu or silu"))
+    }
+
+    /// Whether the activation is a clamp `[lo, hi]` (none, relu, relu6): what the convolutions fuse.
+    pub fn is_clamp(self) -> bool {
+        matches!(self, Activation::None | Activation::Relu | Activation::Relu6)
+    }
+
+    /// The clamp bounds `(lo, hi)` of a clamp activation (`±inf` where open); `(−inf, inf)` for gelu and silu,
+    /// which are not clamps (the convolutions reject them, see [`Activation::is_clamp`]).
+    pub fn bounds(self) -> (f32, f32) {
+        match self {
+            Activation::Relu => (0.0, f32::INFINITY),
+            Activation::Relu6 => (0.0, 6.0),
+            _ => (f32::NEG_INFINITY, f32::INFINITY),
+        }
     }
 
     /// Applies the activation in f32 (what the kernels compute).
