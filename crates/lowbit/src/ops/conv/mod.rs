@@ -2,7 +2,7 @@
 //!
 //! `out[b, co, oy, ox] = clamp(bias[co] + Σ_{ci ∈ group(co), ky, kx} x[b, ci, iy, ix] · w[co, ci, ky, kx])`
 //! with `iy = oy·sh − ph + ky·dh`, `ix = ox·sw − pw + kx·dw` (taps outside the input read zero), NCHW activations
-//! and output, weights a [`BlockQuantWeight`] of shape `[Co, Ci/groups, Kh, Kw]` dequantized as
+//! and output, weights a [`BlockQuantWeight`](crate::formats::block::BlockQuantWeight) of shape `[Co, Ci/groups, Kh, Kw]` dequantized as
 //! `q · scale + offset` per input-channel block. The clamp is the fused activation ([`Activation`]).
 //!
 //! - [`reference::conv2d`]: f64 accumulation, the ground truth.

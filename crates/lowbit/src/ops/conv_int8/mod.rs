@@ -15,7 +15,7 @@
 //! instead of truncated. The activation (`Conv2dParams::activation`: none/relu/relu6) clamps in the real domain,
 //! i.e. to `[round(lo / S_O) + Z_O, round(hi / S_O) + Z_O] ∩ [−128, 127]`.
 //!
-//! - [`reference`]: dequantize, convolve and add the bias in f64, requantize: the ideal result.
+//! - [`reference`](mod@reference): dequantize, convolve and add the bias in f64, requantize: the ideal result.
 //! - [`cpu`]: [`ConvInt8Cpu`], the integer kernel (rayon).
 
 pub mod cpu;

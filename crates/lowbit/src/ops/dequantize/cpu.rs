@@ -4,12 +4,12 @@
 //! is exact in f32, so there is a single rounding, to `T` — what AutoAWQ's `dequantize_gemm` and the CUDA kernel
 //! produce, bit for bit.
 //!
-//! Both layouts compute runs of up to [`RUN`] outputs in f32 (widen, subtract, multiply; compiled for AVX2 where the
+//! Both layouts compute runs of up to `RUN` outputs in f32 (widen, subtract, multiply; compiled for AVX2 where the
 //! CPU has it) and round each run to `T` with one [`Float::from_f32_slice`] (eight values per instruction on F16C
 //! CPUs). `[N, K]` walks each weight row group by group.
 //!
-//! `[K, N]` gives each task a band of output rows and walks it one strip of [`TILE_N`] columns at a time, each strip
-//! in tiles of [`TILE_K`] rows: a tile's codes are read along K and transposed in L1 (16 × 16 bytes per SSE2 step
+//! `[K, N]` gives each task a band of output rows and walks it one strip of `TILE_N` columns at a time, each strip
+//! in tiles of `TILE_K` rows: a tile's codes are read along K and transposed in L1 (16 × 16 bytes per SSE2 step
 //! on x86-64), so every output row of the tile is written as one contiguous run. The rows of `[N, K]` (and of
 //! `[K, N]`) usually lie a whole number of pages apart, so a tile touches a page per row: walking a strip down the
 //! band reuses the same code pages while they are in the TLB, and the next tile's codes are prefetched into L2

@@ -1,6 +1,6 @@
 //! Dequantization: a [`QuantMatrix`] to its dense weight, `W[n, k] = (code - zero) * scale`.
 //!
-//! - [`reference`]: the f64 ground truth.
+//! - [`reference`](mod@reference): the f64 ground truth.
 //! - [`cpu`]: the rayon kernel, bit for bit what AutoAWQ's `dequantize_gemm` and the CUDA kernel produce.
 //!
 //! The CUDA launcher lives beside them in `cuda.rs`.

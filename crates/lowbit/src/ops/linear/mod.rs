@@ -1,6 +1,6 @@
 //! W4A16 / W8A16 linear layer: `y[M, N] = x[M, K] · W^T (+ bias)` with `W` an int4/int8 [`QuantMatrix`].
 //!
-//! - [`reference`]: exact dequantization and f64 accumulation, the ground truth every kernel is tested against.
+//! - [`reference`](mod@reference): exact dequantization and f64 accumulation, the ground truth every kernel is tested against.
 //! - [`cpu`]: [`LinearCpu`], the fast CPU kernel (weights repacked once, decoded inside the FMA loop).
 //!
 //! [`QuantMatrix`]: crate::formats::QuantMatrix

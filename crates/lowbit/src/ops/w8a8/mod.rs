@@ -10,7 +10,7 @@
 //!   `y[m,n] = s_tok[m] · s_ch[n] · Σ_k a[m,k] · w[n,k]` (+ bias).
 //!
 //! [`QuantizedActivations`] are made once and reused by every GEMM that reads the same input (q, k, v).
-//! [`reference`] has the f64 ground truth of both GEMMs; [`cpu`] the rayon kernels.
+//! [`reference`](mod@reference) has the f64 ground truth of both GEMMs; [`cpu`] the rayon kernels.
 
 pub mod cpu;
 pub mod cuda;
