@@ -1,12 +1,19 @@
 //! [`ConvInt8Cpu`]: the int8 convolution on the CPU. Each output is one exact int32 dot of input codes (padding
-//! reads `Z_I`) and weight codes, then the per-channel epilogue of [`super::Int8Epilogue`]. Rayon over (batch, output
-//! channel) planes.
+//! reads `Z_I`) and weight codes, then the per-channel epilogue of [`super::Int8Epilogue`].
+//!
+//! Implicit GEMM by tiles: for a (batch, group, tile of `PIXELS` output pixels) task, the tile's input patches are
+//! gathered once into a `[PIXELS][taps]` i16 panel (im2col of the tile only, so memory stays small), then every
+//! output channel of the group is one contiguous i16 × i16 dot per pixel, which the compiler turns into SIMD
+//! multiply-adds. Rayon over the tasks.
 
 use super::{prepare, ConvInt8Params, Int8Epilogue};
 use crate::error::Result;
 use crate::formats::block::{check_len, BlockQuantWeight};
 use crate::ops::conv::ConvGeometry;
 use rayon::prelude::*;
+
+/// Output pixels per task (the im2col panel holds `PIXELS · taps` i16 values).
+const PIXELS: usize = 64;
 
 /// An int8 convolution prepared once (weight checked, epilogue folded) for any input shape.
 #[derive(Debug, Clone)]
@@ -37,38 +44,62 @@ impl ConvInt8Cpu {
         let geo = ConvGeometry::new(input, self.weight.shape(), &self.params.conv)?;
         check_len("input", x.len(), input.iter().product(), "B · Ci · H · W")?;
         check_len("output", out.len(), geo.output.iter().product(), "B · Co · OH · OW")?;
-        let [_, ci_total, h, w] = input;
+        let [batch, ci_total, h, w] = input;
         let [_, co_total, out_h, out_w] = geo.output;
         let (kh, kw) = geo.kernel;
-        let (ci_g, co_g) = (geo.channels_per_group(), geo.out_channels_per_group());
-        let cols = self.weight.shape().cols();
-        let z_i = self.params.input.zero_point as i32;
-        out.par_chunks_mut(out_h * out_w).enumerate().for_each(|(plane, o)| {
-            let (b, co) = (plane / co_total, plane % co_total);
-            let g = co / co_g;
-            let wrow = &self.weight.codes()[co * cols..(co + 1) * cols];
-            for oy in 0..out_h {
-                for ox in 0..out_w {
-                    let mut acc = 0i32;
+        let (ci_g, co_g, groups) = (geo.channels_per_group(), geo.out_channels_per_group(), geo.groups);
+        let taps = ci_g * kh * kw;
+        let pixels = out_h * out_w;
+        let tiles = pixels.div_ceil(PIXELS);
+        let z_i = self.params.input.zero_point as i16;
+        // Weights as i16 rows once per call (the dot then multiplies i16 by i16: one SIMD multiply-add per pair).
+        let weights: Vec<i16> = self.weight.codes().iter().map(|&q| q as i16).collect();
+        // One task per (batch, group, pixel tile); each returns its outputs [co_g][tile pixels].
+        let results: Vec<(usize, usize, usize, Vec<i8>)> = (0..batch * groups * tiles)
+            .into_par_iter()
+            .map(|task| {
+                let (b, rest) = (task / (groups * tiles), task % (groups * tiles));
+                let (g, tile) = (rest / tiles, rest % tiles);
+                let p0 = tile * PIXELS;
+                let np = PIXELS.min(pixels - p0);
+                let mut panel = vec![z_i; np * taps]; // padding taps keep Z_I
+                for (pi, patch) in panel.chunks_exact_mut(taps).enumerate() {
+                    let (oy, ox) = ((p0 + pi) / out_w, (p0 + pi) % out_w);
                     for c in 0..ci_g {
-                        let xc = &x[((b * ci_total + g * ci_g + c) * h) * w..][..h * w];
+                        let xc = &x[(b * ci_total + g * ci_g + c) * h * w..][..h * w];
                         for ky in 0..kh {
                             let iy = (oy * geo.stride.0 + ky * geo.dilation.0) as isize - geo.padding.0 as isize;
+                            if iy < 0 || iy >= h as isize {
+                                continue;
+                            }
                             for kx in 0..kw {
                                 let ix = (ox * geo.stride.1 + kx * geo.dilation.1) as isize - geo.padding.1 as isize;
-                                let v = if iy < 0 || ix < 0 || iy >= h as isize || ix >= w as isize {
-                                    z_i // padding holds the quantized zero
-                                } else {
-                                    xc[iy as usize * w + ix as usize] as i32
-                                };
-                                acc += v * wrow[(c * kh + ky) * kw + kx] as i32;
+                                if ix >= 0 && ix < w as isize {
+                                    patch[(c * kh + ky) * kw + kx] = xc[iy as usize * w + ix as usize] as i16;
+                                }
                             }
                         }
                     }
-                    o[oy * out_w + ox] = self.epilogue.apply(co, acc);
                 }
+                let mut out = vec![0i8; co_g * np];
+                for (j, o_row) in out.chunks_exact_mut(np).enumerate() {
+                    let co = g * co_g + j;
+                    let wrow = &weights[co * taps..(co + 1) * taps];
+                    for (o, patch) in o_row.iter_mut().zip(panel.chunks_exact(taps)) {
+                        let acc: i32 = patch.iter().zip(wrow).map(|(&a, &b)| a as i32 * b as i32).sum();
+                        *o = self.epilogue.apply(co, acc);
+                    }
+                }
+                (b, g, p0, out)
+            })
+            .collect();
+        for (b, g, p0, tile) in results {
+            let np = tile.len() / co_g;
+            for (j, row) in tile.chunks_exact(np).enumerate() {
+                let co = g * co_g + j;
+                out[(b * co_total + co) * pixels + p0..][..np].copy_from_slice(row);
             }
-        });
+        }
         Ok(())
     }
 }
