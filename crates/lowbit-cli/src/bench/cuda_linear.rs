@@ -46,18 +46,7 @@ pub fn run(args: &BenchArgs, sink: &mut Sink) -> Result<()> {
     if !matches!(args.wbits, 4 | 8) {
         return Err(Error::invalid("--wbits", args.wbits, "CUDA linear takes 4 or 8"));
     }
-    // (K, N) -> the batch sizes asked for it, in order.
-    let mut problems: Vec<((usize, usize), Vec<usize>)> = Vec::new();
-    if args.shape.is_empty() {
-        problems = SHAPES.iter().map(|&kn| (kn, MS.to_vec())).collect();
-    } else {
-        for s in args.shapes()? {
-            match problems.iter_mut().find(|(kn, _)| *kn == (s.k, s.n)) {
-                Some((_, ms)) => ms.push(s.m),
-                None => problems.push(((s.k, s.n), vec![s.m])),
-            }
-        }
-    }
+    let problems = args.problems(&SHAPES, &MS)?;
     let dtypes = args.dtypes(&[DType::F16])?;
     let mut variants: Vec<(String, Tuning)> = Vec::new();
     if std::env::var("LOWBIT_BENCH_VARIANTS").is_ok_and(|v| v == "1") {

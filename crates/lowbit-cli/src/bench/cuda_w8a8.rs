@@ -37,17 +37,7 @@ const IMPLS: usize = 5;
 /// Benchmarks the CUDA W8A8 kernels on the GPU `args.device` names.
 pub fn run(args: &BenchArgs, sink: &mut Sink) -> Result<()> {
     let dev = args.cuda_device()?;
-    let mut problems: Vec<((usize, usize), Vec<usize>)> = Vec::new();
-    if args.shape.is_empty() {
-        problems = SHAPES.iter().map(|&kn| (kn, MS.to_vec())).collect();
-    } else {
-        for s in args.shapes()? {
-            match problems.iter_mut().find(|(kn, _)| *kn == (s.k, s.n)) {
-                Some((_, ms)) => ms.push(s.m),
-                None => problems.push(((s.k, s.n), vec![s.m])),
-            }
-        }
-    }
+    let problems = args.problems(&SHAPES, &MS)?;
     let dtypes = args.dtypes(&[DType::F16])?;
     let count: usize = problems.iter().map(|(_, ms)| ms.len()).sum();
     sink.expect(count * dtypes.len() * IMPLS);

@@ -89,6 +89,22 @@ impl BenchArgs {
         self.shape.iter().map(|s| parse_shape(s)).collect()
     }
 
+    /// The `--shape`s grouped by weight `(K, N)`, each with its batch sizes in order; without `--shape`, every
+    /// default shape with every default M (the CUDA GEMM benches prepare each weight once for all its M).
+    pub fn problems(&self, shapes: &[(usize, usize)], ms: &[usize]) -> Result<Vec<((usize, usize), Vec<usize>)>> {
+        if self.shape.is_empty() {
+            return Ok(shapes.iter().map(|&kn| (kn, ms.to_vec())).collect());
+        }
+        let mut problems: Vec<((usize, usize), Vec<usize>)> = Vec::new();
+        for s in self.shapes()? {
+            match problems.iter_mut().find(|(kn, _)| *kn == (s.k, s.n)) {
+                Some((_, ms)) => ms.push(s.m),
+                None => problems.push(((s.k, s.n), vec![s.m])),
+            }
+        }
+        Ok(problems)
+    }
+
     /// Whether `op` was asked for (every op is, when `--op` is absent).
     pub fn wants(&self, op: &str) -> bool {
         self.op.as_deref().map_or(true, |o| o == op)

@@ -19,6 +19,8 @@ const PIXELS: usize = 64;
 #[derive(Debug, Clone)]
 pub struct ConvInt8Cpu {
     weight: BlockQuantWeight,
+    /// The weight codes widened to i16 once (the dot multiplies i16 by i16: one SIMD multiply-add per pair).
+    weights: Vec<i16>,
     params: ConvInt8Params,
     epilogue: Int8Epilogue,
 }
@@ -29,6 +31,7 @@ impl ConvInt8Cpu {
         let epilogue = prepare(weight, bias, &params)?;
         Ok(Self {
             weight: weight.clone(),
+            weights: weight.codes().iter().map(|&q| q as i16).collect(),
             params,
             epilogue,
         })
@@ -52,8 +55,6 @@ impl ConvInt8Cpu {
         let pixels = out_h * out_w;
         let tiles = pixels.div_ceil(PIXELS);
         let z_i = self.params.input.zero_point as i16;
-        // Weights as i16 rows once per call (the dot then multiplies i16 by i16: one SIMD multiply-add per pair).
-        let weights: Vec<i16> = self.weight.codes().iter().map(|&q| q as i16).collect();
         // One task per (batch, group, pixel tile); each returns its outputs [co_g][tile pixels].
         let results: Vec<(usize, usize, usize, Vec<i8>)> = (0..batch * groups * tiles)
             .into_par_iter()
@@ -84,7 +85,7 @@ impl ConvInt8Cpu {
                 let mut out = vec![0i8; co_g * np];
                 for (j, o_row) in out.chunks_exact_mut(np).enumerate() {
                     let co = g * co_g + j;
-                    let wrow = &weights[co * taps..(co + 1) * taps];
+                    let wrow = &self.weights[co * taps..(co + 1) * taps];
                     for (o, patch) in o_row.iter_mut().zip(panel.chunks_exact(taps)) {
                         let acc: i32 = patch.iter().zip(wrow).map(|(&a, &b)| a as i32 * b as i32).sum();
                         *o = self.epilogue.apply(co, acc);

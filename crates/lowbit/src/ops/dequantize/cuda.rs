@@ -254,7 +254,7 @@ impl DequantizeInt4 {
     #[doc(hidden)]
     pub fn with_variant(device: &CudaDevice, desc: DequantDesc, variant: Option<&str>) -> Result<Self> {
         desc.validate()?;
-        let t = dtype_name(desc.dtype);
+        let t = desc.dtype.name();
         let params = DequantParams::shape(desc.k, desc.n, desc.group_size, desc.groups());
         let (k, n) = (desc.k as u64, desc.n as u64);
         let layout = desc.layout.name();
@@ -388,7 +388,7 @@ impl DequantizeInt8 {
         check_dtype(dtype)?;
         // Vector loads need each weight row (K bytes) to be a multiple of 16 bytes.
         let vec = if k % 16 == 0 { "_vec" } else { "" };
-        let kernel = format!("dequant_int8_{}{vec}", dtype_name(dtype));
+        let kernel = format!("dequant_int8_{}{vec}", dtype.name());
         let params = DequantParams::shape(k, n, k, 1);
         let launch = Launch::new(device, kernel, transposed_threads(k, n, 16), params)?;
         Ok(Self { k, n, dtype, launch })
@@ -461,14 +461,6 @@ fn group_shift(group_size: usize, groups: usize) -> u32 {
         group_size.trailing_zeros()
     } else {
         u32::MAX
-    }
-}
-
-fn dtype_name(dtype: DType) -> &'static str {
-    if dtype == DType::Bf16 {
-        "bf16"
-    } else {
-        "f16"
     }
 }
 

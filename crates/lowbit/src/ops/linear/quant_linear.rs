@@ -102,25 +102,46 @@ impl DispatchTable {
 
     /// The measured choice for `device`, a `k x n` layer and batch `m`, or `None` when this GPU was not measured.
     pub fn lookup(&self, device: &str, wbits: u8, k: usize, n: usize, m: usize) -> Option<LinearKernel> {
-        let gpu = || self.entries.iter().filter(|e| e.device == device);
-        let same_gpu: Vec<&DispatchEntry> = if gpu().any(|e| e.wbits == wbits) {
-            gpu().filter(|e| e.wbits == wbits).collect()
-        } else {
-            gpu().collect()
-        };
+        LayerDispatch::new(self, device, wbits, k, n).choose(m)
+    }
+}
+
+/// The rows of a [`DispatchTable`] that answer for one layer (same GPU and width, nearest measured shape), sorted by
+/// M: resolved once when the layer is prepared, so a call only scans a handful of `(M, kernel)` pairs.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct LayerDispatch {
+    rows: Vec<(usize, LinearKernel)>,
+}
+
+impl LayerDispatch {
+    fn new(table: &DispatchTable, device: &str, wbits: u8, k: usize, n: usize) -> Self {
+        let gpu = || table.entries.iter().filter(|e| e.device == device);
+        let same_width = gpu().any(|e| e.wbits == wbits);
+        let candidates = || gpu().filter(|e| !same_width || e.wbits == wbits);
         let distance = |e: &DispatchEntry| {
             let size = ((e.k * e.n) as f64).ln() - ((k * n) as f64).ln();
             let aspect = (e.k as f64 / e.n as f64).ln() - (k as f64 / n as f64).ln();
             (size.abs(), aspect.abs())
         };
-        let nearest = same_gpu.iter().min_by(|a, b| {
+        let Some(nearest) = candidates().min_by(|a, b| {
             distance(a)
                 .partial_cmp(&distance(b))
                 .unwrap_or(std::cmp::Ordering::Equal)
-        })?;
-        let shape_rows = same_gpu.iter().filter(|e| (e.k, e.n) == (nearest.k, nearest.n));
-        let below = shape_rows.clone().filter(|e| e.m <= m).max_by_key(|e| e.m);
-        below.or_else(|| shape_rows.min_by_key(|e| e.m)).map(|e| e.kernel)
+        }) else {
+            return Self::default();
+        };
+        let mut rows: Vec<(usize, LinearKernel)> = candidates()
+            .filter(|e| (e.k, e.n) == (nearest.k, nearest.n))
+            .map(|e| (e.m, e.kernel))
+            .collect();
+        rows.sort_by_key(|&(m, _)| m);
+        Self { rows }
+    }
+
+    /// The kernel of the largest measured M not above `m` (the smallest measured M below all of them).
+    fn choose(&self, m: usize) -> Option<LinearKernel> {
+        let below = self.rows.iter().rev().find(|&&(rm, _)| rm <= m);
+        below.or(self.rows.first()).map(|&(_, kernel)| kernel)
     }
 }
 
@@ -163,8 +184,8 @@ struct CudaLinear {
     dense: DensePath,
     /// `CudaSlice<f16>` or `CudaSlice<bf16>` (the layer's dtype).
     bias: Option<Box<dyn Any + Send + Sync>>,
-    /// Measured choices per batch size.
-    table: DispatchTable,
+    /// The measured choices per batch size for this layer on this GPU.
+    dispatch: LayerDispatch,
     /// A kernel forced for every call (benchmarking, tests); `None`: the table's choice.
     forced: Option<LinearKernel>,
     /// Weight bits (the table is per bit width).
@@ -271,7 +292,7 @@ impl QuantLinear {
     /// Replaces the measured dispatch table (tests, or a table measured on another GPU).
     pub fn set_dispatch_table(&mut self, table: DispatchTable) {
         if let Backend::Cuda(c) = &mut self.backend {
-            c.table = table;
+            c.dispatch = LayerDispatch::new(&table, &c.device.info().name, c.wbits, self.k, self.n);
         }
     }
 
@@ -307,7 +328,7 @@ impl QuantLinear {
     pub fn kernel_for(&self, m: usize) -> LinearKernel {
         match &self.backend {
             Backend::Cpu { .. } => LinearKernel::Cpu,
-            Backend::Cuda(c) => c.kernel_for(m, self.k, self.n),
+            Backend::Cuda(c) => c.kernel_for(m),
         }
     }
 
@@ -404,7 +425,7 @@ impl QuantLinear {
             .as_ref()
             .and_then(|b| b.downcast_ref::<CudaSlice<T>>())
             .map(|b| b as &dyn DevicePtr<T>);
-        match (c.kernel_for(m, self.k, self.n), &c.gemm) {
+        match (c.kernel_for(m), &c.gemm) {
             (LinearKernel::Decode, _) => {
                 c.decode.run(stream, x, m, bias, y, workspace)?;
                 // The decode kernel fuses the bias only; the activation is one more pass over y (m <= 64 rows).
@@ -427,7 +448,7 @@ impl CudaLinear {
             .then(|| LinearW4A16Gemm::with_weight(dev, weight.clone(), max_m, None))
             .transpose()?;
         let source = &gemm::KERNEL;
-        let suffix = if act == DType::Bf16 { "bf16" } else { "f16" };
+        let suffix = act.name(); // f16 or bf16: repack checked it
         let dense = DensePath {
             dequantize: {
                 let f = dev.function(source, &format!("w4a16_dequantize_repacked_{suffix}"))?;
@@ -458,18 +479,18 @@ impl CudaLinear {
             gemm,
             dense,
             bias,
-            table: DispatchTable::measured(),
+            dispatch: LayerDispatch::new(&DispatchTable::measured(), &dev.info().name, w.bits, w.k, w.n),
             forced: None,
             wbits: w.bits,
             max_m,
         })
     }
 
-    fn kernel_for(&self, m: usize, k: usize, n: usize) -> LinearKernel {
+    fn kernel_for(&self, m: usize) -> LinearKernel {
         let gemm = self.gemm.is_some();
         let choice = self
             .forced
-            .or_else(|| self.table.lookup(&self.device.info().name, self.wbits, k, n, m))
+            .or_else(|| self.dispatch.choose(m))
             .unwrap_or_else(|| fallback(m, gemm));
         match choice {
             LinearKernel::Decode if m > MAX_M => fallback(m, gemm),

@@ -272,11 +272,11 @@ impl QuantizeActivationsCuda {
             ActivationQuant::Asymmetric => "asym",
             ActivationQuant::Symmetric => "sym",
         };
-        let kernel = format!("w8a8_quantize_{}_{mode_name}_{variant}", dtype_name(dtype));
+        let kernel = format!("w8a8_quantize_{}_{mode_name}_{variant}", dtype.name());
         let function = device.function(&KERNEL, &kernel)?;
         let per_lane = block_size.div_ceil(32).next_power_of_two();
         let vector = if (2..=8).contains(&per_lane) && k % per_lane == 0 && block_size % per_lane == 0 {
-            let name = format!("w8a8_quantize_{}_{mode_name}_v{per_lane}", dtype_name(dtype));
+            let name = format!("w8a8_quantize_{}_{mode_name}_v{per_lane}", dtype.name());
             let function = device.function(&KERNEL, &name)?;
             Some((name, function, per_lane))
         } else {
@@ -556,7 +556,7 @@ impl W8a8LinearCuda {
             ))
         })?;
         let smem = smem_for(stages);
-        let kernel = format!("w8a8_{prefix}_{}_s{stages}", dtype_name(dtype));
+        let kernel = format!("w8a8_{prefix}_{}_s{stages}", dtype.name());
         let gemm = device.function(&KERNEL, &kernel)?;
         gemm.set_attribute(
             sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -903,14 +903,6 @@ impl Drop for CublasLtInt8 {
             let _ = lt::destroy_matmul_desc(self.desc);
             let _ = lt::destroy_handle(self.handle);
         }
-    }
-}
-
-fn dtype_name(dtype: DType) -> &'static str {
-    if dtype == DType::Bf16 {
-        "bf16"
-    } else {
-        "f16"
     }
 }
 
