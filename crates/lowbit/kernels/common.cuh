@@ -416,6 +416,7 @@ struct FragmentOps<F16> {
     // A packed pair of f16 values as two floats.
     __device__ static __forceinline__ float2 pair_to_f32(u32 pair) { return __half22float2(*reinterpret_cast<const __half2*>(&pair)); }
     __device__ static __forceinline__ u32 mul2(u32 a, u32 b) { return F16::mul(a, b); }
+    __device__ static __forceinline__ u32 fma2(u32 a, u32 b, u32 c) { return F16::fma(a, b, c); }
 
     // Row g codes (nibbles 0/4 of the word, and 2/6 after >> 8) become 1024 + q with one lop3 and are subtracted
     // as 1024 + z: 0x6400 is 1024.0 and its mantissa step is 1, so OR-ing z in is the addition. Row g + 8 codes
@@ -449,6 +450,7 @@ struct FragmentOps<BF16> {
     // A packed pair of bf16 values as two floats.
     __device__ static __forceinline__ float2 pair_to_f32(u32 pair) { return make_float2(__uint_as_float(pair << 16), __uint_as_float(pair & 0xFFFF0000u)); }
     __device__ static __forceinline__ u32 mul2(u32 a, u32 b) { return BF16::mul(a, b); }
+    __device__ static __forceinline__ u32 fma2(u32 a, u32 b, u32 c) { return BF16::fma(a, b, c); }
 
     // bf16 has 7 mantissa bits, too few for 1024 + 16q, so every nibble pair is shifted down to bits 0-3 / 16-19
     // first (TensorRT-LLM does the same): 0x4300 | q = 128 + q, and fma((128 + q), 1, -(128 + z)) = q - z exactly

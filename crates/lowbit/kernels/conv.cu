@@ -2,7 +2,7 @@
 // NCHW fp16/fp32 activations and output, fp32 accumulation. Host side: src/ops/conv/cuda.rs.
 //
 // Kernels (extern "C", instantiated at the bottom):
-//   conv_pack_nhwc_{f16,f32}   NCHW x -> NHWC fp16 copy in the workspace (32x32 smem transpose; fp32 is rounded
+//   conv_pack_nhwc_{f16,f32}   NCHW x -> (zero-padded) NHWC fp16 copy in the workspace (32x32 smem transpose; fp32 is rounded
 //                              to fp16 here, once)
 //   conv_igemm_w{4,8}_{l,t,m,s}  the implicit-GEMM tensor-core convolution on that copy, tile l = 128x128,
 //                              t = 128x64, m = 64x128, s = 64x64 (output channels x output pixels)
@@ -330,24 +330,30 @@ struct Igemm {
 
 // ------------------------------------------------------------------------------------------------------------------
 // NCHW -> NHWC fp16 (the GEMM's activation layout), through a 32 x 32 shared tile: reads along H*W and writes
-// along C are both coalesced. Grid (ceil(HW / 32), ceil(C / 32), B), block (32, 8).
+// along C are both coalesced. With padding (ph, pw) the output is the zero-padded image [B][H + 2ph][W + 2pw][C]
+// that the Hopper GEMM path reads (its padding bands are written as zeros here, so the workspace needs no
+// clearing). Grid (ceil((H + 2ph)(W + 2pw) / 32), ceil(C / 32), B), block (32, 8).
 // ------------------------------------------------------------------------------------------------------------------
 __device__ __forceinline__ float to_f32(float v) { return v; }
 __device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
 
 template <class T>
-__device__ __forceinline__ void pack_nhwc(const T* x, __half* xt, int c, int hw) {
+__device__ __forceinline__ void pack_nhwc(const T* x, __half* xt, int c, int h, int w, int ph, int pw) {
     __shared__ float tile[32][33];  // +1: the transposed reads hit 32 different banks
-    const int hw0 = blockIdx.x * 32, c0 = blockIdx.y * 32;
+    const int wp = w + 2 * pw, grid = (h + 2 * ph) * wp;
+    const int p0 = blockIdx.x * 32, c0 = blockIdx.y * 32;
     const long long b = blockIdx.z;
     for (int i = threadIdx.y; i < 32; i += 8) {
-        const int cc = c0 + i, px = hw0 + threadIdx.x;
-        if (cc < c && px < hw) tile[i][threadIdx.x] = to_f32(x[(b * c + cc) * hw + px]);
+        const int cc = c0 + i, p = p0 + threadIdx.x;
+        const int y = p / wp - ph, xx = p % wp - pw;
+        float v = 0.0f;
+        if (cc < c && p < grid && y >= 0 && y < h && xx >= 0 && xx < w) v = to_f32(x[((b * c + cc) * h + y) * w + xx]);
+        tile[i][threadIdx.x] = v;
     }
     __syncthreads();
     for (int i = threadIdx.y; i < 32; i += 8) {
-        const int px = hw0 + i, cc = c0 + threadIdx.x;
-        if (cc < c && px < hw) xt[(b * hw + px) * c + cc] = __float2half_rn(tile[threadIdx.x][i]);
+        const int p = p0 + i, cc = c0 + threadIdx.x;
+        if (cc < c && p < grid) xt[(b * grid + p) * c + cc] = __float2half_rn(tile[threadIdx.x][i]);
     }
 }
 
@@ -425,11 +431,13 @@ LB_CONV_IGEMM(conv_igemm_w8_t, 8, 2, 1, 64)
 LB_CONV_IGEMM(conv_igemm_w8_m, 8, 1, 2, 64)
 LB_CONV_IGEMM(conv_igemm_w8_s, 8, 1, 2, 32)
 
-extern "C" __global__ void __launch_bounds__(256) conv_pack_nhwc_f16(const __half* x, __half* xt, int c, int hw) {
-    lowbit::conv::pack_nhwc(x, xt, c, hw);
+extern "C" __global__ void __launch_bounds__(256) conv_pack_nhwc_f16(const __half* x, __half* xt, int c, int h, int w,
+                                                                      int ph, int pw) {
+    lowbit::conv::pack_nhwc(x, xt, c, h, w, ph, pw);
 }
-extern "C" __global__ void __launch_bounds__(256) conv_pack_nhwc_f32(const float* x, __half* xt, int c, int hw) {
-    lowbit::conv::pack_nhwc(x, xt, c, hw);
+extern "C" __global__ void __launch_bounds__(256) conv_pack_nhwc_f32(const float* x, __half* xt, int c, int h, int w,
+                                                                      int ph, int pw) {
+    lowbit::conv::pack_nhwc(x, xt, c, h, w, ph, pw);
 }
 extern "C" __global__ void __launch_bounds__(256) conv_direct_f16(const lowbit::conv::DirectArgs p) {
     lowbit::conv::direct<__half>(p);

@@ -44,11 +44,18 @@
 //   producer. With split-K (then every CTA has one item) through shared memory: the fp32 tile is written
 //   [token][column], then each thread takes 8-column chunks, sums the splits' partials, and stores 16 bytes.
 //
+// * CONVOLUTION (LB_CONV): a stride-1 convolution is this GEMM over a zero-padded NHWC input. Tokens are the
+//   positions of the padded grid [B][Hp][Wp] (Hp = H + 2 ph, ...), K runs (tap, channel), and the x rows of
+//   tap (r, s) for tokens m..m+BM are rows m + r dh Wp + s dw .. of the padded image: one TMA box per 64 channels,
+//   only its row coordinate moves with the tap. Positions past the output (the right and bottom padding bands)
+//   are computed and dropped; the epilogue writes the rest to NCHW y. Weights in MNN's offset form (q s + o,
+//   LB_ZEROS 2) are fma(q, s, o) per pair, the same single rounding as the direct kernel of conv.cu.
+//
 // * ORDER. Consecutive CTAs walk 16 column tiles before the next token tile, so the ~132 CTAs in flight share a few
 //   MB of weights and of x in L2 instead of streaming both from memory.
 //
 // The host prepends the #defines selecting one variant (LB_DTYPE, LB_ZEROS, LB_WG_N, LB_WG_TOKENS, LB_STAGES,
-// LB_UNIT_GROUPS).
+// LB_UNIT_GROUPS, LB_CONV).
 #include "common.cuh"
 
 namespace lowbit {
@@ -77,7 +84,23 @@ struct Shape {
     int activation;   // Activation code (common.cuh)
     int y_vector;     // y rows are 16-byte aligned: 16-byte stores
     long long y_stride;
+    // LB_CONV only (see the header): x is the padded NHWC input [B * Hp * Wp][channels].
+    int channels;     // C: input channels, a multiple of 64 (one TMA box never straddles two taps)
+    int kernel_w;     // taps per kernel row (S)
+    int tap_row;      // row shift of one kernel row: dh * Wp
+    int tap_col;      // row shift of one kernel column: dw
+    int taps;         // R * S (k past R * S * C is padding: read as zeros)
+    int grid_tokens;  // Hp * Wp, tokens per image
+    int grid_w;       // Wp
+    int out_h, out_w; // Ho, Wo: the positions of the padded grid that are outputs
+    int batch;        // B
+    long long out_plane;  // Ho * Wo: y is [B][N][Ho][Wo]
 };
+
+// LB_ZEROS: how a weight's zero point is given.
+constexpr int ZEROS_NONE = 0;     // symmetric: (q - 8) s
+constexpr int ZEROS_CODES = 1;    // 4-bit zero codes: (q - z) s
+constexpr int ZEROS_OFFSETS = 2;  // MNN offset form: (q - 8) s + o, o an fp16 value per column and group
 
 struct Args {
     const uint4* qweight;  // repacked codes (linear_w4a16.cu), N_CTA * 4 uint4 per unit, units in (nt, kt) order
@@ -92,8 +115,10 @@ struct Args {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 
 // WG_TOKENS: the wgmma N, tokens per consumer warpgroup (64 for small batches, 128 otherwise).
-template <class T, bool HAS_ZEROS, int WG_N, int WG_TOKENS, int STAGES, bool UNIT_GROUPS>
+template <class T, int ZMODE, int WG_N, int WG_TOKENS, int STAGES, bool UNIT_GROUPS, bool CONV>
 struct Gemm {
+    static constexpr bool HAS_ZEROS = ZMODE == ZEROS_CODES;
+    static constexpr bool OFFSETS = ZMODE == ZEROS_OFFSETS;
     static constexpr int ACC = WG_TOKENS / 2;  // fp32 accumulators per thread per 64-row tile
     static constexpr int N_CTA = 128 * WG_N;  // output columns per tile (the repacked tile width)
     static constexpr int WG_M = 2 / WG_N;     // consumer warpgroups along tokens
@@ -104,7 +129,9 @@ struct Gemm {
     static constexpr int W_BYTES = N_CTA * K_TILE / 2;
     static constexpr int GROUP_ROWS = UNIT_GROUPS ? 1 : K_TILE / 16;
     static constexpr int S_BYTES = GROUP_ROWS * N_CTA * 2;
-    static constexpr int Z_BYTES = HAS_ZEROS ? GROUP_ROWS * N_CTA / 2 : 0;
+    // Zero rows: 4-bit codes, or fp16 offsets laid out like the scales.
+    static constexpr int Z_ROW_BYTES = HAS_ZEROS ? N_CTA / 2 : OFFSETS ? N_CTA * 2 : 0;
+    static constexpr int Z_BYTES = GROUP_ROWS * Z_ROW_BYTES;
     // x first: swizzled tiles must be 1024-byte aligned, so stages are padded to a multiple of 1024.
     static constexpr int STAGE_BYTES = (X_BYTES + W_BYTES + S_BYTES + Z_BYTES + 1023) / 1024 * 1024;
     static constexpr int Y_PITCH = N_CTA + 4;  // fp32 epilogue tile row pitch (floats), see epilogue
@@ -153,14 +180,23 @@ struct Gemm {
                 const int k0 = kt * K_TILE;
                 const int g_lo = group_row(s, k0), rows = group_row(s, k0 + K_TILE - 1) - g_lo + 1;
                 const size_t row0 = (size_t)w.nt * s.GP + g_lo;
-                mbar_arrive_expect_tx(full,
-                                      X_BYTES + W_BYTES + rows * (N_CTA * 2) + (HAS_ZEROS ? rows * (N_CTA / 2) : 0));
-                tma_load_2d(stage, xmap, k0, w.mt * BM, full);
-                tma_load_2d(stage + BM * 128, xmap, k0 + X_BOX_K, w.mt * BM, full);
+                mbar_arrive_expect_tx(full, X_BYTES + W_BYTES + rows * (N_CTA * 2 + Z_ROW_BYTES));
+#pragma unroll
+                for (int box = 0; box < 2; ++box) {
+                    const int k = k0 + box * X_BOX_K;
+                    int col = k, row = w.mt * BM;
+                    if (CONV) {  // tap (r, q) and channel c of k; a padding tap reads rows past the end (zeros)
+                        const int tap = k / s.channels, r = tap / s.kernel_w;
+                        col = k - tap * s.channels;
+                        row += tap < s.taps ? r * s.tap_row + (tap - r * s.kernel_w) * s.tap_col
+                                            : s.batch * s.grid_tokens;
+                    }
+                    tma_load_2d(stage + box * (BM * 128), xmap, col, row, full);
+                }
                 bulk_copy(stage + X_BYTES, a.qweight + ((size_t)w.nt * s.KT + kt) * (N_CTA * 4), W_BYTES, full);
                 bulk_copy(stage + X_BYTES + W_BYTES, a.scales + row0 * N_CTA, rows * (N_CTA * 2), full);
-                if (HAS_ZEROS)
-                    bulk_copy(stage + X_BYTES + W_BYTES + S_BYTES, a.zeros + row0 * (N_CTA / 2), rows * (N_CTA / 2),
+                if (Z_ROW_BYTES)
+                    bulk_copy(stage + X_BYTES + W_BYTES + S_BYTES, a.zeros + row0 * Z_ROW_BYTES, rows * Z_ROW_BYTES,
                               full);
                 if (++buf == STAGES) buf = 0;
             }
@@ -181,6 +217,21 @@ struct Gemm {
         u32 ws, params, starts;
         uint4 wq;
         GroupTerms gt;
+        u32 o2[2][2];  // OFFSETS: the offsets of rows g / g + 8 per tile as packed pairs {o, o}
+
+        __device__ __forceinline__ void load_terms(int row, int dw, int lane) {
+            gt = load_group_terms<T, HAS_ZEROS, N_CTA>(params, S_BYTES, row, dw, lane);
+            if (OFFSETS) {  // laid out like the scales (one 8-byte load per lane group)
+                const uint2 ov = lds64(params + S_BYTES + row * (N_CTA * 2) + dw * 64 + (lane >> 2) * 8);
+                o2[0][0] = prmt(ov.x, ov.x, 0x1010), o2[0][1] = prmt(ov.x, ov.x, 0x3232);
+                o2[1][0] = prmt(ov.y, ov.y, 0x1010), o2[1][1] = prmt(ov.y, ov.y, 0x3232);
+            }
+        }
+
+        // (q - z) * s, or (q - 8) * s + o, of one register (a pair of row `h` of tile `t`).
+        __device__ __forceinline__ u32 scale(u32 q, int t, int h) const {
+            return OFFSETS ? FragmentOps<T>::fma2(q, gt.s2[t][h], o2[t][h]) : FragmentOps<T>::mul2(q, gt.s2[t][h]);
+        }
 
         // Points at the stage of k tile `kt` in buffer `stage` (waits for it to be full first: done by the caller).
         __device__ __forceinline__ void begin(const Shape& s, u32 stage, int kt, int dw, int lane) {
@@ -193,22 +244,19 @@ struct Gemm {
                 for (int j = ((group_row(s, k0) + 1) * s.group - k0) >> 4; j < K_TILE / 16; j += s.group >> 4)
                     starts |= 1u << j;
             }
-            gt = load_group_terms<T, HAS_ZEROS, N_CTA>(params, S_BYTES, 0, dw, lane);
+            load_terms(0, dw, lane);
         }
 
         // Step j of the stage as the two A fragments (q - z) * s (registers x, z: row g; y, w: row g + 8).
         template <int J>
         __device__ __forceinline__ void convert(uint4 (&frag)[2], int dw, int lane) {
             if (J % 2 == 0) wq = lds128(ws + (J / 2) * 512);
-            if (!UNIT_GROUPS && J > 0 && (starts >> J) & 1)
-                gt = load_group_terms<T, HAS_ZEROS, N_CTA>(params, S_BYTES, __popc(starts & ((2u << J) - 1)), dw,
-                                                          lane);
+            if (!UNIT_GROUPS && J > 0 && (starts >> J) & 1) load_terms(__popc(starts & ((2u << J) - 1)), dw, lane);
 #pragma unroll
             for (int t = 0; t < 2; ++t) {
                 const u32 word = J % 2 == 0 ? (t == 0 ? wq.x : wq.y) : (t == 0 ? wq.z : wq.w);
                 const uint4 q = FragmentOps<T>::dequant(word, gt.lo[t], gt.hi[t]);
-                frag[t] = make_uint4(FragmentOps<T>::mul2(q.x, gt.s2[t][0]), FragmentOps<T>::mul2(q.y, gt.s2[t][1]),
-                                     FragmentOps<T>::mul2(q.z, gt.s2[t][0]), FragmentOps<T>::mul2(q.w, gt.s2[t][1]));
+                frag[t] = make_uint4(scale(q.x, t, 0), scale(q.y, t, 1), scale(q.z, t, 0), scale(q.w, t, 1));
                 wgmma_fence_operand(frag[t].x), wgmma_fence_operand(frag[t].y);
                 wgmma_fence_operand(frag[t].z), wgmma_fence_operand(frag[t].w);
             }
@@ -355,6 +403,12 @@ struct Gemm {
                 const float b = (a.bias && n + e < s.N) ? FragmentOps<T>::to_f32(a.bias[n + e]) : 0.0f;
                 out[e] = FragmentOps<T>::from_f32(apply_activation(v[e] + b, s.activation));
             }
+            if (CONV) {  // 8 channels of one position: 8 planes of y
+                const long long at = conv_offset(s, m);
+                if (at >= 0)
+                    for (int e = 0; e < 8 && n + e < s.N; ++e) a.y[at + (long long)(n + e) * s.out_plane] = out[e];
+                continue;
+            }
             u16* dst = a.y + (size_t)m * s.y_stride + n;
             if (s.y_vector && n + 8 <= s.N) {
                 *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(out);
@@ -372,6 +426,53 @@ struct Gemm {
                     *finished = 0;
                 }
             }
+        }
+    }
+
+    // CONV: the offset in y of (token m, channel 0), or -1 when m is a position of the padding bands (no output).
+    __device__ static __forceinline__ long long conv_offset(const Shape& s, int m) {
+        const int b = m / s.grid_tokens, p = m - b * s.grid_tokens, ho = p / s.grid_w, wo = p - ho * s.grid_w;
+        if (b >= s.batch || ho >= s.out_h || wo >= s.out_w) return -1;
+        return (long long)b * s.N * s.out_plane + ho * s.out_w + wo;
+    }
+
+    // CONV epilogue without shared memory: a lane's accumulator pair is two consecutive tokens of one channel,
+    // i.e. (usually) two adjacent pixels of one NCHW plane: one 4-byte store, or two 2-byte ones at a row end.
+    __device__ static __forceinline__ void epilogue_conv(const Args& a, const Shape& s, int nt, int mt, int wg,
+                                                         int ctid, const float (&acc)[2][ACC]) {
+        const int lane = ctid & 31, g = lane >> 2, t4 = lane & 3;
+        const int dw = (WG_N == 2 ? wg * 4 : 0) + ((ctid >> 5) & 3);
+        const int wm = WG_N == 2 ? 0 : wg;
+        const int n0 = nt * N_CTA + dw * 32 + g;  // column of (t, h) = n0 + t * 16 + h * 8
+        float bias[2][2];
+#pragma unroll
+        for (int t = 0; t < 2; ++t)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int n = n0 + t * 16 + h * 8;
+                bias[t][h] = (a.bias && n < s.N) ? FragmentOps<T>::to_f32(a.bias[n]) : 0.0f;
+            }
+#pragma unroll
+        for (int j = 0; j < WG_TOKENS / 8; ++j) {
+            const int m = mt * BM + wm * WG_TOKENS + j * 8 + t4 * 2;
+            const long long at0 = m < s.M ? conv_offset(s, m) : -1;
+            const long long at1 = m + 1 < s.M ? conv_offset(s, m + 1) : -1;
+#pragma unroll
+            for (int t = 0; t < 2; ++t)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int n = n0 + t * 16 + h * 8;
+                    if (n >= s.N) continue;
+                    const u16 v0 = FragmentOps<T>::from_f32(apply_activation(acc[t][4 * j + 2 * h] + bias[t][h], s.activation));
+                    const u16 v1 = FragmentOps<T>::from_f32(apply_activation(acc[t][4 * j + 2 * h + 1] + bias[t][h], s.activation));
+                    const long long plane = (long long)n * s.out_plane;
+                    if (at0 >= 0 && at1 == at0 + 1 && ((at0 + plane) & 1) == 0) {
+                        *reinterpret_cast<u32*>(a.y + at0 + plane) = (u32)v0 | ((u32)v1 << 16);
+                    } else {
+                        if (at0 >= 0) a.y[at0 + plane] = v0;
+                        if (at1 >= 0) a.y[at1 + plane] = v1;
+                    }
+                }
         }
     }
 
@@ -440,6 +541,8 @@ struct Gemm {
             mainloop(s, base, bars, w.kt0, w.kt1, wg, buf, phase, acc);
             if (s.splits > 1) {
                 epilogue(a, s, base, w.nt, w.mt, wg, w.nt * s.MT + w.mt, w.split, tid, acc);
+            } else if (CONV) {
+                epilogue_conv(a, s, w.nt, w.mt, wg, tid, acc);
             } else {
                 epilogue_direct(a, s, w.nt, w.mt, wg, tid, acc);
             }
@@ -463,10 +566,13 @@ struct Gemm {
 #define LB_STAGES 4
 #define LB_UNIT_GROUPS 1
 #endif
+#ifndef LB_CONV
+#define LB_CONV 0
+#endif
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-typedef lowbit::w4a16_gemm::Gemm<lowbit::LB_DTYPE, LB_ZEROS != 0, LB_WG_N, LB_WG_TOKENS, LB_STAGES,
-                                 LB_UNIT_GROUPS != 0>
+typedef lowbit::w4a16_gemm::Gemm<lowbit::LB_DTYPE, LB_ZEROS, LB_WG_N, LB_WG_TOKENS, LB_STAGES, LB_UNIT_GROUPS != 0,
+                                 LB_CONV != 0>
     GemmVariant;
 
 extern "C" __global__ void __launch_bounds__(GemmVariant::BLOCK, 1)

@@ -98,6 +98,16 @@ pub fn run(args: &BenchArgs, sink: &mut Sink) -> Result<()> {
             if let Some(us) = timing.graph {
                 sink.push(problem.lowbit_record("lowbit_graph", dtype, us))?;
             }
+            if dtype == DType::F16 && problem.uses_hopper()? {
+                // The mma.sync implicit GEMM the Hopper path replaced, for comparison.
+                sink.status(format!("conv lowbit_mmasync {}", case.label));
+                let tuning = Tuning {
+                    no_hopper: true,
+                    ..Tuning::default()
+                };
+                let timing = problem.time_lowbit::<f16>(tuning, None, false)?;
+                sink.push(problem.lowbit_record("lowbit_mmasync", dtype, timing.eager))?;
+            }
         }
         if variants {
             for tile in Tile::ALL {
@@ -173,6 +183,12 @@ impl<'a> Problem<'a> {
             x,
             sets: rotation(dev, io_bytes),
         })
+    }
+
+    /// Whether the default operator for this case runs the Hopper wgmma path.
+    fn uses_hopper(&self) -> Result<bool> {
+        let conv = Conv2dCuda::new(self.dev, &self.weight, None, self.params)?;
+        Ok(conv.uses_hopper())
     }
 
     /// The GEMM view: `M = B·OH·OW`, `K = Ci·Kh·Kw`, `N = Co`.

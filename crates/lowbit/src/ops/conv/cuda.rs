@@ -45,6 +45,8 @@ use cudarc::driver::{sys, PushKernelArg};
 use half::f16;
 use rayon::prelude::*;
 
+mod hopper;
+
 /// `kernels/conv.cu`, listed in [`crate::cuda::KERNELS`].
 pub const KERNEL: KernelSource = KernelSource {
     name: "conv",
@@ -377,6 +379,8 @@ pub struct Tuning {
     pub tile: Option<Tile>,
     /// Use the direct kernel even where the implicit GEMM applies.
     pub direct: bool,
+    /// Use the mma.sync implicit GEMM (or the direct kernel) even where the Hopper wgmma path applies.
+    pub no_hopper: bool,
 }
 
 /// One loaded implicit-GEMM kernel.
@@ -416,6 +420,8 @@ pub struct Conv2dCuda {
     params: Conv2dParams,
     bias: CudaSlice<f32>,
     path: Path,
+    /// The wgmma path for f16 inputs, where it applies (`hopper::applies`).
+    hopper: Option<hopper::HopperConv>,
     sm_count: usize,
     tuning: Tuning,
 }
@@ -468,6 +474,13 @@ impl Conv2dCuda {
         let stream = device.stream();
         let bias_host = bias.map_or_else(|| vec![0.0; shape.rows], <[f32]>::to_vec);
         let bias = stream.clone_htod(&bias_host).map_err(upload_err)?;
+        // A forced tile or path selects the older kernels (tests and benchmarks compare them).
+        let forced = tuning.direct || tuning.no_hopper || tuning.tile.is_some();
+        let hopper = if !forced && hopper::applies(device, weight, params.groups, params.stride) {
+            hopper::HopperConv::new(device, weight, &bias_host)?
+        } else {
+            None
+        };
         let path = if gemm_supported(&shape) && !tuning.direct {
             let packed = repack(weight, params.groups)?;
             let mut kernels = Vec::new();
@@ -528,6 +541,7 @@ impl Conv2dCuda {
             params,
             bias,
             path,
+            hopper,
             sm_count: device.info().sm_count.max(1) as usize,
             tuning,
         })
@@ -540,17 +554,24 @@ impl Conv2dCuda {
 
     /// Whether this convolution runs on the tensor cores (implicit GEMM) rather than the direct kernel.
     pub fn uses_tensor_cores(&self) -> bool {
-        matches!(self.path, Path::Gemm { .. })
+        self.hopper.is_some() || matches!(self.path, Path::Gemm { .. })
+    }
+
+    /// Whether f16 inputs run on the Hopper wgmma path (sm_90, int4, one group, stride 1, `Ci % 64 == 0`; see
+    /// `hopper.rs`). f32 inputs always take the mma.sync or direct kernel.
+    pub fn uses_hopper(&self) -> bool {
+        self.hopper.is_some()
     }
 
     /// Device scratch [`Conv2dCuda::run`] needs for inputs of shape `input` (the NHWC f16 copy of the input on the
     /// implicit-GEMM path, 256-byte rounded; 0 on the direct path).
     pub fn workspace_bytes(&self, input: [usize; 4]) -> Result<usize> {
-        ConvGeometry::new(input, &self.shape, &self.params)?;
-        Ok(match self.path {
+        let geo = ConvGeometry::new(input, &self.shape, &self.params)?;
+        let own = match self.path {
             Path::Gemm { .. } => (input.iter().product::<usize>() * 2).next_multiple_of(256),
             Path::Direct { .. } => 0,
-        })
+        };
+        Ok(own.max(self.hopper.as_ref().map_or(0, |h| h.workspace_bytes(&geo))))
     }
 
     /// The tile the implicit-GEMM kernel uses for `input` (`None` on the direct path).
@@ -640,6 +661,17 @@ impl Conv2dCuda {
         let (lo, hi) = self.params.activation.bounds();
         let bias = self.bias.device_ptr(stream).0;
         let s = &geo;
+        if let (Some(hopper), DType::F16) = (&self.hopper, T::DTYPE) {
+            let ws_len = workspace.len();
+            let ws = buffer(
+                workspace.device_ptr_mut(stream).0,
+                ws_len,
+                self.workspace_bytes(input)?,
+                "workspace",
+                256,
+            )?;
+            return hopper.run(stream, &geo, self.params.activation, (x_ptr, y_ptr, ws));
+        }
         match &self.path {
             Path::Gemm {
                 weight,
@@ -675,10 +707,16 @@ impl Conv2dCuda {
                         "too large for one launch (batch, channel tiles or groups beyond 65535)",
                     ));
                 }
-                let (c_arg, hw_arg) = (ci as i32, hw as i32);
+                let (c_arg, h_arg, w_arg, no_padding) = (ci as i32, h as i32, w as i32, 0i32);
                 let pack = if T::DTYPE == DType::F16 { pack_f16 } else { pack_f32 };
                 let mut b = stream.launch_builder(pack);
-                b.arg(&x_ptr).arg(&ws).arg(&c_arg).arg(&hw_arg);
+                b.arg(&x_ptr)
+                    .arg(&ws)
+                    .arg(&c_arg)
+                    .arg(&h_arg)
+                    .arg(&w_arg)
+                    .arg(&no_padding)
+                    .arg(&no_padding);
                 let cfg = LaunchConfig {
                     grid_dim: (pack_grid.0 as u32, pack_grid.1 as u32, pack_grid.2 as u32),
                     block_dim: (32, 8, 1),

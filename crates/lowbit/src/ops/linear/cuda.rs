@@ -242,7 +242,7 @@ fn fragment_element(lane: usize, j: usize, i: usize) -> (usize, usize) {
 /// for g = 0..7 the columns of (16-row tile 0, row g), (tile 0, row g + 8), (tile 1, row g), (tile 1, row g + 8),
 /// which are the four accumulator rows of lanes 4g..4g+3, so a lane reads its four scales with one 8-byte load and
 /// its four zero codes with one 16-bit load (kernel header, SCALE/ZERO LAYOUT).
-fn param_slot(c: usize) -> usize {
+pub(crate) fn param_slot(c: usize) -> usize {
     let (warp, r) = (c / WARP_N, c % WARP_N);
     let (tile, half, g) = (r / 16, (r / 8) % 2, r % 8);
     warp * WARP_N + g * 4 + tile * 2 + half

@@ -69,6 +69,11 @@ pub struct GemmVariant {
     pub stages: usize,
     /// The group size is a multiple of 128 (one scale/zero row per stage).
     pub unit_groups: bool,
+    /// MNN offset form, `(q − 8)·s + o` with an fp16 offset per column and group, instead of zero codes
+    /// (the Hopper convolution path).
+    pub offsets: bool,
+    /// The convolution mode: x is a zero-padded NHWC image, y is NCHW (`ops::conv::cuda`).
+    pub conv: bool,
 }
 
 impl GemmVariant {
@@ -85,11 +90,29 @@ impl GemmVariant {
     fn stage_bytes(&self) -> usize {
         let group_rows = if self.unit_groups { 1 } else { MAX_GROUP_ROWS };
         let n_cta = self.n_cta();
-        let bytes = self.bm() * K_TILE * 2
-            + n_cta * K_TILE / 2
-            + group_rows * n_cta * 2
-            + if self.zeros { group_rows * n_cta / 2 } else { 0 };
+        let bytes =
+            self.bm() * K_TILE * 2 + n_cta * K_TILE / 2 + group_rows * n_cta * 2 + group_rows * self.zero_row_bytes();
         bytes.next_multiple_of(1024)
+    }
+
+    /// Bytes of one stage's zero (or offset) row.
+    fn zero_row_bytes(&self) -> usize {
+        if self.offsets {
+            self.n_cta() * 2
+        } else if self.zeros {
+            self.n_cta() / 2
+        } else {
+            0
+        }
+    }
+
+    /// The kernel's `LB_ZEROS`: 0 symmetric, 1 zero codes, 2 offsets.
+    fn zero_mode(&self) -> u8 {
+        if self.offsets {
+            2
+        } else {
+            u8::from(self.zeros)
+        }
     }
 
     /// Dynamic shared memory (`Gemm::DATA_BYTES` + barriers + 1 KB of alignment slack).
@@ -105,13 +128,14 @@ impl GemmVariant {
 
     fn name(&self) -> String {
         format!(
-            "linear_w4a16_gemm_{}_z{}_g{}_wgn{}_t{}_s{}",
+            "linear_w4a16_gemm_{}_z{}_g{}_wgn{}_t{}_s{}{}",
             self.act.name(),
-            u8::from(self.zeros),
+            self.zero_mode(),
             if self.unit_groups { "unit" } else { "any" },
             self.wg_n,
             self.wg_tokens,
-            self.stages
+            self.stages,
+            if self.conv { "_conv" } else { "" }
         )
     }
 
@@ -121,13 +145,14 @@ impl GemmVariant {
             || {
                 format!(
                     "#define LB_DTYPE {}\n#define LB_ZEROS {}\n#define LB_WG_N {}\n#define LB_WG_TOKENS {}\n\
-                 #define LB_STAGES {}\n#define LB_UNIT_GROUPS {}\n",
+                 #define LB_STAGES {}\n#define LB_UNIT_GROUPS {}\n#define LB_CONV {}\n",
                     if self.act == DType::Bf16 { "BF16" } else { "F16" },
-                    u8::from(self.zeros),
+                    self.zero_mode(),
                     self.wg_n,
                     self.wg_tokens,
                     self.stages,
-                    u8::from(self.unit_groups)
+                    u8::from(self.unit_groups),
+                    u8::from(self.conv)
                 )
             },
             SOURCE,
@@ -148,7 +173,7 @@ struct GemmArgs {
     counters: u64,
 }
 
-/// `lowbit::w4a16_gemm::Shape`, in field order (12 ints, then an int64).
+/// `lowbit::w4a16_gemm::Shape`, in field order (12 ints, an int64, the convolution fields).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 struct GemmShape {
@@ -165,6 +190,50 @@ struct GemmShape {
     activation: i32,
     y_vector: i32,
     y_stride: i64,
+    conv: ConvFields,
+}
+
+/// The convolution fields of `lowbit::w4a16_gemm::Shape` (zero for a linear layer): a stride-1 convolution over a
+/// zero-padded NHWC image `[batch][grid_h][grid_w][channels]`, tokens = positions of that grid, y NCHW
+/// `[batch][N][out_h][out_w]`. See the kernel header (CONVOLUTION).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct ConvFields {
+    /// Input channels, a multiple of 64.
+    pub channels: i32,
+    /// Kernel width S.
+    pub kernel_w: i32,
+    /// Token shift of one kernel row: `dilation_h · grid_w`.
+    pub tap_row: i32,
+    /// Token shift of one kernel column: `dilation_w`.
+    pub tap_col: i32,
+    /// Kernel taps R·S.
+    pub taps: i32,
+    /// Positions per image: `grid_h · grid_w`.
+    pub grid_tokens: i32,
+    pub grid_w: i32,
+    pub out_h: i32,
+    pub out_w: i32,
+    pub batch: i32,
+    /// `out_h · out_w`.
+    pub out_plane: i64,
+}
+
+/// One convolution launch of the GEMM ([`LinearW4A16Gemm::run_conv`]): raw device addresses, already checked by
+/// the caller.
+pub(crate) struct ConvLaunch {
+    /// The padded NHWC fp16 image, `batch · grid_tokens` rows of `channels`.
+    pub x: u64,
+    /// NCHW output.
+    pub y: u64,
+    /// `[N]` fp16, or 0.
+    pub bias: u64,
+    /// The fp16 offsets, laid out like the weight's scales.
+    pub offsets: u64,
+    /// Split-K scratch of [`LinearW4A16Gemm::partials_bytes`], 256-byte aligned.
+    pub partials: u64,
+    pub activation: Activation,
+    pub geometry: ConvFields,
 }
 
 /// The TMA descriptor of x, passed by value as the kernel's `__grid_constant__` first parameter.
@@ -218,6 +287,22 @@ impl LinearW4A16Gemm {
         max_m: usize,
         splits: Option<usize>,
     ) -> Result<Self> {
+        Self::build(device, weight, max_m, splits, false)
+    }
+
+    /// The convolution form of the GEMM for an fp16 weight in offset form (`ops::conv::cuda`'s Hopper path):
+    /// launched with [`LinearW4A16Gemm::run_conv`] only.
+    pub(crate) fn for_conv(device: &CudaDevice, weight: Arc<DeviceW4>) -> Result<Self> {
+        Self::build(device, weight, i32::MAX as usize, None, true)
+    }
+
+    fn build(
+        device: &CudaDevice,
+        weight: Arc<DeviceW4>,
+        max_m: usize,
+        splits: Option<usize>,
+        conv: bool,
+    ) -> Result<Self> {
         if !supported(device, &weight) {
             return Err(Error::Unsupported(format!(
                 "the W4A16 GEMM needs an sm_90 GPU and a weight with 128- or 256-column tiles (this is sm_{}{}, \
@@ -240,6 +325,8 @@ impl LinearW4A16Gemm {
                 wg_tokens,
                 stages: MAX_STAGES,
                 unit_groups: plan.group % K_TILE == 0,
+                offsets: conv,
+                conv,
             };
             while variant.stages > 2 && variant.smem_bytes() > limits.per_cta {
                 variant.stages -= 1;
@@ -255,11 +342,12 @@ impl LinearW4A16Gemm {
         };
         let kernels = [load(64)?, load(128)?];
         let stage_x = device.function(kernels[0].0.source(), "w4a16_gemm_stage_x")?;
-        // Arrival and finish counters per tile, for the smallest tiles (the most tiles).
-        let tiles = plan.n_tiles() * max_m.div_ceil(kernels[0].0.bm());
+        // Arrival and finish counters per tile. Split-K runs only when tiles * splits <= SMs, so the tiles that
+        // use them are fewer than the SMs.
+        let sms = device.info().sm_count as usize;
         let counters = device
             .stream()
-            .alloc_zeros(2 * tiles)
+            .alloc_zeros(2 * sms)
             .map_err(|e| crate::cuda::cuda_error("split-K counters", e))?;
         Ok(Self {
             weight,
@@ -268,7 +356,7 @@ impl LinearW4A16Gemm {
             stage_x,
             counters,
             max_m,
-            sms: device.info().sm_count as usize,
+            sms,
             forced_splits: splits,
         })
     }
@@ -314,9 +402,14 @@ impl LinearW4A16Gemm {
 
     /// Device scratch `run` needs: x staged for TMA (act-order or unaligned x) and the split-K partials.
     pub fn workspace_bytes(&self) -> usize {
-        // Split-K only runs when tiles * splits <= SMs, so the partials never exceed one tile per SM.
+        self.staged_x_bytes() + self.partials_bytes()
+    }
+
+    /// The split-K partials' share of the workspace. Split-K only runs when tiles * splits <= SMs, so the partials
+    /// never exceed one tile per SM.
+    pub(crate) fn partials_bytes(&self) -> usize {
         let tile = self.kernels.iter().map(|(v, _)| v.tile_floats()).max().unwrap_or(0);
-        self.staged_x_bytes() + self.sms * tile * 4
+        self.sms * tile * 4
     }
 
     /// `y[m, N] = x[m, K] · W^T (+ bias)` with contiguous rows and no activation.
@@ -412,6 +505,7 @@ impl LinearW4A16Gemm {
             activation: activation.code(),
             y_vector: i32::from(y_ptr % 16 == 0 && y_stride % 8 == 0),
             y_stride: y_stride as i64,
+            conv: ConvFields::default(),
         };
         let cfg = LaunchConfig {
             grid_dim: (ctas as u32, 1, 1),
@@ -424,6 +518,82 @@ impl LinearW4A16Gemm {
         // against the buffer above; y rows (N columns), bias (N) and the workspace (staged x + partials of at most
         // workspace_bytes) were checked; the weight buffers and counters are the operator's own.
         unsafe { b.launch(cfg) }.map_err(launch_error("w4a16_gemm"))?;
+        Ok(())
+    }
+}
+
+impl LinearW4A16Gemm {
+    /// The convolution launch (an operator made by [`LinearW4A16Gemm::for_conv`]): `m = batch · grid_tokens`
+    /// tokens of the padded NHWC image `launch.x` against the weight, y written NCHW. The caller has checked every
+    /// buffer against the geometry.
+    pub(crate) fn run_conv(&self, stream: &CudaStream, launch: &ConvLaunch) -> Result<()> {
+        let p = &self.weight.plan;
+        let g = &launch.geometry;
+        let m = g.batch as usize * g.grid_tokens as usize;
+        if m == 0 {
+            return Ok(());
+        }
+        let (variant, function) = self.kernel(m);
+        debug_assert!(variant.conv && variant.offsets);
+        let bm = variant.bm();
+        let xmap = tensor_map(
+            self.weight.act,
+            launch.x,
+            g.channels as usize,
+            m,
+            g.channels as usize,
+            bm,
+        )?;
+        let m_tiles = m.div_ceil(bm);
+        let splits = self.splits(m);
+        let items = p.n_tiles() * m_tiles * splits;
+        if m > i32::MAX as usize || items > i32::MAX as usize {
+            return Err(Error::invalid(
+                "input",
+                format!("{m} positions"),
+                "too many for one launch",
+            ));
+        }
+        let (qweight, scales, _, _) = self.weight.pointers(stream);
+        let args = GemmArgs {
+            qweight,
+            scales,
+            zeros: launch.offsets,
+            bias: launch.bias,
+            y: launch.y,
+            partials: launch.partials,
+            counters: self.counters.device_ptr(stream).0,
+        };
+        let shape = GemmShape {
+            m: m as i32,
+            n: p.n as i32,
+            k: p.k as i32,
+            kt: p.k_tiles() as i32,
+            nt: p.n_tiles() as i32,
+            mt: m_tiles as i32,
+            group: p.group as i32,
+            gp: p.group_rows as i32,
+            group_shift: if p.group.is_power_of_two() {
+                p.group.trailing_zeros() as i32
+            } else {
+                -1
+            },
+            splits: splits as i32,
+            activation: launch.activation.code(),
+            y_vector: 0,
+            y_stride: 0,
+            conv: *g,
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (items.min(self.sms) as u32, 1, 1),
+            block_dim: (BLOCK, 1, 1),
+            shared_mem_bytes: variant.smem_bytes() as u32,
+        };
+        let mut b = stream.launch_builder(function);
+        b.arg(&xmap).arg(&args).arg(&shape);
+        // SAFETY: x is read through the tensor map ([m, channels], zeros outside); y, bias, offsets and partials
+        // were checked by the caller against this geometry; the weight buffers and counters are the operator's.
+        unsafe { b.launch(cfg) }.map_err(launch_error("w4a16_gemm (convolution)"))?;
         Ok(())
     }
 }
