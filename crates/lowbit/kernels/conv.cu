@@ -329,31 +329,41 @@ struct Igemm {
 };
 
 // ------------------------------------------------------------------------------------------------------------------
-// NCHW -> NHWC fp16 (the GEMM's activation layout), through a 32 x 32 shared tile: reads along H*W and writes
-// along C are both coalesced. With padding (ph, pw) the output is the zero-padded image [B][H + 2ph][W + 2pw][C]
-// that the Hopper GEMM path reads (its padding bands are written as zeros here, so the workspace needs no
-// clearing). Grid (ceil((H + 2ph)(W + 2pw) / 32), ceil(C / 32), B), block (32, 8).
+// NCHW -> NHWC fp16 (the GEMM's activation layout). With padding (ph, pw) the output is the zero-padded image
+// [B][H + 2ph][W + 2pw][C] that the Hopper GEMM path reads (its padding bands are written as zeros here, so the
+// workspace needs no clearing). A CTA transposes one output row (a padded image row) x 32 channels through a
+// [32][64] shared tile, 64 positions at a time: reads run along W, writes are channel pairs (half2) along C, and no
+// thread divides. Grid (H + 2ph, ceil(C / 32), B), block 256.
 // ------------------------------------------------------------------------------------------------------------------
 __device__ __forceinline__ float to_f32(float v) { return v; }
 __device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
 
 template <class T>
 __device__ __forceinline__ void pack_nhwc(const T* x, __half* xt, int c, int h, int w, int ph, int pw) {
-    __shared__ float tile[32][33];  // +1: the transposed reads hit 32 different banks
-    const int wp = w + 2 * pw, grid = (h + 2 * ph) * wp;
-    const int p0 = blockIdx.x * 32, c0 = blockIdx.y * 32;
+    __shared__ float tile[32][65];  // [channel][position]; pitch 65: both passes are free of bank conflicts
+    const int tid = threadIdx.x, wp = w + 2 * pw, row = blockIdx.x, y = row - ph, c0 = blockIdx.y * 32;
     const long long b = blockIdx.z;
-    for (int i = threadIdx.y; i < 32; i += 8) {
-        const int cc = c0 + i, p = p0 + threadIdx.x;
-        const int y = p / wp - ph, xx = p % wp - pw;
-        float v = 0.0f;
-        if (cc < c && p < grid && y >= 0 && y < h && xx >= 0 && xx < w) v = to_f32(x[((b * c + cc) * h + y) * w + xx]);
-        tile[i][threadIdx.x] = v;
-    }
-    __syncthreads();
-    for (int i = threadIdx.y; i < 32; i += 8) {
-        const int p = p0 + i, cc = c0 + threadIdx.x;
-        if (cc < c && p < grid) xt[(b * grid + p) * c + cc] = __float2half_rn(tile[threadIdx.x][i]);
+    const bool inside = y >= 0 && y < h;
+    __half* out = xt + ((b * (h + 2 * ph) + row) * wp) * (long long)c;
+    const int pair = tid & 15, cc = c0 + 2 * pair;  // the channel pair this thread writes
+    for (int x0 = 0; x0 < wp; x0 += 64) {
+        for (int i = tid >> 6; i < 32; i += 4) {
+            const int ch = c0 + i, xx = x0 + (tid & 63) - pw;
+            float v = 0.0f;
+            if (inside && ch < c && xx >= 0 && xx < w) v = to_f32(x[((b * c + ch) * h + y) * w + xx]);
+            tile[i][tid & 63] = v;
+        }
+        __syncthreads();
+        for (int p = tid >> 4; p < 64 && x0 + p < wp; p += 16) {
+            __half* dst = out + (long long)(x0 + p) * c + cc;
+            if (cc + 1 < c && (c & 1) == 0) {
+                *reinterpret_cast<__half2*>(dst) = __floats2half2_rn(tile[2 * pair][p], tile[2 * pair + 1][p]);
+            } else if (cc < c) {
+                dst[0] = __float2half_rn(tile[2 * pair][p]);
+                if (cc + 1 < c) dst[1] = __float2half_rn(tile[2 * pair + 1][p]);
+            }
+        }
+        __syncthreads();
     }
 }
 

@@ -452,11 +452,21 @@ struct Gemm {
                 const int n = n0 + t * 16 + h * 8;
                 bias[t][h] = (a.bias && n < s.N) ? FragmentOps<T>::to_f32(a.bias[n]) : 0.0f;
             }
+        // Token m -> (image b, row ho, column wo) of the padded grid: divided once, then advanced 8 tokens per j.
+        const int grid_h = s.grid_tokens / s.grid_w;
+        int m = mt * BM + wm * WG_TOKENS + t4 * 2;
+        int b = m / s.grid_tokens, ho = (m - b * s.grid_tokens) / s.grid_w, wo = m - b * s.grid_tokens - ho * s.grid_w;
+        auto offset = [&](int bb, int hh, int ww, int mm) -> long long {
+            return mm < s.M && hh < s.out_h && ww < s.out_w ? (long long)bb * s.N * s.out_plane + hh * s.out_w + ww : -1;
+        };
 #pragma unroll
-        for (int j = 0; j < WG_TOKENS / 8; ++j) {
-            const int m = mt * BM + wm * WG_TOKENS + j * 8 + t4 * 2;
-            const long long at0 = m < s.M ? conv_offset(s, m) : -1;
-            const long long at1 = m + 1 < s.M ? conv_offset(s, m + 1) : -1;
+        for (int j = 0; j < WG_TOKENS / 8; ++j, m += 8) {
+            int b1 = b, ho1 = ho, wo1 = wo + 1;  // token m + 1
+            if (wo1 == s.grid_w) {
+                wo1 = 0;
+                if (++ho1 == grid_h) ho1 = 0, ++b1;
+            }
+            const long long at0 = offset(b, ho, wo, m), at1 = offset(b1, ho1, wo1, m + 1);
 #pragma unroll
             for (int t = 0; t < 2; ++t)
 #pragma unroll
@@ -473,6 +483,10 @@ struct Gemm {
                         if (at1 >= 0) a.y[at1 + plane] = v1;
                     }
                 }
+            for (wo += 8; wo >= s.grid_w;) {  // next j: 8 tokens on
+                wo -= s.grid_w;
+                if (++ho == grid_h) ho = 0, ++b;
+            }
         }
     }
 

@@ -692,7 +692,7 @@ impl Conv2dCuda {
                 )?;
                 // NCHW -> NHWC f16 into the workspace.
                 let hw = h * w;
-                let pack_grid = (hw.div_ceil(32), ci.div_ceil(32), batch);
+                let pack_grid = (h, ci.div_ceil(32), batch);
                 let kernel = self.choose_tile(kernels, *m_panels, pixels, s.groups);
                 let tile = kernel.tile;
                 let grid = (
@@ -719,7 +719,7 @@ impl Conv2dCuda {
                     .arg(&no_padding);
                 let cfg = LaunchConfig {
                     grid_dim: (pack_grid.0 as u32, pack_grid.1 as u32, pack_grid.2 as u32),
-                    block_dim: (32, 8, 1),
+                    block_dim: (256, 1, 1),
                     shared_mem_bytes: 0,
                 };
                 // SAFETY: reads the B·Ci·H·W elements of x (checked above) and writes as many f16 at the start of
