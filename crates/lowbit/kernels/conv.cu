@@ -331,9 +331,10 @@ struct Igemm {
 // ------------------------------------------------------------------------------------------------------------------
 // NCHW -> NHWC fp16 (the GEMM's activation layout). With padding (ph, pw) the output is the zero-padded image
 // [B][H + 2ph][W + 2pw][C] that the Hopper GEMM path reads (its padding bands are written as zeros here, so the
-// workspace needs no clearing). A CTA transposes one output row (a padded image row) x 32 channels through a
-// [32][64] shared tile, 64 positions at a time: reads run along W, writes are channel pairs (half2) along C, and no
-// thread divides. Grid (H + 2ph, ceil(C / 32), B), block 256.
+// workspace needs no clearing). A CTA transposes 64 consecutive positions of one padded image x 32 channels through
+// shared memory: each thread locates its position once and issues its 8 channel loads before storing any (memory
+// parallelism is what a transpose lacks), then 16 threads per position write the 32 channels as half2 pairs.
+// Grid (ceil((H + 2ph)(W + 2pw) / 64), ceil(C / 32), B), block 256.
 // ------------------------------------------------------------------------------------------------------------------
 __device__ __forceinline__ float to_f32(float v) { return v; }
 __device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
@@ -341,29 +342,36 @@ __device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
 template <class T>
 __device__ __forceinline__ void pack_nhwc(const T* x, __half* xt, int c, int h, int w, int ph, int pw) {
     __shared__ float tile[32][65];  // [channel][position]; pitch 65: both passes are free of bank conflicts
-    const int tid = threadIdx.x, wp = w + 2 * pw, row = blockIdx.x, y = row - ph, c0 = blockIdx.y * 32;
+    const int tid = threadIdx.x, wp = w + 2 * pw, grid = (h + 2 * ph) * wp;
+    const int p0 = blockIdx.x * 64, c0 = blockIdx.y * 32;
     const long long b = blockIdx.z;
-    const bool inside = y >= 0 && y < h;
-    __half* out = xt + ((b * (h + 2 * ph) + row) * wp) * (long long)c;
+    {
+        const int p = p0 + (tid & 63), y = p / wp - ph, xx = p % wp - pw;
+        const bool inside = p < grid && y >= 0 && y < h && xx >= 0 && xx < w;
+        const T* src = x + ((b * c + c0) * h + y) * w + xx;  // channel c0 of this position (when inside)
+        float v[8];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const int i = (tid >> 6) + 4 * k;
+            v[k] = inside && c0 + i < c ? to_f32(src[(long long)i * h * w]) : 0.0f;
+        }
+#pragma unroll
+        for (int k = 0; k < 8; ++k) tile[(tid >> 6) + 4 * k][tid & 63] = v[k];
+    }
+    __syncthreads();
     const int pair = tid & 15, cc = c0 + 2 * pair;  // the channel pair this thread writes
-    for (int x0 = 0; x0 < wp; x0 += 64) {
-        for (int i = tid >> 6; i < 32; i += 4) {
-            const int ch = c0 + i, xx = x0 + (tid & 63) - pw;
-            float v = 0.0f;
-            if (inside && ch < c && xx >= 0 && xx < w) v = to_f32(x[((b * c + ch) * h + y) * w + xx]);
-            tile[i][tid & 63] = v;
+    __half* out = xt + b * grid * (long long)c + cc;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+        const int p = (tid >> 4) + 16 * q;
+        if (p0 + p >= grid) break;
+        __half* dst = out + (long long)(p0 + p) * c;
+        if (cc + 1 < c && (c & 1) == 0) {
+            *reinterpret_cast<__half2*>(dst) = __floats2half2_rn(tile[2 * pair][p], tile[2 * pair + 1][p]);
+        } else if (cc < c) {
+            dst[0] = __float2half_rn(tile[2 * pair][p]);
+            if (cc + 1 < c) dst[1] = __float2half_rn(tile[2 * pair + 1][p]);
         }
-        __syncthreads();
-        for (int p = tid >> 4; p < 64 && x0 + p < wp; p += 16) {
-            __half* dst = out + (long long)(x0 + p) * c + cc;
-            if (cc + 1 < c && (c & 1) == 0) {
-                *reinterpret_cast<__half2*>(dst) = __floats2half2_rn(tile[2 * pair][p], tile[2 * pair + 1][p]);
-            } else if (cc < c) {
-                dst[0] = __float2half_rn(tile[2 * pair][p]);
-                if (cc + 1 < c) dst[1] = __float2half_rn(tile[2 * pair + 1][p]);
-            }
-        }
-        __syncthreads();
     }
 }
 

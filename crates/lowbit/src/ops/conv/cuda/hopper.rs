@@ -180,7 +180,7 @@ impl HopperConv {
         let mut b = stream.launch_builder(&self.pack);
         b.arg(&x).arg(&ws).arg(&c_arg).arg(&h_arg).arg(&w_arg).arg(&ph).arg(&pw);
         let cfg = LaunchConfig {
-            grid_dim: (hp as u32, ci.div_ceil(32) as u32, batch as u32),
+            grid_dim: ((hp * wp).div_ceil(64) as u32, ci.div_ceil(32) as u32, batch as u32),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
