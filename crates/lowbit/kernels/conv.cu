@@ -331,39 +331,40 @@ struct Igemm {
 // ------------------------------------------------------------------------------------------------------------------
 // NCHW -> NHWC fp16 (the GEMM's activation layout). With padding (ph, pw) the output is the zero-padded image
 // [B][H + 2ph][W + 2pw][C] that the Hopper GEMM path reads (its padding bands are written as zeros here, so the
-// workspace needs no clearing). A CTA transposes 64 consecutive positions of one padded image x 32 channels through
-// shared memory: each thread locates its position once and issues its 8 channel loads before storing any (memory
-// parallelism is what a transpose lacks), then 16 threads per position write the 32 channels as half2 pairs.
-// Grid (ceil((H + 2ph)(W + 2pw) / 64), ceil(C / 32), B), block 256.
+// workspace needs no clearing). A CTA transposes 64 consecutive positions of one padded image x 64 channels through
+// shared memory: each thread locates its position once and issues its 16 channel loads before storing any (memory
+// parallelism is what a transpose lacks), then a warp per position writes its 64 channels as half2 pairs: one whole
+// 128-byte line, where 32 channels left each line's halves to two CTAs (that version ran far below copy speed).
+// Grid (ceil((H + 2ph)(W + 2pw) / 64), ceil(C / 64), B), block 256.
 // ------------------------------------------------------------------------------------------------------------------
 __device__ __forceinline__ float to_f32(float v) { return v; }
 __device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
 
 template <class T>
 __device__ __forceinline__ void pack_nhwc(const T* x, __half* xt, int c, int h, int w, int ph, int pw) {
-    __shared__ float tile[32][65];  // [channel][position]; pitch 65: both passes are free of bank conflicts
+    __shared__ float tile[64][65];  // [channel][position]; pitch 65: both passes are free of bank conflicts
     const int tid = threadIdx.x, wp = w + 2 * pw, grid = (h + 2 * ph) * wp;
-    const int p0 = blockIdx.x * 64, c0 = blockIdx.y * 32;
+    const int p0 = blockIdx.x * 64, c0 = blockIdx.y * 64;
     const long long b = blockIdx.z;
     {
         const int p = p0 + (tid & 63), y = p / wp - ph, xx = p % wp - pw;
         const bool inside = p < grid && y >= 0 && y < h && xx >= 0 && xx < w;
         const T* src = x + ((b * c + c0) * h + y) * w + xx;  // channel c0 of this position (when inside)
-        float v[8];
+        float v[16];
 #pragma unroll
-        for (int k = 0; k < 8; ++k) {
+        for (int k = 0; k < 16; ++k) {
             const int i = (tid >> 6) + 4 * k;
             v[k] = inside && c0 + i < c ? to_f32(src[(long long)i * h * w]) : 0.0f;
         }
 #pragma unroll
-        for (int k = 0; k < 8; ++k) tile[(tid >> 6) + 4 * k][tid & 63] = v[k];
+        for (int k = 0; k < 16; ++k) tile[(tid >> 6) + 4 * k][tid & 63] = v[k];
     }
     __syncthreads();
-    const int pair = tid & 15, cc = c0 + 2 * pair;  // the channel pair this thread writes
+    const int pair = tid & 31, cc = c0 + 2 * pair;  // the channel pair this thread writes
     __half* out = xt + b * grid * (long long)c + cc;
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
-        const int p = (tid >> 4) + 16 * q;
+    for (int q = 0; q < 8; ++q) {
+        const int p = (tid >> 5) + 8 * q;
         if (p0 + p >= grid) break;
         __half* dst = out + (long long)(p0 + p) * c;
         if (cc + 1 < c && (c & 1) == 0) {

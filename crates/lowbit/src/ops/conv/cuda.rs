@@ -692,7 +692,7 @@ impl Conv2dCuda {
                 )?;
                 // NCHW -> NHWC f16 into the workspace.
                 let hw = h * w;
-                let pack_grid = (hw.div_ceil(64), ci.div_ceil(32), batch);
+                let pack_grid = (hw.div_ceil(64), ci.div_ceil(64), batch);
                 let kernel = self.choose_tile(kernels, *m_panels, pixels, s.groups);
                 let tile = kernel.tile;
                 let grid = (

@@ -168,7 +168,7 @@ impl HopperConv {
         let [_, _, oh, ow] = geo.output;
         let (hp, wp) = Self::grid(geo);
         let fits = |v: usize| v <= i32::MAX as usize;
-        if !fits(batch * hp * wp) || batch > 65535 || ci.div_ceil(32) > 65535 {
+        if !fits(batch * hp * wp) || batch > 65535 || ci.div_ceil(64) > 65535 {
             return Err(Error::invalid(
                 "input",
                 format!("shape {:?}", geo.input),
@@ -180,7 +180,7 @@ impl HopperConv {
         let mut b = stream.launch_builder(&self.pack);
         b.arg(&x).arg(&ws).arg(&c_arg).arg(&h_arg).arg(&w_arg).arg(&ph).arg(&pw);
         let cfg = LaunchConfig {
-            grid_dim: ((hp * wp).div_ceil(64) as u32, ci.div_ceil(32) as u32, batch as u32),
+            grid_dim: ((hp * wp).div_ceil(64) as u32, ci.div_ceil(64) as u32, batch as u32),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
