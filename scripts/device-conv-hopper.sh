@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The Hopper convolution path's device run (the call that made bench/results/2026-11-21-h200-conv-hopper.jsonl):
+# the cuda_conv GPU tests, `lowbit bench --op conv` on the four anchor convolutions (int4 with f16 and f32 input,
+# then int8; f16 int4 also times the mma.sync kernel as `lowbit_mmasync`), compute-sanitizer memcheck on the Hopper,
+# every-tile and MNN-bytes tests, and ncu kernel durations (pack vs GEMM) per case.
+# Binaries: `DEVBIN=.devbin TESTS=cuda_conv bash scripts/prepare-devbin.sh` from a clean, committed tree; carry .devbin.
+# Writes to $OUT: test-conv.log, bench-conv.jsonl, bench-conv.err (cuDNN's chosen algorithm per case), memcheck.log.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p $OUT
+BIN=${BIN:-.devbin}
+export LOWBIT_CACHE_DIR=${LOWBIT_CACHE_DIR:-/tmp/lowbit-cache}
+cudnn_lib=$(python3 -c 'import glob,os,sys
+for p in sys.path:
+    for d in (os.path.join(p,"nvidia","cudnn","lib"), os.path.join(p,"torch","lib")):
+        if glob.glob(os.path.join(d,"libcudnn.so*")): print(d); sys.exit()' 2>/dev/null)
+export LD_LIBRARY_PATH=${cudnn_lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv | tee $OUT/gpu.txt
+echo "== cuda_conv tests"
+timeout 150 $BIN/tests/cuda_conv --test-threads=4 2>&1 | grep -E "^test |result|panicked|hopper=true" | cut -c1-250 | tee $OUT/test-conv.log
+echo "== bench conv int4 f16 f32"
+timeout 150 $BIN/lowbit bench --op conv --device cuda --json --wbits 4 --dtype f16 --dtype f32 > $OUT/bench-conv.jsonl 2>$OUT/bench-conv.err || tail -3 $OUT/bench-conv.err
+echo "== bench conv int8"
+timeout 100 $BIN/lowbit bench --op conv --device cuda --json --wbits 8 >> $OUT/bench-conv.jsonl 2>>$OUT/bench-conv.err || tail -3 $OUT/bench-conv.err
+python3 -c '
+import json,sys
+rows=[json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+for r in rows: print(r.get("conv"), r["impl"], r["dtype"], r.get("wbits"), round(r["us"],1))' $OUT/bench-conv.jsonl
+echo "== memcheck"
+timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 $BIN/tests/cuda_conv --test-threads=1 hopper every_tile mnn_int4 2>&1 | tail -n 3 | tee $OUT/memcheck.log
+
+NCU="/usr/local/cuda/bin/ncu --cache-control none --clock-control none"
+for c in 8x1024x14x14,k1s1p0,co2048 8x256x56x56,k3s1p1 1x256x56x56,k3s1p1 32x512x28x28,k3s1p1; do
+  echo "== ncu $c"
+  timeout 100 $NCU -k regex:"w4a16_gemm|conv_pack" --launch-skip 6 --launch-count 2 --metrics gpu__time_duration.sum \
+    $BIN/lowbit bench --op conv --device cuda --wbits 4 --dtype f16 --conv $c 2>&1 | grep -E "\(|duration" | cut -c1-120
+done
