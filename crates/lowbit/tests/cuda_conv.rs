@@ -137,6 +137,17 @@ fn check_case(dev: &CudaDevice, rng: &mut SplitMix64, case: &Case, tuning: Tunin
     conv.uses_tensor_cores()
 }
 
+/// f16 output `got` equals the exact result `want` rounded once to f16, bit for bit.
+fn assert_rounded_once(what: &str, got: &[f32], want: &[f64]) {
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(
+            g.to_bits(),
+            f16::from_f64(w).to_f32().to_bits(),
+            "{what}: element {i}: {g} vs {w}"
+        );
+    }
+}
+
 fn divisors(n: usize) -> Vec<usize> {
     (1..=n).filter(|d| n % d == 0).collect()
 }
@@ -340,13 +351,7 @@ fn exact_integer_mode_is_bit_exact() {
         }
         // f16 output: the exact f32 result rounded once, as the reference rounded once.
         let got = run_on_gpu::<f16>(&dev, &conv, &x, input).unwrap();
-        for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
-            assert_eq!(
-                g.to_bits(),
-                f16::from_f64(w).to_f32().to_bits(),
-                "{case:?} f16 element {i}"
-            );
-        }
+        assert_rounded_once(&format!("{case:?} f16"), &got, &want);
         ran += 1;
     }
 }
@@ -458,13 +463,7 @@ fn hopper_path_matches_reference() {
         let want = reference::conv2d(&x, input, &weight, Some(&bias), &case.params).unwrap();
         let conv = Conv2dCuda::new(&dev, &weight, Some(&bias), case.params).unwrap();
         let got = run_on_gpu::<f16>(&dev, &conv, &x, input).unwrap();
-        for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
-            assert_eq!(
-                g.to_bits(),
-                f16::from_f64(w).to_f32().to_bits(),
-                "{case:?} exact integers, element {i}: {g} vs {w}"
-            );
-        }
+        assert_rounded_once(&format!("{case:?} exact integers"), &got, &want);
     }
     if !sm90 {
         println!("note: not an sm_90 GPU, the Hopper path was not exercised (the older kernels ran these cases)");

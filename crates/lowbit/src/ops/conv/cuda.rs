@@ -661,15 +661,15 @@ impl Conv2dCuda {
         let (lo, hi) = self.params.activation.bounds();
         let bias = self.bias.device_ptr(stream).0;
         let s = &geo;
+        let ws_len = workspace.len();
+        let ws = buffer(
+            workspace.device_ptr_mut(stream).0,
+            ws_len,
+            self.workspace_bytes(input)?,
+            "workspace",
+            256,
+        )?;
         if let (Some(hopper), DType::F16) = (&self.hopper, T::DTYPE) {
-            let ws_len = workspace.len();
-            let ws = buffer(
-                workspace.device_ptr_mut(stream).0,
-                ws_len,
-                self.workspace_bytes(input)?,
-                "workspace",
-                256,
-            )?;
             return hopper.run(stream, &geo, self.params.activation, (x_ptr, y_ptr, ws));
         }
         match &self.path {
@@ -682,14 +682,6 @@ impl Conv2dCuda {
                 pack_f16,
                 pack_f32,
             } => {
-                let ws_len = workspace.len();
-                let ws = buffer(
-                    workspace.device_ptr_mut(stream).0,
-                    ws_len,
-                    self.workspace_bytes(input)?,
-                    "workspace",
-                    256,
-                )?;
                 // NCHW -> NHWC f16 into the workspace.
                 let hw = h * w;
                 let pack_grid = (hw.div_ceil(64), ci.div_ceil(64), batch);

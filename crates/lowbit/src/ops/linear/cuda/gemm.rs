@@ -462,22 +462,6 @@ impl LinearW4A16Gemm {
             stage_x(stream, &self.stage_x, p, x_ptr, x_stride, perm, ws, m)?;
             (ws, p.k_pad, p.k_pad)
         };
-        let (variant, function) = self.kernel(m);
-        let xmap = tensor_map(self.weight.act, x_ptr, x_cols, m, x_stride, variant.bm())?;
-
-        let bm = variant.bm();
-        let m_tiles = m.div_ceil(bm);
-        let splits = self.splits(m);
-        // Persistent grid: one CTA per SM at most, each taking every gridDim-th item (tile x split).
-        let items = p.n_tiles() * m_tiles * splits;
-        let ctas = items.min(self.sms);
-        if items > i32::MAX as usize {
-            return Err(Error::invalid(
-                "x",
-                format!("{m} rows"),
-                "too many tiles for one launch",
-            ));
-        }
         let args = GemmArgs {
             qweight,
             scales,
@@ -485,8 +469,85 @@ impl LinearW4A16Gemm {
             bias: bias_ptr,
             y: y_ptr,
             partials: ws + self.staged_x_bytes() as u64,
-            counters: self.counters.device_ptr(stream).0,
+            counters: 0,
         };
+        let y_layout = (i32::from(y_ptr % 16 == 0 && y_stride % 8 == 0), y_stride as i64);
+        // x's tensor map bounds (K or k_pad columns, m rows, x_stride), y rows (N columns), bias (N) and the
+        // workspace (staged x + partials) were checked above.
+        self.launch(
+            stream,
+            m,
+            (x_ptr, x_cols, x_stride),
+            args,
+            activation,
+            y_layout,
+            ConvFields::default(),
+        )
+    }
+}
+
+impl LinearW4A16Gemm {
+    /// The convolution launch (an operator made by [`LinearW4A16Gemm::for_conv`]): `m = batch · grid_tokens`
+    /// tokens of the padded NHWC image `launch.x` against the weight, y written NCHW. The caller has checked every
+    /// buffer against the geometry.
+    pub(crate) fn run_conv(&self, stream: &CudaStream, launch: &ConvLaunch) -> Result<()> {
+        let g = &launch.geometry;
+        let m = g.batch as usize * g.grid_tokens as usize;
+        if m == 0 {
+            return Ok(());
+        }
+        debug_assert!(self.kernel(m).0.conv && self.kernel(m).0.offsets);
+        let (qweight, scales, _, _) = self.weight.pointers(stream);
+        let args = GemmArgs {
+            qweight,
+            scales,
+            zeros: launch.offsets,
+            bias: launch.bias,
+            y: launch.y,
+            partials: launch.partials,
+            counters: 0,
+        };
+        let channels = g.channels as usize;
+        self.launch(
+            stream,
+            m,
+            (launch.x, channels, channels),
+            args,
+            launch.activation,
+            (0, 0),
+            *g,
+        )
+    }
+
+    /// Launches the kernel for `m` tokens on a persistent grid (one CTA per SM at most, each taking every
+    /// gridDim-th tile x split): x read through a tensor map over `(address, columns, row stride)` of `m` rows, the
+    /// other buffers in `args` (the counters are filled in here). Every buffer was checked by the caller.
+    #[allow(clippy::too_many_arguments)]
+    fn launch(
+        &self,
+        stream: &CudaStream,
+        m: usize,
+        (x, x_cols, x_stride): (u64, usize, usize),
+        mut args: GemmArgs,
+        activation: Activation,
+        (y_vector, y_stride): (i32, i64),
+        conv: ConvFields,
+    ) -> Result<()> {
+        let p = &self.weight.plan;
+        let (variant, function) = self.kernel(m);
+        let bm = variant.bm();
+        let xmap = tensor_map(self.weight.act, x, x_cols, m, x_stride, bm)?;
+        let m_tiles = m.div_ceil(bm);
+        let splits = self.splits(m);
+        let items = p.n_tiles() * m_tiles * splits;
+        if m > i32::MAX as usize || items > i32::MAX as usize {
+            return Err(Error::invalid(
+                "x",
+                format!("{m} rows"),
+                "too many tiles for one launch",
+            ));
+        }
+        args.counters = self.counters.device_ptr(stream).0;
         let shape = GemmShape {
             m: m as i32,
             n: p.n as i32,
@@ -503,86 +564,9 @@ impl LinearW4A16Gemm {
             },
             splits: splits as i32,
             activation: activation.code(),
-            y_vector: i32::from(y_ptr % 16 == 0 && y_stride % 8 == 0),
-            y_stride: y_stride as i64,
-            conv: ConvFields::default(),
-        };
-        let cfg = LaunchConfig {
-            grid_dim: (ctas as u32, 1, 1),
-            block_dim: (BLOCK, 1, 1),
-            shared_mem_bytes: variant.smem_bytes() as u32,
-        };
-        let mut b = stream.launch_builder(function);
-        b.arg(&xmap).arg(&args).arg(&shape);
-        // SAFETY: x is read through the tensor map, whose bounds (K or k_pad columns, m rows, x_stride) were checked
-        // against the buffer above; y rows (N columns), bias (N) and the workspace (staged x + partials of at most
-        // workspace_bytes) were checked; the weight buffers and counters are the operator's own.
-        unsafe { b.launch(cfg) }.map_err(launch_error("w4a16_gemm"))?;
-        Ok(())
-    }
-}
-
-impl LinearW4A16Gemm {
-    /// The convolution launch (an operator made by [`LinearW4A16Gemm::for_conv`]): `m = batch · grid_tokens`
-    /// tokens of the padded NHWC image `launch.x` against the weight, y written NCHW. The caller has checked every
-    /// buffer against the geometry.
-    pub(crate) fn run_conv(&self, stream: &CudaStream, launch: &ConvLaunch) -> Result<()> {
-        let p = &self.weight.plan;
-        let g = &launch.geometry;
-        let m = g.batch as usize * g.grid_tokens as usize;
-        if m == 0 {
-            return Ok(());
-        }
-        let (variant, function) = self.kernel(m);
-        debug_assert!(variant.conv && variant.offsets);
-        let bm = variant.bm();
-        let xmap = tensor_map(
-            self.weight.act,
-            launch.x,
-            g.channels as usize,
-            m,
-            g.channels as usize,
-            bm,
-        )?;
-        let m_tiles = m.div_ceil(bm);
-        let splits = self.splits(m);
-        let items = p.n_tiles() * m_tiles * splits;
-        if m > i32::MAX as usize || items > i32::MAX as usize {
-            return Err(Error::invalid(
-                "input",
-                format!("{m} positions"),
-                "too many for one launch",
-            ));
-        }
-        let (qweight, scales, _, _) = self.weight.pointers(stream);
-        let args = GemmArgs {
-            qweight,
-            scales,
-            zeros: launch.offsets,
-            bias: launch.bias,
-            y: launch.y,
-            partials: launch.partials,
-            counters: self.counters.device_ptr(stream).0,
-        };
-        let shape = GemmShape {
-            m: m as i32,
-            n: p.n as i32,
-            k: p.k as i32,
-            kt: p.k_tiles() as i32,
-            nt: p.n_tiles() as i32,
-            mt: m_tiles as i32,
-            group: p.group as i32,
-            gp: p.group_rows as i32,
-            group_shift: if p.group.is_power_of_two() {
-                p.group.trailing_zeros() as i32
-            } else {
-                -1
-            },
-            splits: splits as i32,
-            activation: launch.activation.code(),
-            y_vector: 0,
-            y_stride: 0,
-            conv: *g,
+            y_vector,
+            y_stride,
+            conv,
         };
         let cfg = LaunchConfig {
             grid_dim: (items.min(self.sms) as u32, 1, 1),
@@ -591,9 +575,9 @@ impl LinearW4A16Gemm {
         };
         let mut b = stream.launch_builder(function);
         b.arg(&xmap).arg(&args).arg(&shape);
-        // SAFETY: x is read through the tensor map ([m, channels], zeros outside); y, bias, offsets and partials
-        // were checked by the caller against this geometry; the weight buffers and counters are the operator's.
-        unsafe { b.launch(cfg) }.map_err(launch_error("w4a16_gemm (convolution)"))?;
+        // SAFETY: x is read through the tensor map (zeros outside its bounds); y, bias, partials and (conv)
+        // offsets were checked by the caller for this m; the weight buffers and counters are the operator's own.
+        unsafe { b.launch(cfg) }.map_err(launch_error("w4a16_gemm"))?;
         Ok(())
     }
 }
