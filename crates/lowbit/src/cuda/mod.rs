@@ -177,3 +177,23 @@ pub(crate) fn driver_error(context: impl Into<String>) -> impl FnOnce(cudarc::dr
     let context = context.into();
     move |e| cuda_error(context, e)
 }
+
+/// Checks a device buffer a launcher is about to hand to a kernel: at least `need` elements (it holds `have`) and
+/// `align`-byte aligned. Returns its address, or a typed error naming the tensor, the value and the rule.
+pub(crate) fn checked_buffer(ptr: u64, have: usize, need: usize, name: &str, align: u64) -> crate::Result<u64> {
+    if have < need {
+        return Err(crate::Error::invalid(
+            name,
+            format!("{have} elements"),
+            format!("needs at least {need}"),
+        ));
+    }
+    if ptr % align != 0 {
+        return Err(crate::Error::invalid(
+            name,
+            format!("address {ptr:#x}"),
+            format!("must be {align}-byte aligned"),
+        ));
+    }
+    Ok(ptr)
+}

@@ -36,6 +36,7 @@
 //! direct path computes in f32 throughout.
 
 use super::{check_bias, Conv2dParams, ConvGeometry};
+use crate::cuda::checked_buffer as buffer;
 use crate::cuda::{cuda_error, launch_error, CudaDevice, CudaFunction, CudaSlice, CudaStream, DevicePtr};
 use crate::cuda::{DevicePtrMut, DeviceRepr, KernelSource, LaunchConfig};
 use crate::dtype::{DType, Float};
@@ -970,25 +971,6 @@ fn cudnn_error(context: &'static str) -> impl Fn(cudarc::cudnn::CudnnError) -> E
         context: context.into(),
         message: format!("{e:?}"),
     }
-}
-
-/// `ptr` if the buffer holds at least `need` elements and is `align`-byte aligned.
-fn buffer(ptr: u64, have: usize, need: usize, name: &str, align: u64) -> Result<u64> {
-    if have < need {
-        return Err(Error::invalid(
-            name,
-            format!("{have} elements"),
-            format!("needs at least {need}"),
-        ));
-    }
-    if ptr % align != 0 {
-        return Err(Error::invalid(
-            name,
-            format!("address {ptr:#x}"),
-            format!("must be {align}-byte aligned"),
-        ));
-    }
-    Ok(ptr)
 }
 
 #[cfg(test)]

@@ -31,6 +31,7 @@
 
 pub mod gemm;
 
+use crate::cuda::checked_buffer as buffer;
 use crate::cuda::{launch_error, CudaDevice, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
 use crate::cuda::{KernelSource, LaunchConfig};
 use crate::dtype::{DType, Float};
@@ -1313,25 +1314,6 @@ pub(crate) fn stage_x(
     // the start of a workspace holding at least max_m * k_pad values.
     unsafe { b.launch(cfg) }.map_err(launch_error("stage_x"))?;
     Ok(())
-}
-
-/// Checks a device buffer: at least `need` elements and `align`-byte aligned; returns its address.
-fn buffer(ptr: u64, have: usize, need: usize, name: &str, align: u64) -> Result<u64> {
-    if have < need {
-        return Err(Error::invalid(
-            name,
-            format!("{have} elements"),
-            format!("needs at least {need}"),
-        ));
-    }
-    if ptr % align != 0 {
-        return Err(Error::invalid(
-            name,
-            format!("address {ptr:#x}"),
-            format!("must be {align}-byte aligned"),
-        ));
-    }
-    Ok(ptr)
 }
 
 #[cfg(test)]

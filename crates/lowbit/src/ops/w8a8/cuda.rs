@@ -34,6 +34,7 @@ use super::{
     check_activation_input, check_linear, check_smoothquant_weight, ActivationQuant, QuantizedActivations,
     MAX_EXACT_BLOCK,
 };
+use crate::cuda::checked_buffer as buffer;
 use crate::cuda::{launch_error, CudaDevice, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
 use crate::cuda::{KernelSource, LaunchConfig};
 use crate::dtype::{DType, Float};
@@ -922,23 +923,6 @@ fn check_type<T: Float>(dtype: DType, name: &str) -> Result<()> {
         T::DTYPE,
         &format!("dtype must be {dtype} (the operator's)"),
     )
-}
-
-/// Checks a device buffer: at least `need` elements and `align`-byte aligned; returns its address.
-fn buffer(ptr: u64, have: usize, need: usize, name: &str, align: u64) -> Result<u64> {
-    ensure(
-        have >= need,
-        name,
-        format!("{have} elements"),
-        &format!("needs at least {need}"),
-    )?;
-    ensure(
-        ptr % align == 0,
-        name,
-        format!("address {ptr:#x}"),
-        &format!("must be {align}-byte aligned"),
-    )?;
-    Ok(ptr)
 }
 
 #[cfg(test)]
