@@ -110,7 +110,29 @@ struct Args {
     u16* y;                // [M][y_stride] bits of T
     float* partials;       // split-K: [NT * MT * splits][BM * N_CTA]
     u32* counters;         // split-K: [2][NT * MT] (arrivals, then finished reductions), zero between launches
+    u64* trace;            // diagnostics, normally null: TRACE_SLOTS timestamps per CTA (see Trace)
 };
+
+// A CTA's timeline for diagnosing fixed costs (the host's trace hook; null in every normal launch): %globaltimer
+// nanoseconds at each event, written by consumer thread 0.
+enum Trace {
+    TRACE_ENTRY,          // the CTA starts
+    TRACE_FIRST_FULL,     // its first stage has landed
+    TRACE_MAINLOOP_END,   // first item: every wgmma done
+    TRACE_PARTIALS_SEEN,  // first item, split-K: every split's partial published
+    TRACE_ITEM_END,       // first item: y (or its share of the reduction) written
+    TRACE_EXIT,           // last item done
+    TRACE_ITEMS,          // items taken (a count)
+    TRACE_SM,             // %smid (a count)
+    TRACE_SLOTS
+};
+
+__device__ __forceinline__ void trace_stamp(u64* trace, int slot) {
+    if (trace == nullptr || threadIdx.x != 0) return;
+    u64 now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    trace[blockIdx.x * TRACE_SLOTS + slot] = now;
+}
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 
@@ -376,6 +398,7 @@ struct Gemm {
             }
             consumer_sync(CONSUMERS);
             asm volatile("fence.acq_rel.gpu;\n" ::: "memory");  // acquire every partial
+            trace_stamp(a.trace, TRACE_PARTIALS_SEEN);  // with split-K a CTA has one item
             row_begin = split * BM / s.splits;
             row_end = (split + 1) * BM / s.splits;
         }
@@ -546,6 +569,9 @@ struct Gemm {
         setmaxnreg_inc<232>();
         int buf = 0;
         u32 phase = 0;
+        trace_stamp(a.trace, TRACE_ENTRY);
+        if (a.trace) mbar_wait(bars, 0), trace_stamp(a.trace, TRACE_FIRST_FULL);
+        int taken = 0;
         // Persistent: the grid is at most one CTA per SM and each CTA takes items blockIdx.x, + gridDim.x, ...
         // With split-K there are no more items than CTAs (the host's rule), so the shared-memory epilogue, which
         // reuses the stages, never races the producer.
@@ -553,6 +579,7 @@ struct Gemm {
             const Work w = work(s, item);
             float acc[2][ACC];  // written by the first wgmma (accumulate = 0)
             mainloop(s, base, bars, w.kt0, w.kt1, wg, buf, phase, acc);
+            if (taken == 0) trace_stamp(a.trace, TRACE_MAINLOOP_END);
             if (s.splits > 1) {
                 epilogue(a, s, base, w.nt, w.mt, wg, w.nt * s.MT + w.mt, w.split, tid, acc);
             } else if (CONV) {
@@ -560,6 +587,14 @@ struct Gemm {
             } else {
                 epilogue_direct(a, s, w.nt, w.mt, wg, tid, acc);
             }
+            if (taken++ == 0) trace_stamp(a.trace, TRACE_ITEM_END);
+        }
+        trace_stamp(a.trace, TRACE_EXIT);
+        if (a.trace && tid == 0) {
+            u32 sm;
+            asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+            a.trace[blockIdx.x * TRACE_SLOTS + TRACE_ITEMS] = taken;
+            a.trace[blockIdx.x * TRACE_SLOTS + TRACE_SM] = sm;
         }
     }
 };

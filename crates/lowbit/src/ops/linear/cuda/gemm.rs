@@ -171,6 +171,7 @@ struct GemmArgs {
     y: u64,
     partials: u64,
     counters: u64,
+    trace: u64,
 }
 
 /// `lowbit::w4a16_gemm::Shape`, in field order (12 ints, an int64, the convolution fields).
@@ -260,6 +261,8 @@ pub struct LinearW4A16Gemm {
     sms: usize,
     /// Forced split count (benchmarking); `None`: [`LinearW4A16Gemm::splits`]'s choice.
     forced_splits: Option<usize>,
+    /// Diagnostics: device address of a per-CTA timeline buffer, or 0 ([`LinearW4A16Gemm::set_trace`]).
+    trace: u64,
 }
 
 impl std::fmt::Debug for LinearW4A16Gemm {
@@ -358,6 +361,7 @@ impl LinearW4A16Gemm {
             max_m,
             sms,
             forced_splits: splits,
+            trace: 0,
         })
     }
 
@@ -378,6 +382,13 @@ impl LinearW4A16Gemm {
     #[doc(hidden)]
     pub fn set_small_batch(&mut self, rows: usize) {
         self.small_batch = rows;
+    }
+
+    /// Diagnostics: every later launch writes its CTAs' timelines (`TRACE_SLOTS` = 8 `u64` per CTA, see the kernel's
+    /// `Trace`) to the device buffer at `address`, which must hold 8 x SMs values; 0 turns tracing off.
+    #[doc(hidden)]
+    pub fn set_trace(&mut self, address: u64) {
+        self.trace = address;
     }
 
     /// The device weight.
@@ -469,7 +480,7 @@ impl LinearW4A16Gemm {
             bias: bias_ptr,
             y: y_ptr,
             partials: ws + self.staged_x_bytes() as u64,
-            counters: 0,
+            ..GemmArgs::default()
         };
         let y_layout = (i32::from(y_ptr % 16 == 0 && y_stride % 8 == 0), y_stride as i64);
         // x's tensor map bounds (K or k_pad columns, m rows, x_stride), y rows (N columns), bias (N) and the
@@ -505,7 +516,7 @@ impl LinearW4A16Gemm {
             bias: launch.bias,
             y: launch.y,
             partials: launch.partials,
-            counters: 0,
+            ..GemmArgs::default()
         };
         let channels = g.channels as usize;
         self.launch(
@@ -548,6 +559,7 @@ impl LinearW4A16Gemm {
             ));
         }
         args.counters = self.counters.device_ptr(stream).0;
+        args.trace = self.trace;
         let shape = GemmShape {
             m: m as i32,
             n: p.n as i32,

@@ -1,0 +1,144 @@
+//! Where the W4A16 GEMM's time goes, CTA by CTA: times the kernel alone (weights rotated beyond L2), then runs one
+//! traced launch and summarises its timeline (the kernel's `Trace` events, %globaltimer) over the CTAs.
+//!
+//! ```text
+//! cargo run --release --example gemm_trace -- 256x4096x4096 64x4096x4096 [--splits 1] [--small-batch 0]
+//! ```
+//! Each shape is `MxKxN` (f16, group 128, zero points). Output: one summary block per shape; with
+//! `LOWBIT_TRACE_CSV=dir` also the raw per-CTA timeline as `dir/MxKxN.csv`.
+
+use half::f16;
+use lowbit::cuda::{CudaDevice, StreamTimer};
+use lowbit::ops::linear::cuda::gemm::LinearW4A16Gemm;
+use lowbit::ops::linear::cuda::{repack, DeviceW4};
+use lowbit::testing::{random_quant, QuantSpec, SplitMix64};
+use lowbit::DType;
+use std::sync::Arc;
+
+/// `u64` slots per CTA (the kernel's `TRACE_SLOTS`) and their names, in order.
+const EVENTS: [&str; 6] = [
+    "entry",
+    "first_full",
+    "mainloop_end",
+    "partials_seen",
+    "item_end",
+    "exit",
+];
+const SLOTS: usize = 8;
+/// Weight copies rotated per shape, enough to exceed the 60 MB L2 at the smallest shape.
+const MIN_ROTATION_BYTES: usize = 160 << 20;
+
+fn main() -> lowbit::Result<()> {
+    let mut shapes = Vec::new();
+    let mut splits = None;
+    let mut small_batch = None;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--splits" => splits = args.next().and_then(|v| v.parse().ok()),
+            "--small-batch" => small_batch = args.next().and_then(|v| v.parse().ok()),
+            s => {
+                let d: Vec<usize> = s.split('x').filter_map(|v| v.parse().ok()).collect();
+                assert_eq!(d.len(), 3, "shapes are MxKxN, got {s}");
+                shapes.push((d[0], d[1], d[2]));
+            }
+        }
+    }
+    let dev = CudaDevice::new(0)?;
+    let sms = dev.info().sm_count as usize;
+    for (m, k, n) in shapes {
+        let mut rng = SplitMix64(7);
+        let w = random_quant(&mut rng, &QuantSpec::new(n, k, 4, 128));
+        let packed = repack(&w, DType::F16)?;
+        let copies = (MIN_ROTATION_BYTES / (n * k / 2)).clamp(1, 64);
+        let mut ops = Vec::new();
+        for _ in 0..copies {
+            let weight: Arc<DeviceW4> = DeviceW4::upload(&dev, &packed)?;
+            let mut op = LinearW4A16Gemm::with_weight(&dev, weight, m, splits)?;
+            if let Some(rows) = small_batch {
+                op.set_small_batch(rows);
+            }
+            ops.push(op);
+        }
+        let x: Vec<f16> = (0..m * k).map(|_| f16::from_f32(rng.signed_unit())).collect();
+        let x = dev.upload(&x)?;
+        let mut y = dev.alloc_zeros::<f16>(m * n)?;
+        let mut ws = dev.alloc_zeros::<u8>(ops[0].workspace_bytes().max(1))?;
+        let stream = dev.stream().clone();
+        let mut launch = |op: &LinearW4A16Gemm| op.run(&stream, &x, m, None, &mut y, &mut ws);
+        for op in ops.iter().cycle().take(3 * copies) {
+            launch(op)?;
+        }
+        let timer = StreamTimer::new(&dev)?;
+        let reps = 20 * copies;
+        timer.start(&stream)?;
+        for op in ops.iter().cycle().take(reps) {
+            launch(op)?;
+        }
+        let us = timer.stop_ms(&stream)? * 1e3 / reps as f64;
+
+        let trace = dev.alloc_zeros::<u64>(SLOTS * sms)?;
+        let (address, _sync) = lowbit::cuda::DevicePtr::device_ptr(&trace, &stream);
+        ops[0].set_trace(address);
+        for op in &ops[1..] {
+            launch(op)?;
+        }
+        launch(&ops[0])?;
+        ops[0].set_trace(0);
+        let t = dev.download(&trace)?;
+        dev.synchronize()?;
+
+        let v = ops[0].variant(m);
+        let ctas: Vec<&[u64]> = t.chunks(SLOTS).filter(|c| c[0] != 0).collect();
+        println!(
+            "== M={m} K={k} N={n}: {:.1} us/launch ({copies} weights rotated), {} CTAs, tile {}x{} tokens x cols, \
+             splits {}, stages {}",
+            us,
+            ctas.len(),
+            v.bm(),
+            v.n_cta(),
+            ops[0].splits(m),
+            v.stages
+        );
+        let t0 = ctas.iter().map(|c| c[0]).min().unwrap_or(0);
+        let stat = |f: &dyn Fn(&[u64]) -> Option<f64>| -> String {
+            let mut xs: Vec<f64> = ctas.iter().filter_map(|c| f(c)).collect();
+            if xs.is_empty() {
+                return "-".into();
+            }
+            xs.sort_by(f64::total_cmp);
+            format!(
+                "min {:7.2}  med {:7.2}  max {:7.2}",
+                xs[0],
+                xs[xs.len() / 2],
+                xs[xs.len() - 1]
+            )
+        };
+        let at = |slot: usize| move |c: &[u64]| (c[slot] != 0).then(|| (c[slot] - t0) as f64 / 1e3);
+        for (slot, name) in EVENTS.iter().enumerate() {
+            println!("  {name:14} at  {}", stat(&at(slot)));
+        }
+        let span =
+            |a: usize, b: usize| move |c: &[u64]| (c[a] != 0 && c[b] != 0).then(|| (c[b] as f64 - c[a] as f64) / 1e3);
+        println!("  wait first     {}", stat(&span(0, 1)));
+        println!("  mainloop       {}", stat(&span(1, 2)));
+        println!("  epilogue       {}", stat(&span(2, 4)));
+        println!("  items/CTA      {}", stat(&|c: &[u64]| Some(c[6] as f64)));
+        if let Ok(dir) = std::env::var("LOWBIT_TRACE_CSV") {
+            let mut csv = String::from("cta,sm,items");
+            for name in EVENTS {
+                csv += &format!(",{name}_us");
+            }
+            csv += "\n";
+            for (i, c) in t.chunks(SLOTS).enumerate() {
+                csv += &format!("{i},{},{}", c[7], c[6]);
+                for &e in &c[..6] {
+                    csv += &format!(",{:.3}", if e == 0 { -1.0 } else { (e - t0) as f64 / 1e3 });
+                }
+                csv += "\n";
+            }
+            std::fs::write(format!("{dir}/{m}x{k}x{n}.csv"), csv).ok();
+        }
+    }
+    Ok(())
+}
