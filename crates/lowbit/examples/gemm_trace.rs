@@ -2,7 +2,7 @@
 //! traced launch and summarises its timeline (the kernel's `Trace` events, %globaltimer) over the CTAs.
 //!
 //! ```text
-//! cargo run --release --example gemm_trace -- 256x4096x4096 64x4096x4096 [--splits 1] [--small-batch 0]
+//! cargo run --release --example gemm_trace -- 256x4096x4096 64x4096x4096 [--splits 1] [--small-batch 0] [--tokens 64|128] [--look64 2|3]
 //! ```
 //! Each shape is `MxKxN` (f16, group 128, zero points). Output: one summary block per shape; with
 //! `LOWBIT_TRACE_CSV=dir` also the raw per-CTA timeline as `dir/MxKxN.csv`.
@@ -32,11 +32,15 @@ fn main() -> lowbit::Result<()> {
     let mut shapes = Vec::new();
     let mut splits = None;
     let mut small_batch = None;
+    let mut tokens = None;
+    let mut look64 = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--splits" => splits = args.next().and_then(|v| v.parse().ok()),
             "--small-batch" => small_batch = args.next().and_then(|v| v.parse().ok()),
+            "--tokens" => tokens = args.next().and_then(|v| v.parse().ok()),
+            "--look64" => look64 = args.next().and_then(|v| v.parse().ok()),
             s => {
                 let d: Vec<usize> = s.split('x').filter_map(|v| v.parse().ok()).collect();
                 assert_eq!(d.len(), 3, "shapes are MxKxN, got {s}");
@@ -57,6 +61,10 @@ fn main() -> lowbit::Result<()> {
             let mut op = LinearW4A16Gemm::with_weight(&dev, weight, m, splits)?;
             if let Some(rows) = small_batch {
                 op.set_small_batch(rows);
+            }
+            op.force_tile_tokens(tokens);
+            if let Some(steps) = look64 {
+                op.set_lookahead(&dev, 64, steps)?;
             }
             ops.push(op);
         }
@@ -92,13 +100,14 @@ fn main() -> lowbit::Result<()> {
         let ctas: Vec<&[u64]> = t.chunks(SLOTS).filter(|c| c[0] != 0).collect();
         println!(
             "== M={m} K={k} N={n}: {:.1} us/launch ({copies} weights rotated), {} CTAs, tile {}x{} tokens x cols, \
-             splits {}, stages {}",
+             splits {}, stages {}, lookahead {}",
             us,
             ctas.len(),
             v.bm(),
             v.n_cta(),
             ops[0].splits(m),
-            v.stages
+            v.stages,
+            v.lookahead
         );
         let t0 = ctas.iter().map(|c| c[0]).min().unwrap_or(0);
         let stat = |f: &dyn Fn(&[u64]) -> Option<f64>| -> String {

@@ -363,6 +363,16 @@ __device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], u32 addr) {
                  : "r"(addr));
 }
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// Four 8x8 b16 matrices stored transposed: register i of lane (g, t) holds row g, columns 2t and 2t + 1 of matrix i
+// (the mma C/D fragment layout); lanes 8i..8i+7 address the 8 rows of matrix i as stored, i.e. its columns.
+__device__ __forceinline__ void stmatrix_x4_trans(u32 addr, const u32 (&r)[4]) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]),
+                 "r"(r[1]), "r"(r[2]), "r"(r[3])
+                 : "memory");
+}
+#endif
+
 // x gathered through the act-order permutation and/or re-laid with a 16-byte aligned pitch and zero K padding:
 // out[m][k] = x[m][perm ? perm[k] : k] for k < K, 0 for K <= k < k_pad.
 __device__ __forceinline__ void stage_x(const unsigned short* x, long long x_stride, const u32* perm,

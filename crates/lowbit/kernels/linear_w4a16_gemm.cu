@@ -19,12 +19,12 @@
 //   fp32 accumulators per thread, WG_TOKENS = 64 (small batches, half the wasted rows) 64. A third warpgroup is the
 //   TMA producer; setmaxnreg moves its registers to the consumers.
 //
-// * OVERLAP. Each k16 step: wgmma.fence, two wgmmas, commit, wait until at most this step's group is in flight, then
-//   convert the A fragments of the step TWO ahead (four fragment buffers, so the one written was last read by a
-//   group already complete). The tensor cores always have the next step queued while a warp converts, which a
-//   one-step lookahead did not guarantee at the 64-token tile (conversion latency ~ one group's run time).
-//   A stage is released to the producer (its "empty" mbarrier) as soon as the first group of the next stage has
-//   been waited for, i.e. when no wgmma can still read it.
+// * OVERLAP. Each k16 step: wgmma.fence, two wgmmas, commit, wait until at most LOOK - 1 groups are in flight,
+//   then convert the A fragments of the step LOOK ahead (LB_LOOKAHEAD, 2 or 3; 4 or 8 fragment buffers, so the one
+//   written is read by no group in flight). The tensor cores always have the next step queued while a warp
+//   converts, which a one-step lookahead did not guarantee at the 64-token tile (conversion latency ~ one group's
+//   run time). A stage is released to the producer (its "empty" mbarrier) as soon as a wait has retired its last
+//   group, i.e. when no wgmma can still read it.
 //
 // * NUMERICS. Each weight is round((q - z) * s) in the activation type: exactly what dequantize + cuBLAS computes;
 //   products and sums are fp32 inside wgmma; bias and the activation are applied in fp32; y is rounded once.
@@ -55,7 +55,7 @@
 //   MB of weights and of x in L2 instead of streaming both from memory.
 //
 // The host prepends the #defines selecting one variant (LB_DTYPE, LB_ZEROS, LB_WG_N, LB_WG_TOKENS, LB_STAGES,
-// LB_UNIT_GROUPS, LB_CONV).
+// LB_UNIT_GROUPS, LB_CONV, LB_LOOKAHEAD).
 #include "common.cuh"
 
 namespace lowbit {
@@ -137,8 +137,10 @@ __device__ __forceinline__ void trace_stamp(u64* trace, int slot) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 
 // WG_TOKENS: the wgmma N, tokens per consumer warpgroup (64 for small batches, 128 otherwise).
-template <class T, int ZMODE, int WG_N, int WG_TOKENS, int STAGES, bool UNIT_GROUPS, bool CONV>
+template <class T, int ZMODE, int WG_N, int WG_TOKENS, int STAGES, bool UNIT_GROUPS, bool CONV, int LOOK>
 struct Gemm {
+    static_assert(LOOK == 2 || LOOK == 3, "k16 steps converted ahead of the wgmmas: 2 or 3");
+    static constexpr int FRAG_BUFS = LOOK == 2 ? 4 : 8;  // >= 2 LOOK - 1, dividing the 8 steps of a stage
     static constexpr bool HAS_ZEROS = ZMODE == ZEROS_CODES;
     static constexpr bool OFFSETS = ZMODE == ZEROS_OFFSETS;
     static constexpr int ACC = WG_TOKENS / 2;  // fp32 accumulators per thread per 64-row tile
@@ -158,7 +160,11 @@ struct Gemm {
     static constexpr int STAGE_BYTES = (X_BYTES + W_BYTES + S_BYTES + Z_BYTES + 1023) / 1024 * 1024;
     static constexpr int Y_PITCH = N_CTA + 4;  // fp32 epilogue tile row pitch (floats), see epilogue
     static constexpr int Y_BYTES = BM * Y_PITCH * 4;
-    static constexpr int DATA_BYTES = STAGES * STAGE_BYTES > Y_BYTES ? STAGES * STAGE_BYTES : Y_BYTES;
+    // Per-warp staging of the register epilogue (two 8-token slices of the warp's 32 columns), past the stages: the
+    // producer may be filling those for the next item meanwhile. The convolution epilogue does not stage.
+    static constexpr int STAGING_BYTES = CONV ? 0 : 8 * 1024;
+    static constexpr int PIPE_BYTES = STAGES * STAGE_BYTES + STAGING_BYTES;
+    static constexpr int DATA_BYTES = PIPE_BYTES > Y_BYTES ? PIPE_BYTES : Y_BYTES;
     static constexpr int TILE_FLOATS = BM * N_CTA;
 
     __device__ static __forceinline__ void wgmma(float (&d)[ACC], uint4 a, u64 desc, int accumulate) {
@@ -285,35 +291,36 @@ struct Gemm {
         }
     };
 
-    // One stage's 8 k16 steps of wgmma, converting two steps ahead: step j's fragments were made while steps j - 2
-    // and j - 1 ran, into buffer j % 4, which wgmma(j - 4) -- complete since the wait<1> of step j - 3 -- no longer
-    // reads. Steps 6 and 7 convert steps 0 and 1 of the next stage (waiting for it to be full).
+    // One stage's 8 k16 steps of wgmma, converting LOOK steps ahead: after step j's wgmmas the wait leaves at most
+    // LOOK - 1 groups (j - LOOK + 2 .. j) in flight, and the fragments of step j + LOOK go to buffer
+    // (j + LOOK) % FRAG_BUFS, which neither those groups nor the pending steps j + 1 .. j + LOOK - 1 use
+    // (2 LOOK - 1 <= FRAG_BUFS). The last LOOK steps convert the first of the next stage (waiting for it to be full).
     template <int J>
     __device__ static __forceinline__ void stage_step(const Shape& s, u32 base, u32 bars, int kt, int kt0, int kt1, int buf,
                                                u32 phase, u32 xs, int dw, int lane, Converter& cv,
-                                               uint4 (&frag)[4][2], float (&acc)[2][ACC]) {
+                                               uint4 (&frag)[FRAG_BUFS][2], float (&acc)[2][ACC]) {
         // Step J reads k [16J, 16J + 16): box J / 4, 32 bytes per step inside its rows.
         const u64 desc = smem_desc_sw128(xs + (J >> 2) * (BM * 128) + (J & 3) * 32);
         const int accumulate = kt > kt0 || J > 0;  // the first product overwrites D: no zeroing
         fence_accumulators(acc);
         wgmma_fence();
-        wgmma(acc[0], frag[J % 4][0], desc, accumulate);
-        wgmma(acc[1], frag[J % 4][1], desc, accumulate);
+        wgmma(acc[0], frag[J % FRAG_BUFS][0], desc, accumulate);
+        wgmma(acc[1], frag[J % FRAG_BUFS][1], desc, accumulate);
         wgmma_commit();
         fence_accumulators(acc);
-        wgmma_wait<1>();
-        if (J == 0 && kt > kt0) {  // the previous stage's last group is done: release its buffer
+        wgmma_wait<LOOK - 1>();
+        if (J == LOOK - 2 && kt > kt0) {  // the previous stage's last group is done: release its buffer
             mbar_arrive(bars + (STAGES + (buf == 0 ? STAGES - 1 : buf - 1)) * 8);
         }
-        if (J + 2 < 8) {
-            cv.template convert<(J + 2) % 8>(frag[(J + 2) % 4], dw, lane);
+        if (J + LOOK < 8) {
+            cv.template convert<(J + LOOK) % 8>(frag[(J + LOOK) % FRAG_BUFS], dw, lane);
         } else if (kt + 1 < kt1) {
-            if (J == 6) {
+            if (J == 8 - LOOK) {
                 const int next = buf + 1 == STAGES ? 0 : buf + 1;
                 mbar_wait(bars + next * 8, next == 0 ? phase ^ 1 : phase);
                 cv.begin(s, base + next * STAGE_BYTES, kt + 1, dw, lane);
             }
-            cv.template convert<(J + 2) % 8>(frag[(J + 2) % 4], dw, lane);
+            cv.template convert<(J + LOOK) % 8>(frag[(J + LOOK) % FRAG_BUFS], dw, lane);
         }
     }
 
@@ -324,11 +331,12 @@ struct Gemm {
         const int dw = (WG_N == 2 ? wg * 4 : 0) + ((threadIdx.x >> 5) & 3);  // this warp's 32-column decode slice
         const int wm = WG_N == 2 ? 0 : wg;                                   // this warpgroup's token half
         Converter cv;
-        uint4 frag[4][2];
+        uint4 frag[FRAG_BUFS][2];
         mbar_wait(bars + buf * 8, phase);
         cv.begin(s, base + buf * STAGE_BYTES, kt0, dw, lane);
         cv.template convert<0>(frag[0], dw, lane);
         cv.template convert<1>(frag[1], dw, lane);
+        if (LOOK > 2) cv.template convert<2>(frag[2], dw, lane);
         for (int kt = kt0; kt < kt1; ++kt) {
             const u32 xs = base + buf * STAGE_BYTES + wm * (WG_TOKENS * 128);
             stage_step<0>(s, base, bars, kt, kt0, kt1, buf, phase, xs, dw, lane, cv, frag, acc);
@@ -408,12 +416,25 @@ struct Gemm {
             if (m >= s.M || n >= s.N) continue;
             float v[8];
             if (s.splits > 1) {
-                for (int sp = 0; sp < s.splits; ++sp) {  // in split order whoever reduces: deterministic
-                    const float4* p = slots + (size_t)sp * (TILE_FLOATS / 4) + 2 * i;
-                    const float4 lo = __ldcg(p), hi = __ldcg(p + 1);
-                    const float q[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+                // Four splits' loads in flight at a time (a loop of load-then-add waits out one L2 round trip per
+                // split), summed in split order whoever reduces: deterministic.
+                for (int sp0 = 0; sp0 < s.splits; sp0 += 4) {
+                    float4 lo[4], hi[4];
 #pragma unroll
-                    for (int e = 0; e < 8; ++e) v[e] = sp == 0 ? q[e] : v[e] + q[e];
+                    for (int d = 0; d < 4; ++d) {
+                        if (sp0 + d < s.splits) {
+                            const float4* p = slots + (size_t)(sp0 + d) * (TILE_FLOATS / 4) + 2 * i;
+                            lo[d] = __ldcg(p), hi[d] = __ldcg(p + 1);
+                        }
+                    }
+#pragma unroll
+                    for (int d = 0; d < 4; ++d) {
+                        if (sp0 + d < s.splits) {
+                            const float q[8] = {lo[d].x, lo[d].y, lo[d].z, lo[d].w, hi[d].x, hi[d].y, hi[d].z, hi[d].w};
+#pragma unroll
+                            for (int e = 0; e < 8; ++e) v[e] = sp0 + d == 0 ? q[e] : v[e] + q[e];
+                        }
+                    }
                 }
             } else {
                 const u32 src = base + (row * Y_PITCH + c * 8) * 4;
@@ -513,41 +534,62 @@ struct Gemm {
         }
     }
 
-    // Epilogue without shared memory (no split-K; the producer may already be filling stages for the next item):
-    // bias and activation in fp32, then lanes g and g ^ 1 (lane ^ 4) swap halves so that each holds two adjacent
-    // columns of one token, and store 4 bytes (scalar at the ragged N edge or for unaligned y).
-    __device__ static __forceinline__ void epilogue_direct(const Args& a, const Shape& s, int nt, int mt, int wg,
-                                                           int ctid, const float (&acc)[2][ACC]) {
-        const int lane = ctid & 31, g = lane >> 2, t4 = lane & 3, odd = g & 1;
-        const int dw = (WG_N == 2 ? wg * 4 : 0) + ((ctid >> 5) & 3);
+    // Epilogue without split-K (the producer may already be filling stages for the next item): bias and activation
+    // in fp32, one rounding, then through the warp's 1 KB of staging. A lane's registers hold (column, token pair)s;
+    // stmatrix.trans writes them as token rows of the warp's 32 columns, so each lane then stores 16 contiguous
+    // bytes: a warp store covers 8 rows x 64 bytes in whole sectors, where storing the registers directly took
+    // 4-byte pieces over 8 rows and ~5 us per tile (the CTA timeline of examples/gemm_trace).
+    __device__ static __forceinline__ void epilogue_staged(const Args& a, const Shape& s, u32 staging, int nt, int mt,
+                                                           int wg, int ctid, const float (&acc)[2][ACC]) {
+        const int lane = ctid & 31, warp = ctid >> 5, g = lane >> 2;
+        const int dw = (WG_N == 2 ? wg * 4 : 0) + (warp & 3);
         const int wm = WG_N == 2 ? 0 : wg;
+        const int n_warp = nt * N_CTA + dw * 32;
+        float bias[2][2];
 #pragma unroll
         for (int t = 0; t < 2; ++t)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                const int n = nt * N_CTA + dw * 32 + t * 16 + h * 8 + g;  // this lane's column
-                const float b = (a.bias && n < s.N) ? FragmentOps<T>::to_f32(a.bias[n]) : 0.0f;
-                const int n_pair = n - odd;                                // the pair's first column
-#pragma unroll
-                for (int j = 0; j < WG_TOKENS / 8; ++j) {
-                    const float v0 = apply_activation(acc[t][4 * j + 2 * h] + b, s.activation);
-                    const float v1 = apply_activation(acc[t][4 * j + 2 * h + 1] + b, s.activation);
-                    // mine: (column n, token 2t4) low, (n, 2t4 + 1) high.
-                    const u32 mine = (u32)FragmentOps<T>::from_f32(v0) | ((u32)FragmentOps<T>::from_f32(v1) << 16);
-                    const u32 other = __shfl_xor_sync(0xffffffffu, mine, 4);
-                    // Even g keeps token 2t4: (n, n + 1); odd g token 2t4 + 1: (n - 1, n).
-                    const u32 pair = odd ? __byte_perm(other, mine, 0x7632) : __byte_perm(mine, other, 0x5410);
-                    const int m = mt * BM + wm * WG_TOKENS + j * 8 + t4 * 2 + odd;
-                    if (m >= s.M || n_pair >= s.N) continue;
-                    u16* dst = a.y + (size_t)m * s.y_stride + n_pair;
-                    if (s.y_vector && n_pair + 1 < s.N) {
-                        *reinterpret_cast<u32*>(dst) = pair;
-                    } else {
-                        dst[0] = (u16)pair;
-                        if (n_pair + 1 < s.N) dst[1] = (u16)(pair >> 16);
-                    }
-                }
+                const int n = n_warp + t * 16 + h * 8 + g;
+                bias[t][h] = (a.bias && n < s.N) ? FragmentOps<T>::to_f32(a.bias[n]) : 0.0f;
             }
+        // Staging rows are 64 bytes (8 tokens x 4 chunks of 8 columns); chunk c of row r sits at c ^ ((r >> 1) & 3),
+        // which puts the 8 rows of one stmatrix matrix (and the lanes of one read) on distinct banks.
+        const u32 buf = staging + warp * 1024;
+        const int r = lane & 7, matrix = lane >> 3;  // stmatrix: this lane addresses row r of matrix 2t + h
+        const u32 put = buf + r * 64 + ((matrix ^ ((r >> 1) & 3)) << 4);
+        const int row = lane >> 2, chunk = lane & 3;  // read-back: 16 bytes of token row `row`
+        const u32 get = buf + row * 64 + ((chunk ^ ((row >> 1) & 3)) << 4);
+        const int n = n_warp + chunk * 8;
+        const bool vector = s.y_vector && n + 8 <= s.N;
+#pragma unroll
+        for (int j = 0; j < WG_TOKENS / 8; ++j) {
+            u32 v[4];  // matrix 2t + h: column (t, h, g), tokens 2 t4 (low half) and 2 t4 + 1
+#pragma unroll
+            for (int t = 0; t < 2; ++t)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const float lo = apply_activation(acc[t][4 * j + 2 * h] + bias[t][h], s.activation);
+                    const float hi = apply_activation(acc[t][4 * j + 2 * h + 1] + bias[t][h], s.activation);
+                    v[2 * t + h] = (u32)FragmentOps<T>::from_f32(lo) | ((u32)FragmentOps<T>::from_f32(hi) << 16);
+                }
+            const u32 slot = (j & 1) * 512;
+            __syncwarp();  // every lane has read what it last read from this slot
+            stmatrix_x4_trans(put + slot, v);
+            __syncwarp();
+            const uint4 out = lds128(get + slot);
+            const int m = mt * BM + wm * WG_TOKENS + j * 8 + row;
+            if (m >= s.M || n >= s.N) continue;
+            u16* dst = a.y + (size_t)m * s.y_stride + n;
+            if (vector) {
+                *reinterpret_cast<uint4*>(dst) = out;
+            } else {
+                const u32 w[4] = {out.x, out.y, out.z, out.w};
+#pragma unroll
+                for (int e = 0; e < 8; ++e)
+                    if (n + e < s.N) dst[e] = (u16)(w[e >> 1] >> ((e & 1) * 16));
+            }
+        }
     }
 
     __device__ static void run(const TensorMap* xmap, const Args& a, const Shape& s) {
@@ -585,7 +627,7 @@ struct Gemm {
             } else if (CONV) {
                 epilogue_conv(a, s, w.nt, w.mt, wg, tid, acc);
             } else {
-                epilogue_direct(a, s, w.nt, w.mt, wg, tid, acc);
+                epilogue_staged(a, s, base + STAGES * STAGE_BYTES, w.nt, w.mt, wg, tid, acc);
             }
             if (taken++ == 0) trace_stamp(a.trace, TRACE_ITEM_END);
         }
@@ -618,10 +660,13 @@ struct Gemm {
 #ifndef LB_CONV
 #define LB_CONV 0
 #endif
+#ifndef LB_LOOKAHEAD
+#define LB_LOOKAHEAD 2
+#endif
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 typedef lowbit::w4a16_gemm::Gemm<lowbit::LB_DTYPE, LB_ZEROS, LB_WG_N, LB_WG_TOKENS, LB_STAGES, LB_UNIT_GROUPS != 0,
-                                 LB_CONV != 0>
+                                 LB_CONV != 0, LB_LOOKAHEAD>
     GemmVariant;
 
 extern "C" __global__ void __launch_bounds__(GemmVariant::BLOCK, 1)

@@ -43,6 +43,8 @@ pub const SMALL_BATCH: usize = 64;
 const BLOCK: u32 = 384;
 /// Most CTAs one tile is split into along K.
 const MAX_SPLITS: usize = 8;
+/// `Gemm::STAGING_BYTES`: 1 KB per consumer warp for the epilogue (linear launches).
+const EPILOGUE_STAGING: usize = 8 * 1024;
 /// Fewest k tiles (of 128) a split keeps: shorter ones spend more on the fp32 partials than they save.
 const MIN_KT_PER_SPLIT: usize = 4;
 /// Deepest pipeline (lowered to what fits in shared memory).
@@ -74,6 +76,8 @@ pub struct GemmVariant {
     pub offsets: bool,
     /// The convolution mode: x is a zero-padded NHWC image, y is NCHW (`ops::conv::cuda`).
     pub conv: bool,
+    /// k16 steps whose weight fragments are converted ahead of the wgmmas (2 or 3; see the kernel's OVERLAP).
+    pub lookahead: usize,
 }
 
 impl GemmVariant {
@@ -117,8 +121,9 @@ impl GemmVariant {
 
     /// Dynamic shared memory (`Gemm::DATA_BYTES` + barriers + 1 KB of alignment slack).
     pub fn smem_bytes(&self) -> usize {
-        let epilogue = self.bm() * (self.n_cta() + 4) * 4;
-        1024 + (self.stages * self.stage_bytes()).max(epilogue) + self.stages * 16
+        let split_k_tile = self.bm() * (self.n_cta() + 4) * 4;
+        let staging = if self.conv { 0 } else { EPILOGUE_STAGING };
+        1024 + (self.stages * self.stage_bytes() + staging).max(split_k_tile) + self.stages * 16
     }
 
     /// fp32 elements of one tile's split-K partial.
@@ -128,13 +133,14 @@ impl GemmVariant {
 
     fn name(&self) -> String {
         format!(
-            "linear_w4a16_gemm_{}_z{}_g{}_wgn{}_t{}_s{}{}",
+            "linear_w4a16_gemm_{}_z{}_g{}_wgn{}_t{}_s{}_l{}{}",
             self.act.name(),
             self.zero_mode(),
             if self.unit_groups { "unit" } else { "any" },
             self.wg_n,
             self.wg_tokens,
             self.stages,
+            self.lookahead,
             if self.conv { "_conv" } else { "" }
         )
     }
@@ -145,14 +151,15 @@ impl GemmVariant {
             || {
                 format!(
                     "#define LB_DTYPE {}\n#define LB_ZEROS {}\n#define LB_WG_N {}\n#define LB_WG_TOKENS {}\n\
-                 #define LB_STAGES {}\n#define LB_UNIT_GROUPS {}\n#define LB_CONV {}\n",
+                 #define LB_STAGES {}\n#define LB_UNIT_GROUPS {}\n#define LB_CONV {}\n#define LB_LOOKAHEAD {}\n",
                     if self.act == DType::Bf16 { "BF16" } else { "F16" },
                     self.zero_mode(),
                     self.wg_n,
                     self.wg_tokens,
                     self.stages,
                     u8::from(self.unit_groups),
-                    u8::from(self.conv)
+                    u8::from(self.conv),
+                    self.lookahead
                 )
             },
             SOURCE,
@@ -261,6 +268,8 @@ pub struct LinearW4A16Gemm {
     sms: usize,
     /// Forced split count (benchmarking); `None`: [`LinearW4A16Gemm::splits`]'s choice.
     forced_splits: Option<usize>,
+    /// Forced tokens per warpgroup (benchmarking); `None`: chosen by batch size.
+    forced_tokens: Option<usize>,
     /// Diagnostics: device address of a per-CTA timeline buffer, or 0 ([`LinearW4A16Gemm::set_trace`]).
     trace: u64,
 }
@@ -319,29 +328,21 @@ impl LinearW4A16Gemm {
             return Err(Error::invalid("max_m", max_m, "must be in 1..=2^31-1"));
         }
         let plan = &weight.plan;
-        let limits = smem_limits(device.info().compute_capability);
-        let load = |wg_tokens: usize| -> Result<(GemmVariant, CudaFunction)> {
-            let mut variant = GemmVariant {
-                act: weight.act,
-                zeros: weight.zeros.is_some(),
-                wg_n: plan.n_cta / 128,
-                wg_tokens,
-                stages: MAX_STAGES,
-                unit_groups: plan.group % K_TILE == 0,
-                offsets: conv,
-                conv,
-            };
-            while variant.stages > 2 && variant.smem_bytes() > limits.per_cta {
-                variant.stages -= 1;
-            }
-            let function = device.function(variant.source(), "w4a16_gemm")?;
-            function
-                .set_attribute(
-                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    variant.smem_bytes() as i32,
-                )
-                .map_err(|e| crate::cuda::cuda_error(format!("shared memory of {}", variant.name()), e))?;
-            Ok((variant, function))
+        let load = |wg_tokens: usize| {
+            load_variant(
+                device,
+                GemmVariant {
+                    act: weight.act,
+                    zeros: weight.zeros.is_some(),
+                    wg_n: plan.n_cta / 128,
+                    wg_tokens,
+                    stages: MAX_STAGES,
+                    unit_groups: plan.group % K_TILE == 0,
+                    offsets: conv,
+                    conv,
+                    lookahead: default_lookahead(wg_tokens),
+                },
+            )
         };
         let kernels = [load(64)?, load(128)?];
         let stage_x = device.function(kernels[0].0.source(), "w4a16_gemm_stage_x")?;
@@ -361,6 +362,7 @@ impl LinearW4A16Gemm {
             max_m,
             sms,
             forced_splits: splits,
+            forced_tokens: None,
             trace: 0,
         })
     }
@@ -374,7 +376,10 @@ impl LinearW4A16Gemm {
     /// (more, smaller tiles then beat split-K); the 128-token kernel otherwise.
     fn kernel(&self, m: usize) -> &(GemmVariant, CudaFunction) {
         let large_tiles = self.weight.plan.n_tiles() * m.div_ceil(self.kernels[1].0.bm());
-        let small = m <= self.small_batch || 2 * large_tiles < self.sms;
+        let small = match self.forced_tokens {
+            Some(tokens) => tokens == 64,
+            None => m <= self.small_batch || 2 * large_tiles < self.sms,
+        };
         &self.kernels[usize::from(!small)]
     }
 
@@ -382,6 +387,29 @@ impl LinearW4A16Gemm {
     #[doc(hidden)]
     pub fn set_small_batch(&mut self, rows: usize) {
         self.small_batch = rows;
+    }
+
+    /// Reloads the kernel with `tokens` (64 or 128) tokens per warpgroup to convert `steps` (2 or 3) k16 steps
+    /// ahead (benchmarking).
+    #[doc(hidden)]
+    pub fn set_lookahead(&mut self, device: &CudaDevice, tokens: usize, steps: usize) -> Result<()> {
+        if !matches!(steps, 2 | 3) {
+            return Err(Error::invalid("lookahead", steps, "must be 2 or 3"));
+        }
+        let slot = usize::from(tokens != 64);
+        let variant = GemmVariant {
+            lookahead: steps,
+            ..self.kernels[slot].0
+        };
+        self.kernels[slot] = load_variant(device, variant)?;
+        Ok(())
+    }
+
+    /// Runs every batch on the kernel with `Some(64)` or `Some(128)` tokens per warpgroup; `None` restores the
+    /// choice by batch size (benchmarking).
+    #[doc(hidden)]
+    pub fn force_tile_tokens(&mut self, tokens: Option<usize>) {
+        self.forced_tokens = tokens;
     }
 
     /// Diagnostics: every later launch writes its CTAs' timelines (`TRACE_SLOTS` = 8 `u64` per CTA, see the kernel's
@@ -592,6 +620,33 @@ impl LinearW4A16Gemm {
         unsafe { b.launch(cfg) }.map_err(launch_error("w4a16_gemm"))?;
         Ok(())
     }
+}
+
+/// The lookahead a variant is built with: 3 for 64-token tiles, whose wgmma groups are too short to cover a
+/// conversion two steps ahead; 2 for 128-token tiles, whose 128 accumulators leave no registers for 8 buffers.
+fn default_lookahead(wg_tokens: usize) -> usize {
+    if wg_tokens == 64 {
+        3
+    } else {
+        2
+    }
+}
+
+/// Compiles (or fetches) `variant` with as many pipeline stages as fit, up to its `stages`, and allows it that
+/// much dynamic shared memory.
+fn load_variant(device: &CudaDevice, mut variant: GemmVariant) -> Result<(GemmVariant, CudaFunction)> {
+    let limits = smem_limits(device.info().compute_capability);
+    while variant.stages > 2 && variant.smem_bytes() > limits.per_cta {
+        variant.stages -= 1;
+    }
+    let function = device.function(variant.source(), "w4a16_gemm")?;
+    function
+        .set_attribute(
+            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            variant.smem_bytes() as i32,
+        )
+        .map_err(|e| crate::cuda::cuda_error(format!("shared memory of {}", variant.name()), e))?;
+    Ok((variant, function))
 }
 
 /// The TMA descriptor of a row-major `[rows, cols]` 16-bit matrix at `ptr` with `stride` elements between rows,
