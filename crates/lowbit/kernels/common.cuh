@@ -364,6 +364,25 @@ __device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], u32 addr) {
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// Every thread of every CTA of the cluster arrives (release) and waits (acquire): the cluster's shared memory
+// written before is visible to all after. Not .aligned: callers may have diverged within a warp.
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+// The address of shared-memory location `addr` of this CTA in the CTA of cluster rank `rank`.
+__device__ __forceinline__ u32 cluster_map(u32 addr, int rank) {
+    u32 out;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(out) : "r"(addr), "r"(rank));
+    return out;
+}
+__device__ __forceinline__ float4 ld_cluster_f32x4(u32 addr) {
+    float4 v;
+    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "r"(addr));
+    return v;
+}
+
 // Four 8x8 b16 matrices stored transposed: register i of lane (g, t) holds row g, columns 2t and 2t + 1 of matrix i
 // (the mma C/D fragment layout); lanes 8i..8i+7 address the 8 rows of matrix i as stored, i.e. its columns.
 __device__ __forceinline__ void stmatrix_x4_trans(u32 addr, const u32 (&r)[4]) {

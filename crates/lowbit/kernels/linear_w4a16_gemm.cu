@@ -29,20 +29,18 @@
 // * NUMERICS. Each weight is round((q - z) * s) in the activation type: exactly what dequantize + cuBLAS computes;
 //   products and sums are fp32 inside wgmma; bias and the activation are applied in fp32; y is rounded once.
 //
-// * SPLIT-K. When tiles are too few to fill the GPU (M = 256 on a 4096-wide layer: 32 tiles for 132 SMs), the grid
-//   has `splits` CTAs per tile over disjoint k ranges, and never more CTAs than SMs, so all splits of a tile are
-//   resident together. Each publishes its fp32 partial, waits until all have, then reduces its own 1/splits of the
-//   tile's rows over every partial in split order (deterministic, and the reduction is spread over the splits
-//   instead of serialised in one CTA).
+// * SPLIT-K. When tiles are too few to fill the GPU (M = 256 on a 4096-wide layer: 32 tiles for 132 SMs), each
+//   tile is `splits` CTAs over disjoint k ranges, launched as one thread-block cluster, and they reduce their fp32
+//   partials through distributed shared memory, always summing in split order (deterministic; epilogue_split).
 //
 // * PERSISTENT. The grid is at most one CTA per SM; CTA c takes work items (tile x split) c, c + grid, ... and the
 //   producer runs ahead across items, so the next tile's stages fill while the consumers run an epilogue: K = 4096
 //   tiles have only 32 k tiles, and a drained and refilled pipeline per tile cost ~7% there.
 //
-// * EPILOGUE. Without split-K, straight from registers: bias, activation, rounding, then neighbouring lanes swap
-//   halves so each stores two adjacent columns of one token (4 bytes) -- no shared memory, so it never races the
-//   producer. With split-K (then every CTA has one item) through shared memory: the fp32 tile is written
-//   [token][column], then each thread takes 8-column chunks, sums the splits' partials, and stores 16 bytes.
+// * EPILOGUE. Without split-K, from registers through 1 KB of staging per warp (stmatrix.trans turns the
+//   accumulator fragments into token rows, then 16-byte stores; epilogue_staged), past the pipeline stages so it
+//   never races the producer. With split-K (then every CTA has one item) through the fp32 tile in the stages'
+//   shared memory (epilogue_split).
 //
 // * CONVOLUTION (LB_CONV): a stride-1 convolution is this GEMM over a zero-padded NHWC input. Tokens are the
 //   positions of the padded grid [B][Hp][Wp] (Hp = H + 2 ph, ...), K runs (tap, channel), and the x rows of
@@ -108,8 +106,6 @@ struct Args {
     const u8* zeros;       // [NT][GP][N_CTA / 2] zero codes in param_slot order
     const u16* bias;       // [N] bits of T, or null
     u16* y;                // [M][y_stride] bits of T
-    float* partials;       // split-K: [NT * MT * splits][BM * N_CTA]
-    u32* counters;         // split-K: [2][NT * MT] (arrivals, then finished reductions), zero between launches
     u64* trace;            // diagnostics, normally null: TRACE_SLOTS timestamps per CTA (see Trace)
 };
 
@@ -354,15 +350,16 @@ struct Gemm {
         mbar_arrive(bars + (STAGES + (buf == 0 ? STAGES - 1 : buf - 1)) * 8);  // the item's last stage
     }
 
-    // Epilogue, in two passes over shared memory so that no extra registers are live next to the accumulators:
-    // 1. every thread stores its fp32 accumulators into the tile [token][column] (conflict-free: the 8 lanes of a
-    //    lane group write 8 consecutive columns, the 4 groups rows 2 apart, which the +4-float pitch spreads over
-    //    disjoint banks);
-    // 2. each thread takes 8-column chunks: split-K publishes them and, in the last CTA of the tile, sums every
-    //    split's partial in split order (deterministic); then bias, activation, rounding, one 16-byte store.
-    // Returns early in the CTAs that only publish a partial.
-    __device__ static __forceinline__ void epilogue(const Args& a, const Shape& s, u32 base, int nt, int mt, int wg,
-                                                    int tile, int split, int ctid, const float (&acc)[2][ACC]) {
+    // Split-K epilogue. The splits of a tile are one thread-block cluster (CTA rank = split). Each CTA stores its fp32
+    // tile into its own shared memory ([token][column], conflict-free: the 8 lanes of a lane group write 8
+    // consecutive columns, the 4 groups rows 2 apart, which the +4-float pitch spreads over disjoint banks); after
+    // a cluster barrier each reduces rows [split, split + 1) * BM / splits of the tile, reading every split's tile
+    // through distributed shared memory in split order (deterministic), and stores 8 columns per thread. Global
+    // partials took ~10 us per tile here: a GPU-scope fence behind 64-128 KB of stores, an arrival counter, then
+    // L2 round trips; the cluster barrier and DSMEM reads stay on the GPC. A last barrier keeps every CTA's shared
+    // memory alive until all have read it (the producer warpgroup takes part in both barriers).
+    __device__ static __forceinline__ void epilogue_split(const Args& a, const Shape& s, u32 base, int nt, int mt,
+                                                          int wg, int split, int ctid, const float (&acc)[2][ACC]) {
         const int lane = ctid & 31, g = lane >> 2, t4 = lane & 3;
         const int dw = (WG_N == 2 ? wg * 4 : 0) + ((ctid >> 5) & 3);
         const int wm = WG_N == 2 ? 0 : wg;
@@ -377,69 +374,35 @@ struct Gemm {
                     const int row = wm * WG_TOKENS + j * 8 + t4 * 2 + (e & 1);
                     asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(base + (row * Y_PITCH + col) * 4), "f"(acc[t][4 * j + e]));
                 }
-        consumer_sync(CONSUMERS);
+        cluster_sync();
+        trace_stamp(a.trace, TRACE_PARTIALS_SEEN);
 
         constexpr int CHUNKS = N_CTA / 8;  // 8-column chunks per tile row
-        float4* slots = reinterpret_cast<float4*>(a.partials) + (size_t)tile * s.splits * (TILE_FLOATS / 4);
-        // Rows of the tile this CTA writes: all of them, or with split-K its share of the reduction.
-        int row_begin = 0, row_end = BM;
-        if (s.splits > 1) {
-            float4* mine = slots + (size_t)split * (TILE_FLOATS / 4);
-            for (int i = ctid; i < BM * CHUNKS; i += CONSUMERS) {
-                const int row = i / CHUNKS, c = i - row * CHUNKS;
-                const u32 src = base + (row * Y_PITCH + c * 8) * 4;
-                __stcg(mine + 2 * i, lds128f(src));
-                __stcg(mine + 2 * i + 1, lds128f(src + 16));
-            }
-            // Every split of the tile is resident (the host keeps tiles * splits <= SMs, one CTA per SM), so each
-            // waits for all partials and then reduces rows [split, split + 1) * BM / splits of the tile: the
-            // reduction is spread over the splits instead of serialised in the last one.
-            u32* arrived = a.counters + tile;
-            asm volatile("fence.acq_rel.gpu;\n" ::: "memory");  // release the partial before the arrival
-            consumer_sync(CONSUMERS);
-            if (ctid == 0) {
-                atomicAdd(arrived, 1u);
-                u32 seen;
-                do {
-                    asm volatile("ld.acquire.gpu.u32 %0, [%1];\n" : "=r"(seen) : "l"(arrived) : "memory");
-                } while (seen < (u32)s.splits);
-            }
-            consumer_sync(CONSUMERS);
-            asm volatile("fence.acq_rel.gpu;\n" ::: "memory");  // acquire every partial
-            trace_stamp(a.trace, TRACE_PARTIALS_SEEN);  // with split-K a CTA has one item
-            row_begin = split * BM / s.splits;
-            row_end = (split + 1) * BM / s.splits;
-        }
+        const int row_begin = split * BM / s.splits, row_end = (split + 1) * BM / s.splits;
         for (int i = row_begin * CHUNKS + ctid; i < row_end * CHUNKS; i += CONSUMERS) {
             const int row = i / CHUNKS, c = i - row * CHUNKS;
             const int m = mt * BM + row, n = nt * N_CTA + c * 8;
             if (m >= s.M || n >= s.N) continue;
+            const u32 mine = base + (row * Y_PITCH + c * 8) * 4;
             float v[8];
-            if (s.splits > 1) {
-                // Four splits' loads in flight at a time (a loop of load-then-add waits out one L2 round trip per
-                // split), summed in split order whoever reduces: deterministic.
-                for (int sp0 = 0; sp0 < s.splits; sp0 += 4) {
-                    float4 lo[4], hi[4];
+            // Four splits' loads in flight at a time, summed in split order.
+            for (int sp0 = 0; sp0 < s.splits; sp0 += 4) {
+                float4 lo[4], hi[4];
 #pragma unroll
-                    for (int d = 0; d < 4; ++d) {
-                        if (sp0 + d < s.splits) {
-                            const float4* p = slots + (size_t)(sp0 + d) * (TILE_FLOATS / 4) + 2 * i;
-                            lo[d] = __ldcg(p), hi[d] = __ldcg(p + 1);
-                        }
-                    }
-#pragma unroll
-                    for (int d = 0; d < 4; ++d) {
-                        if (sp0 + d < s.splits) {
-                            const float q[8] = {lo[d].x, lo[d].y, lo[d].z, lo[d].w, hi[d].x, hi[d].y, hi[d].z, hi[d].w};
-#pragma unroll
-                            for (int e = 0; e < 8; ++e) v[e] = sp0 + d == 0 ? q[e] : v[e] + q[e];
-                        }
+                for (int d = 0; d < 4; ++d) {
+                    if (sp0 + d < s.splits) {
+                        const u32 at = cluster_map(mine, sp0 + d);
+                        lo[d] = ld_cluster_f32x4(at), hi[d] = ld_cluster_f32x4(at + 16);
                     }
                 }
-            } else {
-                const u32 src = base + (row * Y_PITCH + c * 8) * 4;
-                const float4 lo = lds128f(src), hi = lds128f(src + 16);
-                v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w, v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
+#pragma unroll
+                for (int d = 0; d < 4; ++d) {
+                    if (sp0 + d < s.splits) {
+                        const float q[8] = {lo[d].x, lo[d].y, lo[d].z, lo[d].w, hi[d].x, hi[d].y, hi[d].z, hi[d].w};
+#pragma unroll
+                        for (int e = 0; e < 8; ++e) v[e] = sp0 + d == 0 ? q[e] : v[e] + q[e];
+                    }
+                }
             }
             u16 out[8];
 #pragma unroll
@@ -460,17 +423,7 @@ struct Gemm {
                 for (int e = 0; e < 8 && n + e < s.N; ++e) dst[e] = out[e];
             }
         }
-        if (s.splits > 1) {
-            // The last split done with its reduction resets both counters for the next launch (graph replays too).
-            consumer_sync(CONSUMERS);
-            if (ctid == 0) {
-                u32* finished = a.counters + s.NT * s.MT + tile;
-                if (atomicAdd(finished, 1u) == (u32)(s.splits - 1)) {
-                    a.counters[tile] = 0;
-                    *finished = 0;
-                }
-            }
-        }
+        cluster_sync();
     }
 
     // CONV: the offset in y of (token m, channel 0), or -1 when m is a position of the padding bands (no output).
@@ -606,6 +559,7 @@ struct Gemm {
         if (wg == 2) {
             setmaxnreg_dec<40>();
             if (tid == CONSUMERS) produce(xmap, a, s, base, bars, items);
+            if (s.splits > 1) cluster_sync(), cluster_sync();  // epilogue_split's two barriers
             return;
         }
         setmaxnreg_inc<232>();
@@ -623,7 +577,7 @@ struct Gemm {
             mainloop(s, base, bars, w.kt0, w.kt1, wg, buf, phase, acc);
             if (taken == 0) trace_stamp(a.trace, TRACE_MAINLOOP_END);
             if (s.splits > 1) {
-                epilogue(a, s, base, w.nt, w.mt, wg, w.nt * s.MT + w.mt, w.split, tid, acc);
+                epilogue_split(a, s, base, w.nt, w.mt, wg, w.split, tid, acc);
             } else if (CONV) {
                 epilogue_conv(a, s, w.nt, w.mt, wg, tid, acc);
             } else {

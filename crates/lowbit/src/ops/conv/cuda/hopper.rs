@@ -150,9 +150,9 @@ impl HopperConv {
         (geo.input[0] * hp * wp * geo.input[1] * 2).next_multiple_of(256)
     }
 
-    /// Workspace: the padded image, then the split-K partials.
+    /// Workspace: the padded image.
     pub(super) fn workspace_bytes(&self, geo: &ConvGeometry) -> usize {
-        Self::image_bytes(geo) + self.gemm.partials_bytes()
+        Self::image_bytes(geo)
     }
 
     /// Pads and transposes `x` (NCHW fp16 at `x`) into the workspace, then runs the GEMM into `y` (NCHW fp16).
@@ -207,7 +207,6 @@ impl HopperConv {
             y,
             bias: self.bias.device_ptr(stream).0,
             offsets: self.offsets.device_ptr(stream).0,
-            partials: ws + Self::image_bytes(geo) as u64,
             activation,
             geometry,
         };

@@ -19,7 +19,7 @@
 //! activation in fp32; one rounding of y.
 
 use super::{call_buffers, smem_limits, stage_x, CallBuffers, DeviceW4, RepackedW4, K_TILE, MAX_GROUP_ROWS};
-use crate::cuda::{launch_error, CudaDevice, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
+use crate::cuda::{launch_error, CudaDevice, CudaFunction, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
 use crate::cuda::{KernelSource, LaunchConfig};
 use crate::dtype::{DType, Float};
 use crate::error::{Error, Result};
@@ -126,11 +126,6 @@ impl GemmVariant {
         1024 + (self.stages * self.stage_bytes() + staging).max(split_k_tile) + self.stages * 16
     }
 
-    /// fp32 elements of one tile's split-K partial.
-    fn tile_floats(&self) -> usize {
-        self.bm() * self.n_cta()
-    }
-
     fn name(&self) -> String {
         format!(
             "linear_w4a16_gemm_{}_z{}_g{}_wgn{}_t{}_s{}_l{}{}",
@@ -176,8 +171,6 @@ struct GemmArgs {
     zeros: u64,
     bias: u64,
     y: u64,
-    partials: u64,
-    counters: u64,
     trace: u64,
 }
 
@@ -238,8 +231,6 @@ pub(crate) struct ConvLaunch {
     pub bias: u64,
     /// The fp16 offsets, laid out like the weight's scales.
     pub offsets: u64,
-    /// Split-K scratch of [`LinearW4A16Gemm::partials_bytes`], 256-byte aligned.
-    pub partials: u64,
     pub activation: Activation,
     pub geometry: ConvFields,
 }
@@ -254,16 +245,15 @@ unsafe impl DeviceRepr for GemmArgs {}
 unsafe impl DeviceRepr for GemmShape {}
 unsafe impl DeviceRepr for TensorMapParam {}
 
-/// The W4A16 prefill GEMM prepared on one Hopper GPU. `run` calls on one operator must be ordered (one stream at a
-/// time): the split-K counters live in the operator.
+/// The W4A16 prefill GEMM prepared on one Hopper GPU. It keeps no per-call state on the device (split-K reduces
+/// within a thread-block cluster), so calls may run on several streams at once, each with its own workspace.
 pub struct LinearW4A16Gemm {
     weight: Arc<DeviceW4>,
     /// The kernels for small (64 tokens per warpgroup) and large (128) batches.
-    kernels: [(GemmVariant, CudaFunction); 2],
+    kernels: [GemmKernel; 2],
     /// Batches up to this many rows use `kernels[0]`.
     small_batch: usize,
     stage_x: CudaFunction,
-    counters: CudaSlice<u32>,
     max_m: usize,
     sms: usize,
     /// Forced split count (benchmarking); `None`: [`LinearW4A16Gemm::splits`]'s choice.
@@ -277,7 +267,7 @@ pub struct LinearW4A16Gemm {
 impl std::fmt::Debug for LinearW4A16Gemm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LinearW4A16Gemm")
-            .field("kernels", &self.kernels.each_ref().map(|k| k.0))
+            .field("kernels", &self.kernels.each_ref().map(|k| k.variant))
             .field("max_m", &self.max_m)
             .finish_non_exhaustive()
     }
@@ -345,20 +335,13 @@ impl LinearW4A16Gemm {
             )
         };
         let kernels = [load(64)?, load(128)?];
-        let stage_x = device.function(kernels[0].0.source(), "w4a16_gemm_stage_x")?;
-        // Arrival and finish counters per tile. Split-K runs only when tiles * splits <= SMs, so the tiles that
-        // use them are fewer than the SMs.
+        let stage_x = device.function(kernels[0].variant.source(), "w4a16_gemm_stage_x")?;
         let sms = device.info().sm_count as usize;
-        let counters = device
-            .stream()
-            .alloc_zeros(2 * sms)
-            .map_err(|e| crate::cuda::cuda_error("split-K counters", e))?;
         Ok(Self {
             weight,
             kernels,
             small_batch: SMALL_BATCH,
             stage_x,
-            counters,
             max_m,
             sms,
             forced_splits: splits,
@@ -369,13 +352,13 @@ impl LinearW4A16Gemm {
 
     /// The variant a batch of `m` rows runs.
     pub fn variant(&self, m: usize) -> GemmVariant {
-        self.kernel(m).0
+        self.kernel(m).variant
     }
 
     /// The 64-token kernel for small batches, and for batches whose 128-token tiles would not cover half the SMs
     /// (more, smaller tiles then beat split-K); the 128-token kernel otherwise.
-    fn kernel(&self, m: usize) -> &(GemmVariant, CudaFunction) {
-        let large_tiles = self.weight.plan.n_tiles() * m.div_ceil(self.kernels[1].0.bm());
+    fn kernel(&self, m: usize) -> &GemmKernel {
+        let large_tiles = self.weight.plan.n_tiles() * m.div_ceil(self.kernels[1].variant.bm());
         let small = match self.forced_tokens {
             Some(tokens) => tokens == 64,
             None => m <= self.small_batch || 2 * large_tiles < self.sms,
@@ -399,7 +382,7 @@ impl LinearW4A16Gemm {
         let slot = usize::from(tokens != 64);
         let variant = GemmVariant {
             lookahead: steps,
-            ..self.kernels[slot].0
+            ..self.kernels[slot].variant
         };
         self.kernels[slot] = load_variant(device, variant)?;
         Ok(())
@@ -424,31 +407,27 @@ impl LinearW4A16Gemm {
         &self.weight
     }
 
-    /// CTAs per output tile for a batch of `m` rows: 1 when the tiles fill the GPU, otherwise as many as fit in
-    /// one wave (at most 8, each keeping at least 4 k tiles; a forced count is capped the same way).
+    /// CTAs per output tile for a batch of `m` rows: 1 when the tiles fill the GPU, otherwise the most whose
+    /// clusters (one per tile) are all resident at once (at most 8, each keeping at least 4 k tiles; a forced
+    /// count is capped the same way).
     pub fn splits(&self, m: usize) -> usize {
-        let tiles = self.weight.plan.n_tiles() * m.div_ceil(self.variant(m).bm());
+        let kernel = self.kernel(m);
+        let tiles = self.weight.plan.n_tiles() * m.div_ceil(kernel.variant.bm());
         let most = (self.weight.plan.k_tiles() / MIN_KT_PER_SPLIT).clamp(1, MAX_SPLITS);
-        // Never more CTAs than SMs: the splits of a tile wait for each other, so all must be resident.
-        let resident = (self.sms / tiles.max(1)).max(1);
-        let chosen = self.forced_splits.unwrap_or(resident).min(resident);
-        chosen.clamp(1, most.max(1)).min(self.weight.plan.k_tiles())
+        let wanted = self.forced_splits.unwrap_or(MAX_SPLITS).clamp(1, most);
+        (2..=wanted)
+            .rev()
+            .find(|&c| tiles <= kernel.resident_clusters[c])
+            .unwrap_or(1)
     }
 
     fn staged_x_bytes(&self) -> usize {
         (self.max_m * self.weight.plan.k_pad * 2).next_multiple_of(256)
     }
 
-    /// Device scratch `run` needs: x staged for TMA (act-order or unaligned x) and the split-K partials.
+    /// Device scratch `run` needs: x staged for TMA (act-order or unaligned x).
     pub fn workspace_bytes(&self) -> usize {
-        self.staged_x_bytes() + self.partials_bytes()
-    }
-
-    /// The split-K partials' share of the workspace. Split-K only runs when tiles * splits <= SMs, so the partials
-    /// never exceed one tile per SM.
-    pub(crate) fn partials_bytes(&self) -> usize {
-        let tile = self.kernels.iter().map(|(v, _)| v.tile_floats()).max().unwrap_or(0);
-        self.sms * tile * 4
+        self.staged_x_bytes()
     }
 
     /// `y[m, N] = x[m, K] · W^T (+ bias)` with contiguous rows and no activation.
@@ -507,12 +486,11 @@ impl LinearW4A16Gemm {
             zeros,
             bias: bias_ptr,
             y: y_ptr,
-            partials: ws + self.staged_x_bytes() as u64,
             ..GemmArgs::default()
         };
         let y_layout = (i32::from(y_ptr % 16 == 0 && y_stride % 8 == 0), y_stride as i64);
         // x's tensor map bounds (K or k_pad columns, m rows, x_stride), y rows (N columns), bias (N) and the
-        // workspace (staged x + partials) were checked above.
+        // workspace (staged x) were checked above.
         self.launch(
             stream,
             m,
@@ -535,7 +513,7 @@ impl LinearW4A16Gemm {
         if m == 0 {
             return Ok(());
         }
-        debug_assert!(self.kernel(m).0.conv && self.kernel(m).0.offsets);
+        debug_assert!(self.kernel(m).variant.conv && self.kernel(m).variant.offsets);
         let (qweight, scales, _, _) = self.weight.pointers(stream);
         let args = GemmArgs {
             qweight,
@@ -543,7 +521,6 @@ impl LinearW4A16Gemm {
             zeros: launch.offsets,
             bias: launch.bias,
             y: launch.y,
-            partials: launch.partials,
             ..GemmArgs::default()
         };
         let channels = g.channels as usize;
@@ -560,7 +537,7 @@ impl LinearW4A16Gemm {
 
     /// Launches the kernel for `m` tokens on a persistent grid (one CTA per SM at most, each taking every
     /// gridDim-th tile x split): x read through a tensor map over `(address, columns, row stride)` of `m` rows, the
-    /// other buffers in `args` (the counters are filled in here). Every buffer was checked by the caller.
+    /// other buffers in `args` (the trace hook is filled in here). Every buffer was checked by the caller.
     #[allow(clippy::too_many_arguments)]
     fn launch(
         &self,
@@ -573,8 +550,8 @@ impl LinearW4A16Gemm {
         conv: ConvFields,
     ) -> Result<()> {
         let p = &self.weight.plan;
-        let (variant, function) = self.kernel(m);
-        let bm = variant.bm();
+        let kernel = self.kernel(m);
+        let bm = kernel.variant.bm();
         let xmap = tensor_map(self.weight.act, x, x_cols, m, x_stride, bm)?;
         let m_tiles = m.div_ceil(bm);
         let splits = self.splits(m);
@@ -586,7 +563,6 @@ impl LinearW4A16Gemm {
                 "too many tiles for one launch",
             ));
         }
-        args.counters = self.counters.device_ptr(stream).0;
         args.trace = self.trace;
         let shape = GemmShape {
             m: m as i32,
@@ -608,18 +584,78 @@ impl LinearW4A16Gemm {
             y_stride,
             conv,
         };
-        let cfg = LaunchConfig {
-            grid_dim: (items.min(self.sms) as u32, 1, 1),
-            block_dim: (BLOCK, 1, 1),
-            shared_mem_bytes: variant.smem_bytes() as u32,
+        let grid = items.min(self.sms) as u32;
+        if splits == 1 {
+            let cfg = LaunchConfig {
+                grid_dim: (grid, 1, 1),
+                block_dim: (BLOCK, 1, 1),
+                shared_mem_bytes: kernel.variant.smem_bytes() as u32,
+            };
+            let mut b = stream.launch_builder(&kernel.function);
+            b.arg(&xmap).arg(&args).arg(&shape);
+            // SAFETY: x is read through the tensor map (zeros outside its bounds); y, bias and (conv) offsets
+            // were checked by the caller for this m; the weight buffers are the operator's own.
+            unsafe { b.launch(cfg) }.map_err(launch_error("w4a16_gemm"))?;
+            return Ok(());
+        }
+        // Split-K: one cluster of `splits` CTAs per tile (grid = items, a multiple of splits), which cudarc's
+        // launch builder cannot express.
+        let mut cluster = cluster_attribute(splits);
+        let config = sys::CUlaunchConfig {
+            gridDimX: grid,
+            gridDimY: 1,
+            gridDimZ: 1,
+            blockDimX: BLOCK,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: kernel.variant.smem_bytes() as u32,
+            hStream: stream.cu_stream(),
+            attrs: &mut cluster,
+            numAttrs: 1,
         };
-        let mut b = stream.launch_builder(function);
-        b.arg(&xmap).arg(&args).arg(&shape);
-        // SAFETY: x is read through the tensor map (zeros outside its bounds); y, bias, partials and (conv)
-        // offsets were checked by the caller for this m; the weight buffers and counters are the operator's own.
-        unsafe { b.launch(cfg) }.map_err(launch_error("w4a16_gemm"))?;
+        let mut params: [*mut std::ffi::c_void; 3] = [
+            &xmap as *const TensorMapParam as *mut _,
+            &args as *const GemmArgs as *mut _,
+            &shape as *const GemmShape as *mut _,
+        ];
+        // SAFETY: as above; `params` points at the three kernel parameters, in order, alive across the call (the
+        // driver copies them at launch).
+        let rc = unsafe {
+            sys::cuLaunchKernelEx(
+                &config,
+                kernel.function.cu_function(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        };
+        if rc != sys::CUresult::CUDA_SUCCESS {
+            return Err(Error::Cuda {
+                context: format!("launching w4a16_gemm in clusters of {splits}"),
+                message: format!("{rc:?}"),
+            });
+        }
         Ok(())
     }
+}
+
+/// One compiled GEMM variant and how many clusters of each size (index: CTAs per cluster) it can keep resident.
+struct GemmKernel {
+    variant: GemmVariant,
+    function: CudaFunction,
+    resident_clusters: [usize; MAX_SPLITS + 1],
+}
+
+/// The launch attribute for clusters of `ctas` CTAs along x.
+fn cluster_attribute(ctas: usize) -> sys::CUlaunchAttribute {
+    // SAFETY: CUlaunchAttribute is plain old data; all-zero is a valid value to fill in.
+    let mut attribute: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attribute.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attribute.value.clusterDim = sys::CUlaunchAttributeValue_union__bindgen_ty_1 {
+        x: ctas as u32,
+        y: 1,
+        z: 1,
+    };
+    attribute
 }
 
 /// The lookahead a variant is built with: 3 for 64-token tiles, whose wgmma groups are too short to cover a
@@ -634,7 +670,7 @@ fn default_lookahead(wg_tokens: usize) -> usize {
 
 /// Compiles (or fetches) `variant` with as many pipeline stages as fit, up to its `stages`, and allows it that
 /// much dynamic shared memory.
-fn load_variant(device: &CudaDevice, mut variant: GemmVariant) -> Result<(GemmVariant, CudaFunction)> {
+fn load_variant(device: &CudaDevice, mut variant: GemmVariant) -> Result<GemmKernel> {
     let limits = smem_limits(device.info().compute_capability);
     while variant.stages > 2 && variant.smem_bytes() > limits.per_cta {
         variant.stages -= 1;
@@ -646,7 +682,36 @@ fn load_variant(device: &CudaDevice, mut variant: GemmVariant) -> Result<(GemmVa
             variant.smem_bytes() as i32,
         )
         .map_err(|e| crate::cuda::cuda_error(format!("shared memory of {}", variant.name()), e))?;
-    Ok((variant, function))
+    let mut resident_clusters = [0; MAX_SPLITS + 1];
+    for (ctas, resident) in resident_clusters.iter_mut().enumerate().skip(2) {
+        let mut cluster = cluster_attribute(ctas);
+        let config = sys::CUlaunchConfig {
+            gridDimX: ctas as u32,
+            gridDimY: 1,
+            gridDimZ: 1,
+            blockDimX: BLOCK,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: variant.smem_bytes() as u32,
+            hStream: std::ptr::null_mut(),
+            attrs: &mut cluster,
+            numAttrs: 1,
+        };
+        let mut count = 0i32;
+        // SAFETY: `config` and `cluster` are live locals; `count` receives one int. A size the GPU cannot
+        // schedule is an error or 0: either way no split-K of that size.
+        let rc = unsafe { sys::cuOccupancyMaxActiveClusters(&mut count, function.cu_function(), &config) };
+        *resident = if rc == sys::CUresult::CUDA_SUCCESS {
+            count.max(0) as usize
+        } else {
+            0
+        };
+    }
+    Ok(GemmKernel {
+        variant,
+        function,
+        resident_clusters,
+    })
 }
 
 /// The TMA descriptor of a row-major `[rows, cols]` 16-bit matrix at `ptr` with `stride` elements between rows,
