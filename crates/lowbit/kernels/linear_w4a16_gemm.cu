@@ -293,10 +293,11 @@ struct Gemm {
     // (2 LOOK - 1 <= FRAG_BUFS). The last LOOK steps convert the first of the next stage (waiting for it to be full).
     template <int J>
     __device__ static __forceinline__ void stage_step(const Shape& s, u32 base, u32 bars, int kt, int kt0, int kt1, int buf,
-                                               u32 phase, u32 xs, int dw, int lane, Converter& cv,
+                                               u32 phase, u64 x_desc, int dw, int lane, Converter& cv,
                                                uint4 (&frag)[FRAG_BUFS][2], float (&acc)[2][ACC]) {
-        // Step J reads k [16J, 16J + 16): box J / 4, 32 bytes per step inside its rows.
-        const u64 desc = smem_desc_sw128(xs + (J >> 2) * (BM * 128) + (J & 3) * 32);
+        // Step J reads k [16J, 16J + 16): box J / 4, 32 bytes per step inside its rows (the descriptor's address
+        // field counts 16-byte units and the offset never carries out of it).
+        const u64 desc = x_desc + (((J >> 2) * (BM * 128) + (J & 3) * 32) >> 4);
         const int accumulate = kt > kt0 || J > 0;  // the first product overwrites D: no zeroing
         fence_accumulators(acc);
         wgmma_fence();
@@ -334,20 +335,73 @@ struct Gemm {
         cv.template convert<1>(frag[1], dw, lane);
         if (LOOK > 2) cv.template convert<2>(frag[2], dw, lane);
         for (int kt = kt0; kt < kt1; ++kt) {
-            const u32 xs = base + buf * STAGE_BYTES + wm * (WG_TOKENS * 128);
-            stage_step<0>(s, base, bars, kt, kt0, kt1, buf, phase, xs, dw, lane, cv, frag, acc);
-            stage_step<1>(s, base, bars, kt, kt0, kt1, buf, phase, xs, dw, lane, cv, frag, acc);
-            stage_step<2>(s, base, bars, kt, kt0, kt1, buf, phase, xs, dw, lane, cv, frag, acc);
-            stage_step<3>(s, base, bars, kt, kt0, kt1, buf, phase, xs, dw, lane, cv, frag, acc);
-            stage_step<4>(s, base, bars, kt, kt0, kt1, buf, phase, xs, dw, lane, cv, frag, acc);
-            stage_step<5>(s, base, bars, kt, kt0, kt1, buf, phase, xs, dw, lane, cv, frag, acc);
-            stage_step<6>(s, base, bars, kt, kt0, kt1, buf, phase, xs, dw, lane, cv, frag, acc);
-            stage_step<7>(s, base, bars, kt, kt0, kt1, buf, phase, xs, dw, lane, cv, frag, acc);
+            const u64 xd = smem_desc_sw128(base + buf * STAGE_BYTES + wm * (WG_TOKENS * 128));
+            stage_step<0>(s, base, bars, kt, kt0, kt1, buf, phase, xd, dw, lane, cv, frag, acc);
+            stage_step<1>(s, base, bars, kt, kt0, kt1, buf, phase, xd, dw, lane, cv, frag, acc);
+            stage_step<2>(s, base, bars, kt, kt0, kt1, buf, phase, xd, dw, lane, cv, frag, acc);
+            stage_step<3>(s, base, bars, kt, kt0, kt1, buf, phase, xd, dw, lane, cv, frag, acc);
+            stage_step<4>(s, base, bars, kt, kt0, kt1, buf, phase, xd, dw, lane, cv, frag, acc);
+            stage_step<5>(s, base, bars, kt, kt0, kt1, buf, phase, xd, dw, lane, cv, frag, acc);
+            stage_step<6>(s, base, bars, kt, kt0, kt1, buf, phase, xd, dw, lane, cv, frag, acc);
+            stage_step<7>(s, base, bars, kt, kt0, kt1, buf, phase, xd, dw, lane, cv, frag, acc);
             if (++buf == STAGES) buf = 0, phase ^= 1;
         }
         wgmma_wait<0>();
         fence_accumulators(acc);
         mbar_arrive(bars + (STAGES + (buf == 0 ? STAGES - 1 : buf - 1)) * 8);  // the item's last stage
+    }
+
+    // Bias, activation, one rounding, then 8 columns of token m from column n on: one 16-byte store (8 planes of
+    // NCHW y in the convolution mode).
+    __device__ static __forceinline__ void store_chunk(const Args& a, const Shape& s, int m, int n, const float (&v)[8]) {
+        u16 out[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            const float b = (a.bias && n + e < s.N) ? FragmentOps<T>::to_f32(a.bias[n + e]) : 0.0f;
+            out[e] = FragmentOps<T>::from_f32(apply_activation(v[e] + b, s.activation));
+        }
+        if (CONV) {
+            const long long at = conv_offset(s, m);
+            if (at >= 0)
+                for (int e = 0; e < 8 && n + e < s.N; ++e) a.y[at + (long long)(n + e) * s.out_plane] = out[e];
+            return;
+        }
+        u16* dst = a.y + (size_t)m * s.y_stride + n;
+        if (s.y_vector && n + 8 <= s.N) {
+            *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(out);
+        } else {
+            for (int e = 0; e < 8 && n + e < s.N; ++e) dst[e] = out[e];
+        }
+    }
+
+    // This split's rows of the tile, summed over the SPLITS tiles of the cluster in split order. A DSMEM load is a
+    // long round trip, so a thread issues all SPLITS x 2 loads of a chunk before it adds anything. (Batching
+    // several chunks' loads as well made ptxas spill in the main loop.)
+    template <int SPLITS>
+    __device__ static __forceinline__ void reduce_split(const Args& a, const Shape& s, u32 base, int nt, int mt,
+                                                        int split, int ctid) {
+        constexpr int CHUNKS = N_CTA / 8;  // 8-column chunks per tile row
+        const int first = split * BM / SPLITS * CHUNKS, last = (split + 1) * BM / SPLITS * CHUNKS;
+        for (int i = first + ctid; i < last; i += CONSUMERS) {
+            const int row = i / CHUNKS, c = i - row * CHUNKS;
+            const int m = mt * BM + row, n = nt * N_CTA + c * 8;
+            if (m >= s.M || n >= s.N) continue;
+            const u32 mine = base + (row * Y_PITCH + c * 8) * 4;
+            float4 part[SPLITS][2];
+#pragma unroll
+            for (int sp = 0; sp < SPLITS; ++sp) {
+                const u32 at = cluster_map(mine, sp);
+                part[sp][0] = ld_cluster_f32x4(at), part[sp][1] = ld_cluster_f32x4(at + 16);
+            }
+            float v[8] = {part[0][0].x, part[0][0].y, part[0][0].z, part[0][0].w,
+                          part[0][1].x, part[0][1].y, part[0][1].z, part[0][1].w};
+#pragma unroll
+            for (int sp = 1; sp < SPLITS; ++sp) {
+                v[0] += part[sp][0].x, v[1] += part[sp][0].y, v[2] += part[sp][0].z, v[3] += part[sp][0].w;
+                v[4] += part[sp][1].x, v[5] += part[sp][1].y, v[6] += part[sp][1].z, v[7] += part[sp][1].w;
+            }
+            store_chunk(a, s, m, n, v);
+        }
     }
 
     // Split-K epilogue. The splits of a tile are one thread-block cluster (CTA rank = split). Each CTA stores its fp32
@@ -377,51 +431,14 @@ struct Gemm {
         cluster_sync();
         trace_stamp(a.trace, TRACE_PARTIALS_SEEN);
 
-        constexpr int CHUNKS = N_CTA / 8;  // 8-column chunks per tile row
-        const int row_begin = split * BM / s.splits, row_end = (split + 1) * BM / s.splits;
-        for (int i = row_begin * CHUNKS + ctid; i < row_end * CHUNKS; i += CONSUMERS) {
-            const int row = i / CHUNKS, c = i - row * CHUNKS;
-            const int m = mt * BM + row, n = nt * N_CTA + c * 8;
-            if (m >= s.M || n >= s.N) continue;
-            const u32 mine = base + (row * Y_PITCH + c * 8) * 4;
-            float v[8];
-            // Four splits' loads in flight at a time, summed in split order.
-            for (int sp0 = 0; sp0 < s.splits; sp0 += 4) {
-                float4 lo[4], hi[4];
-#pragma unroll
-                for (int d = 0; d < 4; ++d) {
-                    if (sp0 + d < s.splits) {
-                        const u32 at = cluster_map(mine, sp0 + d);
-                        lo[d] = ld_cluster_f32x4(at), hi[d] = ld_cluster_f32x4(at + 16);
-                    }
-                }
-#pragma unroll
-                for (int d = 0; d < 4; ++d) {
-                    if (sp0 + d < s.splits) {
-                        const float q[8] = {lo[d].x, lo[d].y, lo[d].z, lo[d].w, hi[d].x, hi[d].y, hi[d].z, hi[d].w};
-#pragma unroll
-                        for (int e = 0; e < 8; ++e) v[e] = sp0 + d == 0 ? q[e] : v[e] + q[e];
-                    }
-                }
-            }
-            u16 out[8];
-#pragma unroll
-            for (int e = 0; e < 8; ++e) {
-                const float b = (a.bias && n + e < s.N) ? FragmentOps<T>::to_f32(a.bias[n + e]) : 0.0f;
-                out[e] = FragmentOps<T>::from_f32(apply_activation(v[e] + b, s.activation));
-            }
-            if (CONV) {  // 8 channels of one position: 8 planes of y
-                const long long at = conv_offset(s, m);
-                if (at >= 0)
-                    for (int e = 0; e < 8 && n + e < s.N; ++e) a.y[at + (long long)(n + e) * s.out_plane] = out[e];
-                continue;
-            }
-            u16* dst = a.y + (size_t)m * s.y_stride + n;
-            if (s.y_vector && n + 8 <= s.N) {
-                *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(out);
-            } else {
-                for (int e = 0; e < 8 && n + e < s.N; ++e) dst[e] = out[e];
-            }
+        switch (s.splits) {  // the host caps splits at 8
+            case 2: reduce_split<2>(a, s, base, nt, mt, split, ctid); break;
+            case 3: reduce_split<3>(a, s, base, nt, mt, split, ctid); break;
+            case 4: reduce_split<4>(a, s, base, nt, mt, split, ctid); break;
+            case 5: reduce_split<5>(a, s, base, nt, mt, split, ctid); break;
+            case 6: reduce_split<6>(a, s, base, nt, mt, split, ctid); break;
+            case 7: reduce_split<7>(a, s, base, nt, mt, split, ctid); break;
+            default: reduce_split<8>(a, s, base, nt, mt, split, ctid); break;
         }
         cluster_sync();
     }
