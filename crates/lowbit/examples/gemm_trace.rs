@@ -4,11 +4,16 @@
 //! ```text
 //! cargo run --release --example gemm_trace -- 256x4096x4096 64x4096x4096 [--splits 1] [--small-batch 0] [--tokens 64|128] [--look64 2|3]
 //! ```
-//! Each shape is `MxKxN` (f16, group 128, zero points). Output: one summary block per shape; with
-//! `LOWBIT_TRACE_CSV=dir` also the raw per-CTA timeline as `dir/MxKxN.csv`.
+//! Each shape is `MxKxN` (f16, group 128, zero points), or `conv:BxCxHxWxRxCo` for the convolution's Hopper path
+//! (int4 blocks of 128 channels, stride 1, padding R / 2; the timeline covers the GEMM, the timing also the pack).
+//! Output: one summary block per shape; with `LOWBIT_TRACE_CSV=dir` also the raw per-CTA timeline as
+//! `dir/<shape>.csv`.
 
 use half::f16;
 use lowbit::cuda::{CudaDevice, StreamTimer};
+use lowbit::formats::block::{BlockBits, BlockQuantWeight, BlockShape};
+use lowbit::ops::conv::cuda::Conv2dCuda;
+use lowbit::ops::conv::Conv2dParams;
 use lowbit::ops::linear::cuda::gemm::LinearW4A16Gemm;
 use lowbit::ops::linear::cuda::{repack, DeviceW4};
 use lowbit::testing::{random_quant, QuantSpec, SplitMix64};
@@ -30,6 +35,7 @@ const MIN_ROTATION_BYTES: usize = 160 << 20;
 
 fn main() -> lowbit::Result<()> {
     let mut shapes = Vec::new();
+    let mut convs = Vec::new();
     let mut splits = None;
     let mut small_batch = None;
     let mut tokens = None;
@@ -41,6 +47,7 @@ fn main() -> lowbit::Result<()> {
             "--small-batch" => small_batch = args.next().and_then(|v| v.parse().ok()),
             "--tokens" => tokens = args.next().and_then(|v| v.parse().ok()),
             "--look64" => look64 = args.next().and_then(|v| v.parse().ok()),
+            s if s.starts_with("conv:") => convs.push(s.to_string()),
             s => {
                 let d: Vec<usize> = s.split('x').filter_map(|v| v.parse().ok()).collect();
                 assert_eq!(d.len(), 3, "shapes are MxKxN, got {s}");
@@ -97,57 +104,110 @@ fn main() -> lowbit::Result<()> {
         dev.synchronize()?;
 
         let v = ops[0].variant(m);
-        let ctas: Vec<&[u64]> = t.chunks(SLOTS).filter(|c| c[0] != 0).collect();
         println!(
-            "== M={m} K={k} N={n}: {:.1} us/launch ({copies} weights rotated), {} CTAs, tile {}x{} tokens x cols, \
+            "== M={m} K={k} N={n}: {:.1} us/launch ({copies} weights rotated), tile {}x{} tokens x cols, \
              splits {}, stages {}, lookahead {}",
             us,
-            ctas.len(),
             v.bm(),
             v.n_cta(),
             ops[0].splits(m),
             v.stages,
             v.lookahead
         );
-        let t0 = ctas.iter().map(|c| c[0]).min().unwrap_or(0);
-        let stat = |f: &dyn Fn(&[u64]) -> Option<f64>| -> String {
-            let mut xs: Vec<f64> = ctas.iter().filter_map(|c| f(c)).collect();
-            if xs.is_empty() {
-                return "-".into();
-            }
-            xs.sort_by(f64::total_cmp);
-            format!(
-                "min {:7.2}  med {:7.2}  max {:7.2}",
-                xs[0],
-                xs[xs.len() / 2],
-                xs[xs.len() - 1]
-            )
+        summarise(&t, &format!("{m}x{k}x{n}"));
+    }
+    for spec in convs {
+        let d: Vec<usize> = spec[5..].split('x').filter_map(|v| v.parse().ok()).collect();
+        assert_eq!(d.len(), 6, "convolutions are conv:BxCxHxWxRxCo, got {spec}");
+        let (b, c, h, w, r, co) = (d[0], d[1], d[2], d[3], d[4], d[5]);
+        let mut rng = SplitMix64(11);
+        let dense: Vec<f32> = (0..co * c * r * r).map(|_| rng.signed_unit() * 0.05).collect();
+        let shape = BlockShape::conv(co, c, (r, r), (c / 128).max(1))?;
+        let weight = BlockQuantWeight::quantize(&dense, shape, BlockBits::Int4)?;
+        let params = Conv2dParams {
+            padding: (r / 2, r / 2),
+            ..Conv2dParams::default()
         };
-        let at = |slot: usize| move |c: &[u64]| (c[slot] != 0).then(|| (c[slot] - t0) as f64 / 1e3);
-        for (slot, name) in EVENTS.iter().enumerate() {
-            println!("  {name:14} at  {}", stat(&at(slot)));
+        let input = [b, c, h, w];
+        let copies = (MIN_ROTATION_BYTES / (co * c * r * r / 2)).clamp(1, 64);
+        let mut convs = Vec::new();
+        for _ in 0..copies {
+            convs.push(Conv2dCuda::new(&dev, &weight, None, params)?);
         }
-        let span =
-            |a: usize, b: usize| move |c: &[u64]| (c[a] != 0 && c[b] != 0).then(|| (c[b] as f64 - c[a] as f64) / 1e3);
-        println!("  wait first     {}", stat(&span(0, 1)));
-        println!("  mainloop       {}", stat(&span(1, 2)));
-        println!("  epilogue       {}", stat(&span(2, 4)));
-        println!("  items/CTA      {}", stat(&|c: &[u64]| Some(c[6] as f64)));
-        if let Ok(dir) = std::env::var("LOWBIT_TRACE_CSV") {
-            let mut csv = String::from("cta,sm,items");
-            for name in EVENTS {
-                csv += &format!(",{name}_us");
-            }
-            csv += "\n";
-            for (i, c) in t.chunks(SLOTS).enumerate() {
-                csv += &format!("{i},{},{}", c[7], c[6]);
-                for &e in &c[..6] {
-                    csv += &format!(",{:.3}", if e == 0 { -1.0 } else { (e - t0) as f64 / 1e3 });
-                }
-                csv += "\n";
-            }
-            std::fs::write(format!("{dir}/{m}x{k}x{n}.csv"), csv).ok();
+        assert!(convs[0].uses_hopper(), "{spec} does not take the Hopper path");
+        let x: Vec<f16> = (0..b * c * h * w).map(|_| f16::from_f32(rng.signed_unit())).collect();
+        let x = dev.upload(&x)?;
+        let mut y = dev.alloc_zeros::<f16>(b * co * h * w)?;
+        let mut ws = dev.alloc_zeros::<u8>(convs[0].workspace_bytes(input)?.max(1))?;
+        let stream = dev.stream().clone();
+        let mut launch = |op: &Conv2dCuda| op.run(&stream, &x, input, &mut y, &mut ws);
+        for op in convs.iter().cycle().take(3 * copies) {
+            launch(op)?;
         }
+        let timer = StreamTimer::new(&dev)?;
+        let reps = 20 * copies;
+        timer.start(&stream)?;
+        for op in convs.iter().cycle().take(reps) {
+            launch(op)?;
+        }
+        let us = timer.stop_ms(&stream)? * 1e3 / reps as f64;
+        let trace = dev.alloc_zeros::<u64>(SLOTS * sms)?;
+        let (address, _sync) = lowbit::cuda::DevicePtr::device_ptr(&trace, &stream);
+        convs[0].set_trace(address);
+        for op in &convs[1..] {
+            launch(op)?;
+        }
+        launch(&convs[0])?;
+        let t = dev.download(&trace)?;
+        dev.synchronize()?;
+        println!("== {spec}: {us:.1} us/run with the pack ({copies} weights rotated)");
+        summarise(&t, &spec[5..]);
     }
     Ok(())
+}
+
+/// Prints the timeline of one traced launch (`t`: SLOTS values per CTA) over its CTAs, and writes it as CSV when
+/// `LOWBIT_TRACE_CSV` names a directory.
+fn summarise(t: &[u64], name: &str) {
+    let ctas: Vec<&[u64]> = t.chunks(SLOTS).filter(|c| c[0] != 0).collect();
+    println!("  CTAs           {}", ctas.len());
+    let t0 = ctas.iter().map(|c| c[0]).min().unwrap_or(0);
+    let stat = |f: &dyn Fn(&[u64]) -> Option<f64>| -> String {
+        let mut xs: Vec<f64> = ctas.iter().filter_map(|c| f(c)).collect();
+        if xs.is_empty() {
+            return "-".into();
+        }
+        xs.sort_by(f64::total_cmp);
+        format!(
+            "min {:7.2}  med {:7.2}  max {:7.2}",
+            xs[0],
+            xs[xs.len() / 2],
+            xs[xs.len() - 1]
+        )
+    };
+    let at = |slot: usize| move |c: &[u64]| (c[slot] != 0).then(|| (c[slot] - t0) as f64 / 1e3);
+    for (slot, event) in EVENTS.iter().enumerate() {
+        println!("  {event:14} at  {}", stat(&at(slot)));
+    }
+    let span =
+        |a: usize, b: usize| move |c: &[u64]| (c[a] != 0 && c[b] != 0).then(|| (c[b] as f64 - c[a] as f64) / 1e3);
+    println!("  wait first     {}", stat(&span(0, 1)));
+    println!("  mainloop       {}", stat(&span(1, 2)));
+    println!("  epilogue       {}", stat(&span(2, 4)));
+    println!("  items/CTA      {}", stat(&|c: &[u64]| Some(c[6] as f64)));
+    if let Ok(dir) = std::env::var("LOWBIT_TRACE_CSV") {
+        let mut csv = String::from("cta,sm,items");
+        for event in EVENTS {
+            csv += &format!(",{event}_us");
+        }
+        csv += "\n";
+        for (i, c) in t.chunks(SLOTS).enumerate() {
+            csv += &format!("{i},{},{}", c[7], c[6]);
+            for &e in &c[..6] {
+                csv += &format!(",{:.3}", if e == 0 { -1.0 } else { (e - t0) as f64 / 1e3 });
+            }
+            csv += "\n";
+        }
+        std::fs::write(format!("{dir}/{name}.csv"), csv).ok();
+    }
 }

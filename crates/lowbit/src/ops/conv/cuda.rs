@@ -564,6 +564,15 @@ impl Conv2dCuda {
         self.hopper.is_some()
     }
 
+    /// Diagnostics: on the Hopper path, later runs write the GEMM's CTA timelines to the device buffer at `address`
+    /// ([`crate::ops::linear::cuda::gemm::LinearW4A16Gemm::set_trace`]); 0 turns tracing off.
+    #[doc(hidden)]
+    pub fn set_trace(&mut self, address: u64) {
+        if let Some(hopper) = &mut self.hopper {
+            hopper.set_trace(address);
+        }
+    }
+
     /// Device scratch [`Conv2dCuda::run`] needs for inputs of shape `input` (the NHWC f16 copy of the input on the
     /// implicit-GEMM path, 256-byte rounded; 0 on the direct path).
     pub fn workspace_bytes(&self, input: [usize; 4]) -> Result<usize> {

@@ -150,6 +150,11 @@ impl HopperConv {
         (geo.input[0] * hp * wp * geo.input[1] * 2).next_multiple_of(256)
     }
 
+    /// Diagnostics: the GEMM's CTA timeline hook ([`LinearW4A16Gemm::set_trace`]).
+    pub(super) fn set_trace(&mut self, address: u64) {
+        self.gemm.set_trace(address);
+    }
+
     /// Workspace: the padded image.
     pub(super) fn workspace_bytes(&self, geo: &ConvGeometry) -> usize {
         Self::image_bytes(geo)
