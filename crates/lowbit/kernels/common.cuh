@@ -224,12 +224,26 @@ struct BF16 {
 enum Activation : int { ACT_NONE = 0, ACT_RELU = 1, ACT_RELU6 = 2, ACT_GELU = 3, ACT_SILU = 4 };
 
 // GELU is the exact erf form (PyTorch's default), SiLU is x * sigmoid(x); both in fp32.
-__device__ __forceinline__ float apply_activation(float v, int act) {
-    switch (act) {
+template <int ACT>
+__device__ __forceinline__ float activate(float v) {
+    switch (ACT) {
         case ACT_RELU: return fmaxf(v, 0.0f);
         case ACT_RELU6: return fminf(fmaxf(v, 0.0f), 6.0f);
         case ACT_GELU: return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
         case ACT_SILU: return v / (1.0f + expf(-v));
+        default: return v;
+    }
+}
+
+// The activation chosen at run time. Unrolled epilogues should dispatch once and call activate<ACT> instead:
+// this inlines every activation at every element (erff and expf included), which can outgrow the instruction
+// cache.
+__device__ __forceinline__ float apply_activation(float v, int act) {
+    switch (act) {
+        case ACT_RELU: return activate<ACT_RELU>(v);
+        case ACT_RELU6: return activate<ACT_RELU6>(v);
+        case ACT_GELU: return activate<ACT_GELU>(v);
+        case ACT_SILU: return activate<ACT_SILU>(v);
         default: return v;
     }
 }

@@ -353,31 +353,37 @@ struct Gemm {
 
     // Bias, activation, one rounding, then 8 columns of token m from column n on: one 16-byte store (8 planes of
     // NCHW y in the convolution mode).
+    template <int ACT>
     __device__ static __forceinline__ void store_chunk(const Args& a, const Shape& s, int m, int n, const float (&v)[8]) {
         u16 out[8];
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
             const float b = (a.bias && n + e < s.N) ? FragmentOps<T>::to_f32(a.bias[n + e]) : 0.0f;
-            out[e] = FragmentOps<T>::from_f32(apply_activation(v[e] + b, s.activation));
+            out[e] = FragmentOps<T>::from_f32(activate<ACT>(v[e] + b));
         }
         if (CONV) {
             const long long at = conv_offset(s, m);
-            if (at >= 0)
-                for (int e = 0; e < 8 && n + e < s.N; ++e) a.y[at + (long long)(n + e) * s.out_plane] = out[e];
+            if (at >= 0) {
+#pragma unroll
+                for (int e = 0; e < 8; ++e)
+                    if (n + e < s.N) a.y[at + (long long)(n + e) * s.out_plane] = out[e];
+            }
             return;
         }
         u16* dst = a.y + (size_t)m * s.y_stride + n;
         if (s.y_vector && n + 8 <= s.N) {
             *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(out);
         } else {
-            for (int e = 0; e < 8 && n + e < s.N; ++e) dst[e] = out[e];
+#pragma unroll
+            for (int e = 0; e < 8; ++e)
+                if (n + e < s.N) dst[e] = out[e];
         }
     }
 
     // This split's rows of the tile, summed over the SPLITS tiles of the cluster in split order. A DSMEM load is a
     // long round trip, so a thread issues all SPLITS x 2 loads of a chunk before it adds anything. (Batching
     // several chunks' loads as well made ptxas spill in the main loop.)
-    template <int SPLITS>
+    template <int ACT, int SPLITS>
     __device__ static __forceinline__ void reduce_split(const Args& a, const Shape& s, u32 base, int nt, int mt,
                                                         int split, int ctid) {
         constexpr int CHUNKS = N_CTA / 8;  // 8-column chunks per tile row
@@ -400,7 +406,7 @@ struct Gemm {
                 v[0] += part[sp][0].x, v[1] += part[sp][0].y, v[2] += part[sp][0].z, v[3] += part[sp][0].w;
                 v[4] += part[sp][1].x, v[5] += part[sp][1].y, v[6] += part[sp][1].z, v[7] += part[sp][1].w;
             }
-            store_chunk(a, s, m, n, v);
+            store_chunk<ACT>(a, s, m, n, v);
         }
     }
 
@@ -412,6 +418,7 @@ struct Gemm {
     // partials took ~10 us per tile here: a GPU-scope fence behind 64-128 KB of stores, an arrival counter, then
     // L2 round trips; the cluster barrier and DSMEM reads stay on the GPC. A last barrier keeps every CTA's shared
     // memory alive until all have read it (the producer warpgroup takes part in both barriers).
+    template <int ACT>
     __device__ static __forceinline__ void epilogue_split(const Args& a, const Shape& s, u32 base, int nt, int mt,
                                                           int wg, int split, int ctid, const float (&acc)[2][ACC]) {
         const int lane = ctid & 31, g = lane >> 2, t4 = lane & 3;
@@ -432,13 +439,13 @@ struct Gemm {
         trace_stamp(a.trace, TRACE_PARTIALS_SEEN);
 
         switch (s.splits) {  // the host caps splits at 8
-            case 2: reduce_split<2>(a, s, base, nt, mt, split, ctid); break;
-            case 3: reduce_split<3>(a, s, base, nt, mt, split, ctid); break;
-            case 4: reduce_split<4>(a, s, base, nt, mt, split, ctid); break;
-            case 5: reduce_split<5>(a, s, base, nt, mt, split, ctid); break;
-            case 6: reduce_split<6>(a, s, base, nt, mt, split, ctid); break;
-            case 7: reduce_split<7>(a, s, base, nt, mt, split, ctid); break;
-            default: reduce_split<8>(a, s, base, nt, mt, split, ctid); break;
+            case 2: reduce_split<ACT, 2>(a, s, base, nt, mt, split, ctid); break;
+            case 3: reduce_split<ACT, 3>(a, s, base, nt, mt, split, ctid); break;
+            case 4: reduce_split<ACT, 4>(a, s, base, nt, mt, split, ctid); break;
+            case 5: reduce_split<ACT, 5>(a, s, base, nt, mt, split, ctid); break;
+            case 6: reduce_split<ACT, 6>(a, s, base, nt, mt, split, ctid); break;
+            case 7: reduce_split<ACT, 7>(a, s, base, nt, mt, split, ctid); break;
+            default: reduce_split<ACT, 8>(a, s, base, nt, mt, split, ctid); break;
         }
         cluster_sync();
     }
@@ -452,6 +459,7 @@ struct Gemm {
 
     // CONV epilogue without shared memory: a lane's accumulator pair is two consecutive tokens of one channel,
     // i.e. (usually) two adjacent pixels of one NCHW plane: one 4-byte store, or two 2-byte ones at a row end.
+    template <int ACT>
     __device__ static __forceinline__ void epilogue_conv(const Args& a, const Shape& s, int nt, int mt, int wg,
                                                          int ctid, const float (&acc)[2][ACC]) {
         const int lane = ctid & 31, g = lane >> 2, t4 = lane & 3;
@@ -459,12 +467,14 @@ struct Gemm {
         const int wm = WG_N == 2 ? 0 : wg;
         const int n0 = nt * N_CTA + dw * 32 + g;  // column of (t, h) = n0 + t * 16 + h * 8
         float bias[2][2];
+        u16* planes[2][2];  // channel (t, h)'s plane of image 0, or null past N
 #pragma unroll
         for (int t = 0; t < 2; ++t)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int n = n0 + t * 16 + h * 8;
                 bias[t][h] = (a.bias && n < s.N) ? FragmentOps<T>::to_f32(a.bias[n]) : 0.0f;
+                planes[t][h] = n < s.N ? a.y + (long long)n * s.out_plane : nullptr;
             }
         // Token m -> (image b, row ho, column wo) of the padded grid: divided once, then advanced 8 tokens per j.
         const int grid_h = s.grid_tokens / s.grid_w;
@@ -481,20 +491,21 @@ struct Gemm {
                 if (++ho1 == grid_h) ho1 = 0, ++b1;
             }
             const long long at0 = offset(b, ho, wo, m), at1 = offset(b1, ho1, wo1, m + 1);
+            // One 4-byte store when both tokens are outputs, adjacent in y and 4-byte aligned in every plane.
+            const bool pair = at0 >= 0 && at1 == at0 + 1 && ((at0 | s.out_plane) & 1) == 0;
 #pragma unroll
             for (int t = 0; t < 2; ++t)
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
-                    const int n = n0 + t * 16 + h * 8;
-                    if (n >= s.N) continue;
-                    const u16 v0 = FragmentOps<T>::from_f32(apply_activation(acc[t][4 * j + 2 * h] + bias[t][h], s.activation));
-                    const u16 v1 = FragmentOps<T>::from_f32(apply_activation(acc[t][4 * j + 2 * h + 1] + bias[t][h], s.activation));
-                    const long long plane = (long long)n * s.out_plane;
-                    if (at0 >= 0 && at1 == at0 + 1 && ((at0 + plane) & 1) == 0) {
-                        *reinterpret_cast<u32*>(a.y + at0 + plane) = (u32)v0 | ((u32)v1 << 16);
+                    u16* plane = planes[t][h];
+                    if (plane == nullptr) continue;
+                    const u16 v0 = FragmentOps<T>::from_f32(activate<ACT>(acc[t][4 * j + 2 * h] + bias[t][h]));
+                    const u16 v1 = FragmentOps<T>::from_f32(activate<ACT>(acc[t][4 * j + 2 * h + 1] + bias[t][h]));
+                    if (pair) {
+                        *reinterpret_cast<u32*>(plane + at0) = (u32)v0 | ((u32)v1 << 16);
                     } else {
-                        if (at0 >= 0) a.y[at0 + plane] = v0;
-                        if (at1 >= 0) a.y[at1 + plane] = v1;
+                        if (at0 >= 0) plane[at0] = v0;
+                        if (at1 >= 0) plane[at1] = v1;
                     }
                 }
             for (wo += 8; wo >= s.grid_w;) {  // next j: 8 tokens on
@@ -509,6 +520,7 @@ struct Gemm {
     // stmatrix.trans writes them as token rows of the warp's 32 columns, so each lane then stores 16 contiguous
     // bytes: a warp store covers 8 rows x 64 bytes in whole sectors, where storing the registers directly took
     // 4-byte pieces over 8 rows and ~5 us per tile (the CTA timeline of examples/gemm_trace).
+    template <int ACT>
     __device__ static __forceinline__ void epilogue_staged(const Args& a, const Shape& s, u32 staging, int nt, int mt,
                                                            int wg, int ctid, const float (&acc)[2][ACC]) {
         const int lane = ctid & 31, warp = ctid >> 5, g = lane >> 2;
@@ -539,8 +551,8 @@ struct Gemm {
             for (int t = 0; t < 2; ++t)
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
-                    const float lo = apply_activation(acc[t][4 * j + 2 * h] + bias[t][h], s.activation);
-                    const float hi = apply_activation(acc[t][4 * j + 2 * h + 1] + bias[t][h], s.activation);
+                    const float lo = activate<ACT>(acc[t][4 * j + 2 * h] + bias[t][h]);
+                    const float hi = activate<ACT>(acc[t][4 * j + 2 * h + 1] + bias[t][h]);
                     v[2 * t + h] = (u32)FragmentOps<T>::from_f32(lo) | ((u32)FragmentOps<T>::from_f32(hi) << 16);
                 }
             const u32 slot = (j & 1) * 512;
@@ -559,6 +571,19 @@ struct Gemm {
                 for (int e = 0; e < 8; ++e)
                     if (n + e < s.N) dst[e] = (u16)(w[e >> 1] >> ((e & 1) * 16));
             }
+        }
+    }
+
+    // The epilogue of one work item.
+    template <int ACT>
+    __device__ static __forceinline__ void finish_item(const Args& a, const Shape& s, u32 base, const Work& w, int wg,
+                                                       int tid, const float (&acc)[2][ACC]) {
+        if (s.splits > 1) {
+            epilogue_split<ACT>(a, s, base, w.nt, w.mt, wg, w.split, tid, acc);
+        } else if (CONV) {
+            epilogue_conv<ACT>(a, s, w.nt, w.mt, wg, tid, acc);
+        } else {
+            epilogue_staged<ACT>(a, s, base + STAGES * STAGE_BYTES, w.nt, w.mt, wg, tid, acc);
         }
     }
 
@@ -593,12 +618,14 @@ struct Gemm {
             float acc[2][ACC];  // written by the first wgmma (accumulate = 0)
             mainloop(s, base, bars, w.kt0, w.kt1, wg, buf, phase, acc);
             if (taken == 0) trace_stamp(a.trace, TRACE_MAINLOOP_END);
-            if (s.splits > 1) {
-                epilogue_split(a, s, base, w.nt, w.mt, wg, w.split, tid, acc);
-            } else if (CONV) {
-                epilogue_conv(a, s, w.nt, w.mt, wg, tid, acc);
-            } else {
-                epilogue_staged(a, s, base + STAGES * STAGE_BYTES, w.nt, w.mt, wg, tid, acc);
+            // One compile-time activation per launch keeps the unrolled epilogue small (see activate). A
+            // convolution clamps at most (none/relu/relu6): its variants leave GELU and SiLU out.
+            switch (s.activation) {
+                case ACT_RELU: finish_item<ACT_RELU>(a, s, base, w, wg, tid, acc); break;
+                case ACT_RELU6: finish_item<ACT_RELU6>(a, s, base, w, wg, tid, acc); break;
+                case ACT_GELU: if (!CONV) finish_item<ACT_GELU>(a, s, base, w, wg, tid, acc); break;
+                case ACT_SILU: if (!CONV) finish_item<ACT_SILU>(a, s, base, w, wg, tid, acc); break;
+                default: finish_item<ACT_NONE>(a, s, base, w, wg, tid, acc); break;
             }
             if (taken++ == 0) trace_stamp(a.trace, TRACE_ITEM_END);
         }
