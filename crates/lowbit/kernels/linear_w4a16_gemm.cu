@@ -387,9 +387,12 @@ struct Gemm {
     __device__ static __forceinline__ void reduce_split(const Args& a, const Shape& s, u32 base, int nt, int mt,
                                                         int split, int ctid) {
         constexpr int CHUNKS = N_CTA / 8;  // 8-column chunks per tile row
-        const int first = split * BM / SPLITS * CHUNKS, last = (split + 1) * BM / SPLITS * CHUNKS;
-        for (int i = first + ctid; i < last; i += CONSUMERS) {
-            const int row = i / CHUNKS, c = i - row * CHUNKS;
+        const int row0 = split * BM / SPLITS, rows = (split + 1) * BM / SPLITS - row0;
+        for (int i = ctid; i < rows * CHUNKS; i += CONSUMERS) {
+            // Linear: consecutive threads take consecutive chunks of a row (16-byte stores along y's rows).
+            // Convolution: consecutive rows of a chunk, so that each of the chunk's 8 channel planes receives a
+            // warp's 32 consecutive positions per store instead of one 2-byte value.
+            const int row = row0 + (CONV ? i % rows : i / CHUNKS), c = CONV ? i / rows : i % CHUNKS;
             const int m = mt * BM + row, n = nt * N_CTA + c * 8;
             if (m >= s.M || n >= s.N) continue;
             const u32 mine = base + (row * Y_PITCH + c * 8) * 4;
