@@ -37,10 +37,12 @@
 //   producer runs ahead across items, so the next tile's stages fill while the consumers run an epilogue: K = 4096
 //   tiles have only 32 k tiles, and a drained and refilled pipeline per tile cost ~7% there.
 //
-// * EPILOGUE. Without split-K, from registers through 1 KB of staging per warp (stmatrix.trans turns the
-//   accumulator fragments into token rows, then 16-byte stores; epilogue_staged), past the pipeline stages so it
-//   never races the producer. With split-K (then every CTA has one item) through the fp32 tile in the stages'
-//   shared memory (epilogue_split).
+// * EPILOGUE. Without split-K, from registers through a little staging per warp, past the pipeline stages so it
+//   never races the producer: stmatrix.trans turns the accumulator fragments into token rows for 16-byte stores
+//   (epilogue_staged), or stmatrix into channel rows for runs along NCHW planes (epilogue_conv). With split-K
+//   (then every CTA has one item) through the fp32 tile in the stages' shared memory (epilogue_split). The
+//   activation is a template argument: inlining every activation at every element (erff, expf) outgrew the
+//   instruction cache and cost ~20 us per convolution tile.
 //
 // * CONVOLUTION (LB_CONV): a stride-1 convolution is this GEMM over a zero-padded NHWC input. Tokens are the
 //   positions of the padded grid [B][Hp][Wp] (Hp = H + 2 ph, ...), K runs (tap, channel), and the x rows of
@@ -156,9 +158,11 @@ struct Gemm {
     static constexpr int STAGE_BYTES = (X_BYTES + W_BYTES + S_BYTES + Z_BYTES + 1023) / 1024 * 1024;
     static constexpr int Y_PITCH = N_CTA + 4;  // fp32 epilogue tile row pitch (floats), see epilogue
     static constexpr int Y_BYTES = BM * Y_PITCH * 4;
-    // Per-warp staging of the register epilogue (two 8-token slices of the warp's 32 columns), past the stages: the
-    // producer may be filling those for the next item meanwhile. The convolution epilogue does not stage.
-    static constexpr int STAGING_BYTES = CONV ? 0 : 8 * 1024;
+    // Per-warp staging of the register epilogue, past the stages (the producer may be filling those for the next
+    // item meanwhile): two 8-token slices of the warp's 32 columns (epilogue_staged), or for a convolution four
+    // [32 channels][8 tokens] slices, 16 bytes of padding apart (epilogue_conv).
+    static constexpr int CONV_SLICE_BYTES = 32 * 16 + 16;
+    static constexpr int STAGING_BYTES = CONV ? 8 * 4 * CONV_SLICE_BYTES : 8 * 1024;
     static constexpr int PIPE_BYTES = STAGES * STAGE_BYTES + STAGING_BYTES;
     static constexpr int DATA_BYTES = PIPE_BYTES > Y_BYTES ? PIPE_BYTES : Y_BYTES;
     static constexpr int TILE_FLOATS = BM * N_CTA;
@@ -460,60 +464,76 @@ struct Gemm {
         return (long long)b * s.N * s.out_plane + ho * s.out_w + wo;
     }
 
-    // CONV epilogue without shared memory: a lane's accumulator pair is two consecutive tokens of one channel,
-    // i.e. (usually) two adjacent pixels of one NCHW plane: one 4-byte store, or two 2-byte ones at a row end.
+    // CONV epilogue without split-K. A lane's accumulator pair is two consecutive tokens of one channel; per 32
+    // tokens, stmatrix writes the warp's [32 channels][8 tokens] slices to its staging, then each lane takes one
+    // token pair and stores it for 16 channels in turn: a warp store covers 32 consecutive positions of 2 channel
+    // planes (2 x 64 contiguous bytes within a grid row), where storing the registers directly wrote 16-byte pieces
+    // of 8 planes.
     template <int ACT>
-    __device__ static __forceinline__ void epilogue_conv(const Args& a, const Shape& s, int nt, int mt, int wg,
-                                                         int ctid, const float (&acc)[2][ACC]) {
-        const int lane = ctid & 31, g = lane >> 2, t4 = lane & 3;
-        const int dw = (WG_N == 2 ? wg * 4 : 0) + ((ctid >> 5) & 3);
+    __device__ static __forceinline__ void epilogue_conv(const Args& a, const Shape& s, u32 staging, int nt, int mt,
+                                                         int wg, int ctid, const float (&acc)[2][ACC]) {
+        const int lane = ctid & 31, warp = ctid >> 5, g = lane >> 2;
+        const int dw = (WG_N == 2 ? wg * 4 : 0) + (warp & 3);
         const int wm = WG_N == 2 ? 0 : wg;
-        const int n0 = nt * N_CTA + dw * 32 + g;  // column of (t, h) = n0 + t * 16 + h * 8
-        float bias[2][2];
-        u16* planes[2][2];  // channel (t, h)'s plane of image 0, or null past N
+        const int n_warp = nt * N_CTA + dw * 32;
+        float bias[2][2];  // of this lane's channels (t, h) while packing
 #pragma unroll
         for (int t = 0; t < 2; ++t)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                const int n = n0 + t * 16 + h * 8;
+                const int n = n_warp + t * 16 + h * 8 + g;
                 bias[t][h] = (a.bias && n < s.N) ? FragmentOps<T>::to_f32(a.bias[n]) : 0.0f;
-                planes[t][h] = n < s.N ? a.y + (long long)n * s.out_plane : nullptr;
             }
-        // Token m -> (image b, row ho, column wo) of the padded grid: divided once, then advanced 8 tokens per j.
+        const u32 buf = staging + warp * (4 * CONV_SLICE_BYTES);
+        // Storing: this lane's token pair p of the 32 and channel parity `half`; channel 2q + half in turn.
+        const int half = lane >> 4, p = lane & 15;
+        const u32 get = buf + (p >> 2) * CONV_SLICE_BYTES + half * 16 + (p & 3) * 4;
         const int grid_h = s.grid_tokens / s.grid_w;
-        int m = mt * BM + wm * WG_TOKENS + t4 * 2;
-        int b = m / s.grid_tokens, ho = (m - b * s.grid_tokens) / s.grid_w, wo = m - b * s.grid_tokens - ho * s.grid_w;
-        auto offset = [&](int bb, int hh, int ww, int mm) -> long long {
-            return mm < s.M && hh < s.out_h && ww < s.out_w ? (long long)bb * s.N * s.out_plane + hh * s.out_w + ww : -1;
-        };
 #pragma unroll
-        for (int j = 0; j < WG_TOKENS / 8; ++j, m += 8) {
-            int b1 = b, ho1 = ho, wo1 = wo + 1;  // token m + 1
+        for (int round = 0; round < WG_TOKENS / 32; ++round) {
+            __syncwarp();  // every lane has read the previous round
+#pragma unroll
+            for (int jj = 0; jj < 4; ++jj) {
+                const int j = round * 4 + jj;
+                u32 v[4];  // matrix 2t + h: channels (t, h, g), tokens 2 t4 (low half) and 2 t4 + 1
+#pragma unroll
+                for (int t = 0; t < 2; ++t)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const float lo = activate<ACT>(acc[t][4 * j + 2 * h] + bias[t][h]);
+                        const float hi = activate<ACT>(acc[t][4 * j + 2 * h + 1] + bias[t][h]);
+                        v[2 * t + h] = (u32)FragmentOps<T>::from_f32(lo) | ((u32)FragmentOps<T>::from_f32(hi) << 16);
+                    }
+                stmatrix_x4(buf + jj * CONV_SLICE_BYTES + lane * 16, v);  // row = channel `lane` of the warp
+            }
+            __syncwarp();
+            // Tokens m, m + 1 -> their offsets in image plane 0 (-1: a padding position or past M).
+            const int m = mt * BM + wm * WG_TOKENS + round * 32 + 2 * p;
+            const int b = m / s.grid_tokens, rest = m - b * s.grid_tokens, ho = rest / s.grid_w, wo = rest - ho * s.grid_w;
+            int b1 = b, ho1 = ho, wo1 = wo + 1;
             if (wo1 == s.grid_w) {
                 wo1 = 0;
                 if (++ho1 == grid_h) ho1 = 0, ++b1;
             }
+            auto offset = [&](int bb, int hh, int ww, int mm) -> long long {
+                return mm < s.M && hh < s.out_h && ww < s.out_w ? (long long)bb * s.N * s.out_plane + hh * s.out_w + ww
+                                                                  : -1;
+            };
             const long long at0 = offset(b, ho, wo, m), at1 = offset(b1, ho1, wo1, m + 1);
             // One 4-byte store when both tokens are outputs, adjacent in y and 4-byte aligned in every plane.
             const bool pair = at0 >= 0 && at1 == at0 + 1 && ((at0 | s.out_plane) & 1) == 0;
 #pragma unroll
-            for (int t = 0; t < 2; ++t)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    u16* plane = planes[t][h];
-                    if (plane == nullptr) continue;
-                    const u16 v0 = FragmentOps<T>::from_f32(activate<ACT>(acc[t][4 * j + 2 * h] + bias[t][h]));
-                    const u16 v1 = FragmentOps<T>::from_f32(activate<ACT>(acc[t][4 * j + 2 * h + 1] + bias[t][h]));
-                    if (pair) {
-                        *reinterpret_cast<u32*>(plane + at0) = (u32)v0 | ((u32)v1 << 16);
-                    } else {
-                        if (at0 >= 0) plane[at0] = v0;
-                        if (at1 >= 0) plane[at1] = v1;
-                    }
+            for (int q = 0; q < 16; ++q) {
+                const int n = n_warp + 2 * q + half;
+                const u32 w = lds32(get + q * 32);
+                if (n >= s.N) continue;
+                u16* plane = a.y + (long long)n * s.out_plane;
+                if (pair) {
+                    *reinterpret_cast<u32*>(plane + at0) = w;
+                } else {
+                    if (at0 >= 0) plane[at0] = (u16)w;
+                    if (at1 >= 0) plane[at1] = (u16)(w >> 16);
                 }
-            for (wo += 8; wo >= s.grid_w;) {  // next j: 8 tokens on
-                wo -= s.grid_w;
-                if (++ho == grid_h) ho = 0, ++b;
             }
         }
     }
@@ -584,7 +604,7 @@ struct Gemm {
         if (s.splits > 1) {
             epilogue_split<ACT>(a, s, base, w.nt, w.mt, wg, w.split, tid, acc);
         } else if (CONV) {
-            epilogue_conv<ACT>(a, s, w.nt, w.mt, wg, tid, acc);
+            epilogue_conv<ACT>(a, s, base + STAGES * STAGE_BYTES, w.nt, w.mt, wg, tid, acc);
         } else {
             epilogue_staged<ACT>(a, s, base + STAGES * STAGE_BYTES, w.nt, w.mt, wg, tid, acc);
         }

@@ -43,8 +43,9 @@ pub const SMALL_BATCH: usize = 64;
 const BLOCK: u32 = 384;
 /// Most CTAs one tile is split into along K.
 const MAX_SPLITS: usize = 8;
-/// `Gemm::STAGING_BYTES`: 1 KB per consumer warp for the epilogue (linear launches).
-const EPILOGUE_STAGING: usize = 8 * 1024;
+/// `Gemm::STAGING_BYTES`: the epilogue's staging, per consumer warp 1 KB (linear) or four 528-byte slices
+/// (convolution).
+const EPILOGUE_STAGING: [usize; 2] = [8 * 1024, 8 * 4 * 528];
 /// Fewest k tiles (of 128) a split keeps: shorter ones spend more on the fp32 partials than they save.
 const MIN_KT_PER_SPLIT: usize = 4;
 /// Deepest pipeline (lowered to what fits in shared memory).
@@ -122,7 +123,7 @@ impl GemmVariant {
     /// Dynamic shared memory (`Gemm::DATA_BYTES` + barriers + 1 KB of alignment slack).
     pub fn smem_bytes(&self) -> usize {
         let split_k_tile = self.bm() * (self.n_cta() + 4) * 4;
-        let staging = if self.conv { 0 } else { EPILOGUE_STAGING };
+        let staging = EPILOGUE_STAGING[usize::from(self.conv)];
         1024 + (self.stages * self.stage_bytes() + staging).max(split_k_tile) + self.stages * 16
     }
 
