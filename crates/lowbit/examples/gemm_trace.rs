@@ -56,7 +56,6 @@ fn main() -> lowbit::Result<()> {
         }
     }
     let dev = CudaDevice::new(0)?;
-    let sms = dev.info().sm_count as usize;
     for (m, k, n) in shapes {
         let mut rng = SplitMix64(7);
         let w = random_quant(&mut rng, &QuantSpec::new(n, k, 4, 128));
@@ -80,28 +79,8 @@ fn main() -> lowbit::Result<()> {
         let mut y = dev.alloc_zeros::<f16>(m * n)?;
         let mut ws = dev.alloc_zeros::<u8>(ops[0].workspace_bytes().max(1))?;
         let stream = dev.stream().clone();
-        let mut launch = |op: &LinearW4A16Gemm| op.run(&stream, &x, m, None, &mut y, &mut ws);
-        for op in ops.iter().cycle().take(3 * copies) {
-            launch(op)?;
-        }
-        let timer = StreamTimer::new(&dev)?;
-        let reps = 20 * copies;
-        timer.start(&stream)?;
-        for op in ops.iter().cycle().take(reps) {
-            launch(op)?;
-        }
-        let us = timer.stop_ms(&stream)? * 1e3 / reps as f64;
-
-        let trace = dev.alloc_zeros::<u64>(SLOTS * sms)?;
-        let (address, _sync) = lowbit::cuda::DevicePtr::device_ptr(&trace, &stream);
-        ops[0].set_trace(address);
-        for op in &ops[1..] {
-            launch(op)?;
-        }
-        launch(&ops[0])?;
-        ops[0].set_trace(0);
-        let t = dev.download(&trace)?;
-        dev.synchronize()?;
+        let launch = |op: &LinearW4A16Gemm| op.run(&stream, &x, m, None, &mut y, &mut ws);
+        let (us, t) = time_and_trace(&dev, &mut ops, launch, LinearW4A16Gemm::set_trace)?;
 
         let v = ops[0].variant(m);
         println!(
@@ -140,30 +119,44 @@ fn main() -> lowbit::Result<()> {
         let mut y = dev.alloc_zeros::<f16>(b * co * h * w)?;
         let mut ws = dev.alloc_zeros::<u8>(convs[0].workspace_bytes(input)?.max(1))?;
         let stream = dev.stream().clone();
-        let mut launch = |op: &Conv2dCuda| op.run(&stream, &x, input, &mut y, &mut ws);
-        for op in convs.iter().cycle().take(3 * copies) {
-            launch(op)?;
-        }
-        let timer = StreamTimer::new(&dev)?;
-        let reps = 20 * copies;
-        timer.start(&stream)?;
-        for op in convs.iter().cycle().take(reps) {
-            launch(op)?;
-        }
-        let us = timer.stop_ms(&stream)? * 1e3 / reps as f64;
-        let trace = dev.alloc_zeros::<u64>(SLOTS * sms)?;
-        let (address, _sync) = lowbit::cuda::DevicePtr::device_ptr(&trace, &stream);
-        convs[0].set_trace(address);
-        for op in &convs[1..] {
-            launch(op)?;
-        }
-        launch(&convs[0])?;
-        let t = dev.download(&trace)?;
-        dev.synchronize()?;
+        let launch = |op: &Conv2dCuda| op.run(&stream, &x, input, &mut y, &mut ws);
+        let (us, t) = time_and_trace(&dev, &mut convs, launch, Conv2dCuda::set_trace)?;
         println!("== {spec}: {us:.1} us/run with the pack ({copies} weights rotated)");
         summarise(&t, &spec[5..]);
     }
     Ok(())
+}
+
+/// Times `launch` over the rotated operators (a warm-up, then 20 rounds), then traces one launch of `ops[0]` after
+/// one of every other (so its weight is not in L2). Returns µs per launch and the trace (SLOTS values per CTA).
+fn time_and_trace<O>(
+    dev: &CudaDevice,
+    ops: &mut [O],
+    mut launch: impl FnMut(&O) -> lowbit::Result<()>,
+    set_trace: impl Fn(&mut O, u64),
+) -> lowbit::Result<(f64, Vec<u64>)> {
+    let stream = dev.stream().clone();
+    for op in ops.iter().cycle().take(3 * ops.len()) {
+        launch(op)?;
+    }
+    let timer = StreamTimer::new(dev)?;
+    let reps = 20 * ops.len();
+    timer.start(&stream)?;
+    for op in ops.iter().cycle().take(reps) {
+        launch(op)?;
+    }
+    let us = timer.stop_ms(&stream)? * 1e3 / reps as f64;
+    let trace = dev.alloc_zeros::<u64>(SLOTS * dev.info().sm_count as usize)?;
+    let (address, _sync) = lowbit::cuda::DevicePtr::device_ptr(&trace, &stream);
+    set_trace(&mut ops[0], address);
+    for op in &ops[1..] {
+        launch(op)?;
+    }
+    launch(&ops[0])?;
+    set_trace(&mut ops[0], 0);
+    let t = dev.download(&trace)?;
+    dev.synchronize()?;
+    Ok((us, t))
 }
 
 /// Prints the timeline of one traced launch (`t`: SLOTS values per CTA) over its CTAs, and writes it as CSV when

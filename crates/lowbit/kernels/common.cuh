@@ -403,18 +403,18 @@ __device__ __forceinline__ float4 ld_cluster_f32x4(u32 addr) {
 }
 
 // Four 8x8 b16 matrices: register i of lane (g, t) holds row g, columns 2t and 2t + 1 of matrix i (the mma C/D
-// fragment layout); lanes 8i..8i+7 address the 8 rows of matrix i (16 bytes each).
+// fragment layout); lanes 8i..8i+7 address the 8 rows of matrix i (16 bytes each). TRANS stores each matrix
+// transposed: the 8 addressed rows receive its columns.
+template <bool TRANS>
 __device__ __forceinline__ void stmatrix_x4(u32 addr, const u32 (&r)[4]) {
-    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]), "r"(r[1]),
-                 "r"(r[2]), "r"(r[3])
-                 : "memory");
-}
-// The same, each matrix stored transposed: register i of lane (g, t) holds row g, columns 2t and 2t + 1 of matrix i
-// (the mma C/D fragment layout); lanes 8i..8i+7 address the 8 rows of matrix i as stored, i.e. its columns.
-__device__ __forceinline__ void stmatrix_x4_trans(u32 addr, const u32 (&r)[4]) {
-    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]),
-                 "r"(r[1]), "r"(r[2]), "r"(r[3])
-                 : "memory");
+    if (TRANS)
+        asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]),
+                     "r"(r[1]), "r"(r[2]), "r"(r[3])
+                     : "memory");
+    else
+        asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]),
+                     "r"(r[1]), "r"(r[2]), "r"(r[3])
+                     : "memory");
 }
 #endif
 

@@ -464,6 +464,38 @@ struct Gemm {
         return (long long)b * s.N * s.out_plane + ho * s.out_w + wo;
     }
 
+    // The first of the 32 output columns whose accumulators consumer warp `warp` (0..7) of warpgroup `wg` holds.
+    __device__ static __forceinline__ int warp_columns(int nt, int wg, int warp) {
+        return nt * N_CTA + ((WG_N == 2 ? wg * 4 : 0) + (warp & 3)) * 32;
+    }
+
+    // The bias of a lane's four accumulator columns (t, h): n_warp + 16t + 8h + g (0 past N or without bias).
+    __device__ static __forceinline__ void load_lane_bias(const Args& a, const Shape& s, int n_warp, int g,
+                                                          float (&bias)[2][2]) {
+#pragma unroll
+        for (int t = 0; t < 2; ++t)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int n = n_warp + t * 16 + h * 8 + g;
+                bias[t][h] = (a.bias && n < s.N) ? FragmentOps<T>::to_f32(a.bias[n]) : 0.0f;
+            }
+    }
+
+    // 8-token slice j of a lane's accumulators, bias added, activated and rounded: register 2t + h holds column
+    // (t, h, g) at tokens 2 t4 (low half) and 2 t4 + 1, i.e. the fragment of matrix 2t + h for stmatrix.
+    template <int ACT>
+    __device__ static __forceinline__ void pack_slice(const float (&acc)[2][ACC], int j, const float (&bias)[2][2],
+                                                      u32 (&v)[4]) {
+#pragma unroll
+        for (int t = 0; t < 2; ++t)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const float lo = activate<ACT>(acc[t][4 * j + 2 * h] + bias[t][h]);
+                const float hi = activate<ACT>(acc[t][4 * j + 2 * h + 1] + bias[t][h]);
+                v[2 * t + h] = (u32)FragmentOps<T>::from_f32(lo) | ((u32)FragmentOps<T>::from_f32(hi) << 16);
+            }
+    }
+
     // CONV epilogue without split-K. A lane's accumulator pair is two consecutive tokens of one channel; per 32
     // tokens, stmatrix writes the warp's [32 channels][8 tokens] slices to its staging, then each lane takes one
     // token pair and stores it for 16 channels in turn: a warp store covers 32 consecutive positions of 2 channel
@@ -473,17 +505,10 @@ struct Gemm {
     __device__ static __forceinline__ void epilogue_conv(const Args& a, const Shape& s, u32 staging, int nt, int mt,
                                                          int wg, int ctid, const float (&acc)[2][ACC]) {
         const int lane = ctid & 31, warp = ctid >> 5, g = lane >> 2;
-        const int dw = (WG_N == 2 ? wg * 4 : 0) + (warp & 3);
         const int wm = WG_N == 2 ? 0 : wg;
-        const int n_warp = nt * N_CTA + dw * 32;
-        float bias[2][2];  // of this lane's channels (t, h) while packing
-#pragma unroll
-        for (int t = 0; t < 2; ++t)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int n = n_warp + t * 16 + h * 8 + g;
-                bias[t][h] = (a.bias && n < s.N) ? FragmentOps<T>::to_f32(a.bias[n]) : 0.0f;
-            }
+        const int n_warp = warp_columns(nt, wg, warp);
+        float bias[2][2];
+        load_lane_bias(a, s, n_warp, g, bias);
         const u32 buf = staging + warp * (4 * CONV_SLICE_BYTES);
         // Storing: this lane's token pair p of the 32 and channel parity `half`; channel 2q + half in turn.
         const int half = lane >> 4, p = lane & 15;
@@ -495,16 +520,9 @@ struct Gemm {
 #pragma unroll
             for (int jj = 0; jj < 4; ++jj) {
                 const int j = round * 4 + jj;
-                u32 v[4];  // matrix 2t + h: channels (t, h, g), tokens 2 t4 (low half) and 2 t4 + 1
-#pragma unroll
-                for (int t = 0; t < 2; ++t)
-#pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        const float lo = activate<ACT>(acc[t][4 * j + 2 * h] + bias[t][h]);
-                        const float hi = activate<ACT>(acc[t][4 * j + 2 * h + 1] + bias[t][h]);
-                        v[2 * t + h] = (u32)FragmentOps<T>::from_f32(lo) | ((u32)FragmentOps<T>::from_f32(hi) << 16);
-                    }
-                stmatrix_x4(buf + jj * CONV_SLICE_BYTES + lane * 16, v);  // row = channel `lane` of the warp
+                u32 v[4];
+                pack_slice<ACT>(acc, j, bias, v);
+                stmatrix_x4<false>(buf + jj * CONV_SLICE_BYTES + lane * 16, v);  // row = channel `lane` of the warp
             }
             __syncwarp();
             // Tokens m, m + 1 -> their offsets in image plane 0 (-1: a padding position or past M).
@@ -547,17 +565,10 @@ struct Gemm {
     __device__ static __forceinline__ void epilogue_staged(const Args& a, const Shape& s, u32 staging, int nt, int mt,
                                                            int wg, int ctid, const float (&acc)[2][ACC]) {
         const int lane = ctid & 31, warp = ctid >> 5, g = lane >> 2;
-        const int dw = (WG_N == 2 ? wg * 4 : 0) + (warp & 3);
         const int wm = WG_N == 2 ? 0 : wg;
-        const int n_warp = nt * N_CTA + dw * 32;
+        const int n_warp = warp_columns(nt, wg, warp);
         float bias[2][2];
-#pragma unroll
-        for (int t = 0; t < 2; ++t)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int n = n_warp + t * 16 + h * 8 + g;
-                bias[t][h] = (a.bias && n < s.N) ? FragmentOps<T>::to_f32(a.bias[n]) : 0.0f;
-            }
+        load_lane_bias(a, s, n_warp, g, bias);
         // Staging rows are 64 bytes (8 tokens x 4 chunks of 8 columns); chunk c of row r sits at c ^ ((r >> 1) & 3),
         // which puts the 8 rows of one stmatrix matrix (and the lanes of one read) on distinct banks.
         const u32 buf = staging + warp * 1024;
@@ -569,18 +580,11 @@ struct Gemm {
         const bool vector = s.y_vector && n + 8 <= s.N;
 #pragma unroll
         for (int j = 0; j < WG_TOKENS / 8; ++j) {
-            u32 v[4];  // matrix 2t + h: column (t, h, g), tokens 2 t4 (low half) and 2 t4 + 1
-#pragma unroll
-            for (int t = 0; t < 2; ++t)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const float lo = activate<ACT>(acc[t][4 * j + 2 * h] + bias[t][h]);
-                    const float hi = activate<ACT>(acc[t][4 * j + 2 * h + 1] + bias[t][h]);
-                    v[2 * t + h] = (u32)FragmentOps<T>::from_f32(lo) | ((u32)FragmentOps<T>::from_f32(hi) << 16);
-                }
+            u32 v[4];
+            pack_slice<ACT>(acc, j, bias, v);
             const u32 slot = (j & 1) * 512;
             __syncwarp();  // every lane has read what it last read from this slot
-            stmatrix_x4_trans(put + slot, v);
+            stmatrix_x4<true>(put + slot, v);
             __syncwarp();
             const uint4 out = lds128(get + slot);
             const int m = mt * BM + wm * WG_TOKENS + j * 8 + row;
