@@ -230,7 +230,7 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
                 layers[i].run(&stream, &xs[i], m, &mut ys[i], &mut ws)
             })?;
             sink.push(record(&format!("lowbit_{}", kernel.name()), quant_bytes, us))?;
-            if best.is_none_or(|(_, b)| us < b) {
+            if best.map_or(true, |(_, b)| us < b) {
                 best = Some((kernel, us));
             }
         }

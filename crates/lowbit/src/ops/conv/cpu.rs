@@ -248,11 +248,8 @@ impl Conv2dCpu {
                 for (oy, out_row) in out_plane.chunks_exact_mut(out_w).enumerate() {
                     row.fill(self.bias[c]);
                     for ky in 0..kh {
-                        let iy = (oy * geo.stride.0 + ky * geo.dilation.0) as isize - geo.padding.0 as isize;
-                        if !(0..h as isize).contains(&iy) {
-                            continue;
-                        }
-                        let in_row = &input_plane[iy as usize * w..][..w];
+                        let Some(iy) = geo.input_row(oy, ky) else { continue };
+                        let in_row = &input_plane[iy * w..][..w];
                         for kx in 0..kw {
                             let shift = (kx * geo.dilation.1) as isize - geo.padding.1 as isize;
                             let valid = valid_outputs(shift, geo.stride.1, w, out_w);

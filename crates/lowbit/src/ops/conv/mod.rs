@@ -163,6 +163,16 @@ impl ConvGeometry {
         })
     }
 
+    /// The input row that output row `oy` reads through kernel row `ky`, or `None` where it falls in the padding.
+    pub fn input_row(&self, oy: usize, ky: usize) -> Option<usize> {
+        input_coordinate(oy * self.stride.0 + ky * self.dilation.0, self.padding.0, self.input[2])
+    }
+
+    /// The input column that output column `ox` reads through kernel column `kx`, or `None` in the padding.
+    pub fn input_col(&self, ox: usize, kx: usize) -> Option<usize> {
+        input_coordinate(ox * self.stride.1 + kx * self.dilation.1, self.padding.1, self.input[3])
+    }
+
     /// Input channels per group.
     pub fn channels_per_group(&self) -> usize {
         self.input[1] / self.groups
@@ -213,4 +223,9 @@ pub(crate) fn check_bias(bias: Option<&[f32]>, co: usize) -> Result<()> {
         crate::formats::block::check_finite("bias", bias)?;
     }
     Ok(())
+}
+
+/// `padded − padding` when it lands inside `0..extent` (a padded coordinate back to an input one).
+fn input_coordinate(padded: usize, padding: usize, extent: usize) -> Option<usize> {
+    padded.checked_sub(padding).filter(|&i| i < extent)
 }

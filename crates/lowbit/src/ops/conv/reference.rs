@@ -42,16 +42,10 @@ pub fn conv2d(
                     for c in 0..ci_g {
                         let ci = group * ci_g + c;
                         for ky in 0..kh {
-                            let iy = (oy * geo.stride.0 + ky * geo.dilation.0) as isize - geo.padding.0 as isize;
-                            if iy < 0 || iy >= h as isize {
-                                continue;
-                            }
+                            let Some(iy) = geo.input_row(oy, ky) else { continue };
                             for kx in 0..kw {
-                                let ix = (ox * geo.stride.1 + kx * geo.dilation.1) as isize - geo.padding.1 as isize;
-                                if ix < 0 || ix >= w as isize {
-                                    continue;
-                                }
-                                let xv = x[((b * ci_total + ci) * h + iy as usize) * w + ix as usize] as f64;
+                                let Some(ix) = geo.input_col(ox, kx) else { continue };
+                                let xv = x[((b * ci_total + ci) * h + iy) * w + ix] as f64;
                                 acc += xv * dense[((co * ci_g + c) * kh + ky) * kw + kx];
                             }
                         }

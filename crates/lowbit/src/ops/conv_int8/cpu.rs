@@ -69,14 +69,10 @@ impl ConvInt8Cpu {
                     for c in 0..ci_g {
                         let xc = &x[(b * ci_total + g * ci_g + c) * h * w..][..h * w];
                         for ky in 0..kh {
-                            let iy = (oy * geo.stride.0 + ky * geo.dilation.0) as isize - geo.padding.0 as isize;
-                            if iy < 0 || iy >= h as isize {
-                                continue;
-                            }
+                            let Some(iy) = geo.input_row(oy, ky) else { continue };
                             for kx in 0..kw {
-                                let ix = (ox * geo.stride.1 + kx * geo.dilation.1) as isize - geo.padding.1 as isize;
-                                if ix >= 0 && ix < w as isize {
-                                    patch[(c * kh + ky) * kw + kx] = xc[iy as usize * w + ix as usize] as i16;
+                                if let Some(ix) = geo.input_col(ox, kx) {
+                                    patch[(c * kh + ky) * kw + kx] = xc[iy * w + ix] as i16;
                                 }
                             }
                         }

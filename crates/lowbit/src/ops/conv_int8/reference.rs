@@ -38,12 +38,10 @@ pub fn conv_int8(
                     for c in 0..ci_g {
                         for ky in 0..kh {
                             for kx in 0..kw {
-                                let iy = (oy * geo.stride.0 + ky * geo.dilation.0) as isize - geo.padding.0 as isize;
-                                let ix = (ox * geo.stride.1 + kx * geo.dilation.1) as isize - geo.padding.1 as isize;
-                                if iy < 0 || ix < 0 || iy >= h as isize || ix >= w as isize {
+                                let (Some(iy), Some(ix)) = (geo.input_row(oy, ky), geo.input_col(ox, kx)) else {
                                     continue; // padding is the real zero
-                                }
-                                let xi = ((b * ci_total + g * ci_g + c) * h + iy as usize) * w + ix as usize;
+                                };
+                                let xi = ((b * ci_total + g * ci_g + c) * h + iy) * w + ix;
                                 let wi = co * cols + (c * kh + ky) * kw + kx;
                                 acc += s_i * (x[xi] as f64 - z_i) * s_w * weight.codes()[wi] as f64;
                             }
