@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CUDA W8A8 on the device machine in one call: the GPU tests (tests/cuda_w8a8: quantizer bit for bit, both GEMM
 # kernels against the f64 reference, exact modes, guard words), then `lowbit bench --op w8a8` (lowbit, lowbit_gemm,
-# lowbit_wgmma, lowbit_smoothquant, cuBLAS fp16, cuBLASLt int8 on the four target shapes x M in {1024, 4096}) with a
+# lowbit_mma, lowbit_smoothquant, cuBLAS fp16, cuBLASLt int8 on the four target shapes x M in {1024, 4096}) with a
 # table of ratios to cuBLAS fp16 and cuBLASLt int8, then compute-sanitizer memcheck on the small exact cases, then
 # Nsight Compute on one GEMM launch.
 # Binaries: `DEVBIN=.devbin-w8a8 TESTS=cuda_w8a8 bash scripts/prepare-devbin.sh` (from a clean tree when the JSON is

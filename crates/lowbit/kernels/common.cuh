@@ -328,10 +328,12 @@ __device__ __forceinline__ void bulk_copy(u32 smem, const void* gmem, u32 bytes,
         "l"(gmem), "r"(bytes), "r"(bar)
         : "memory");
 }
-// Barrier among the first `threads` threads of the CTA only (the consumer warps; the producer warp never joins).
-__device__ __forceinline__ void consumer_sync(int threads) {
-    asm volatile("bar.sync 1, %0;\n" ::"r"(threads) : "memory");
+// Named barrier `id` (1..15; 0 is __syncthreads) among `threads` threads, whole warps.
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// Barrier among the first `threads` threads of the CTA only (the consumer warps; the producer warp never joins).
+__device__ __forceinline__ void consumer_sync(int threads) { named_barrier_sync(1, threads); }
 
 __device__ __forceinline__ int lane_id() {
     int lane;
@@ -591,6 +593,11 @@ __device__ __forceinline__ void mma_s8_m16n8k32(int (&d)[4], const u32 (&a)[4], 
 __device__ __forceinline__ float small_int_to_f32(int v) {
     return __fsub_rn(__int_as_float(0x4B400000 + v), 12582912.0f);
 }
+
+// CUtensorMap: 128 opaque bytes, 64-byte aligned (the host encodes it; the kernel only passes its address to TMA).
+struct alignas(64) TensorMap {
+    unsigned long long opaque[16];
+};
 
 // ------------------------------------------------------------------------------------------------------------------
 // Hopper (sm_90a): wgmma and TMA tensor copies

@@ -67,11 +67,6 @@ constexpr int K_TILE = 128;     // k per stage (= one repacked unit)
 constexpr int X_BOX_K = 64;     // k per TMA box: one 128-byte swizzled row of 16-bit values
 constexpr int RASTER_N = 16;    // column tiles walked before the next token tile (L2 reuse)
 
-// CUtensorMap: 128 opaque bytes, 64-byte aligned (the host encodes it; the kernel only passes its address to TMA).
-struct alignas(64) TensorMap {
-    unsigned long long opaque[16];
-};
-
 struct Shape {
     int M, N, K;
     int KT;           // k tiles (units per column tile)
@@ -695,7 +690,7 @@ typedef lowbit::w4a16_gemm::Gemm<lowbit::LB_DTYPE, LB_ZEROS, LB_WG_N, LB_WG_TOKE
     GemmVariant;
 
 extern "C" __global__ void __launch_bounds__(GemmVariant::BLOCK, 1)
-    w4a16_gemm(const __grid_constant__ lowbit::w4a16_gemm::TensorMap xmap, lowbit::w4a16_gemm::Args args,
+    w4a16_gemm(const __grid_constant__ lowbit::TensorMap xmap, lowbit::w4a16_gemm::Args args,
                lowbit::w4a16_gemm::Shape shape) {
     GemmVariant::run(&xmap, args, shape);
 }
@@ -827,7 +822,7 @@ extern "C" __global__ void w4a16_gemm_stage_x(const unsigned short* x, long long
 
 #if !(defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900)
 // wgmma and TMA tensor copies are sm_90a features; older GPUs use the decode kernel or dequantize + cuBLAS.
-extern "C" __global__ void w4a16_gemm(const lowbit::w4a16_gemm::TensorMap xmap, lowbit::w4a16_gemm::Args args,
+extern "C" __global__ void w4a16_gemm(const lowbit::TensorMap xmap, lowbit::w4a16_gemm::Args args,
                                       lowbit::w4a16_gemm::Shape shape) {
     __trap();
 }

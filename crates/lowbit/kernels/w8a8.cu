@@ -333,14 +333,16 @@ __device__ __forceinline__ void stage_pair(u32 base, u32 row, u32 col, float lo,
     asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(base + row * OUT_PITCH + col * 2), "r"(Io<T>::pack(lo, hi)));
 }
 
-// Copies the staged 128 x 128 output tile to global memory: 16-byte row stores, element stores at the N edge or
-// when rows are not 16-byte aligned; rows past M are skipped.
-__device__ __forceinline__ void store_tile(const GemmParams& p, u32 base, u32 m0, u32 n0, int tid) {
+// Copies rows [first, first + ROWS) of the output tile staged at shared address `base` to global memory with THREADS
+// threads (`tid` counted from 0): 16-byte row stores, element stores at the N edge or when rows are not 16-byte
+// aligned; rows past M are skipped.
+template <int ROWS, int THREADS>
+__device__ __forceinline__ void store_rows(const GemmParams& p, u32 base, u32 m0, u32 n0, u32 first, int tid) {
     const bool vector_rows = p.ldo % 8 == 0;
     unsigned short* out = reinterpret_cast<unsigned short*>(p.out);
 #pragma unroll
-    for (int it = 0; it < TILE_M * (TILE_N / 8) / W8A8_THREADS; ++it) {
-        const u32 c = tid + it * W8A8_THREADS, row = c / (TILE_N / 8), chunk = c % (TILE_N / 8);
+    for (int it = 0; it < ROWS * (TILE_N / 8) / THREADS; ++it) {
+        const u32 c = tid + it * THREADS, row = first + c / (TILE_N / 8), chunk = c % (TILE_N / 8);
         const u32 grow = m0 + row, gcol = n0 + chunk * 8;
         if (grow >= p.m || gcol >= p.n) continue;
         const uint4 v = lds128(base + row * OUT_PITCH + chunk * 16);
@@ -359,8 +361,8 @@ __device__ __forceinline__ void store_tile(const GemmParams& p, u32 base, u32 m0
 
 // The CTA's output tile under the grouped raster: RASTER_GROUP M tiles walk N together, so the B tiles they share
 // stay in L2.
-__device__ __forceinline__ void tile_origin(const GemmParams& p, u32& m0, u32& n0) {
-    const u32 pid = blockIdx.x, per_group = RASTER_GROUP * p.tiles_n;
+__device__ __forceinline__ void tile_origin(const GemmParams& p, u32 pid, u32& m0, u32& n0) {
+    const u32 per_group = RASTER_GROUP * p.tiles_n;
     const u32 first_m = pid / per_group * RASTER_GROUP;
     const u32 group_m = min(p.tiles_m - first_m, (u32)RASTER_GROUP);
     m0 = (first_m + (pid % per_group) % group_m) * TILE_M;
@@ -415,7 +417,7 @@ __device__ __forceinline__ void gemm(const GemmParams& p) {
     extern __shared__ __align__(128) unsigned char smem[];
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     u32 m0, n0;
-    tile_origin(p, m0, n0);
+    tile_origin(p, blockIdx.x, m0, n0);
     const u32 wrow = (warp / 4) * 64, wcol = (warp % 4) * 32;
 
     const u32 base = aligned_smem_base(smem), sbytes = stage_bytes(p.slots);
@@ -496,22 +498,45 @@ __device__ __forceinline__ void gemm(const GemmParams& p) {
                               acc.out[i][j][2 * h + 1] + bias.y);
     }
     __syncthreads();
-    store_tile(p, base, m0, n0, tid);
+    store_rows<TILE_M, W8A8_THREADS>(p, base, m0, n0, 0, tid);
 }
 
 // ------------------------------------------------------------------------------------------------------------------
-// GEMM on Hopper: wgmma m64n128k32 s8 (sm_90a)
+// GEMM on Hopper: warp-specialised wgmma m64n128k32 s8 (sm_90a)
 // ------------------------------------------------------------------------------------------------------------------
-// Same tiles, stages, parameter slots and epilogue as `gemm`; the two warpgroups each own 64 rows x 128 columns
-// and read both operands from shared memory by descriptor (the stage layout above IS the 128-byte swizzle wgmma
-// reads: 128-byte rows, chunk ^ row % 8, 1024-byte aligned atoms). Blocks are >= 128 codes, so each stage lies in
-// one block. Two int32 accumulators alternate between blocks: while the tensor cores run block b + 1, the
-// warpgroup applies block b's correction. A stage is refilled only once the wgmmas that read it have completed,
-// so the prefetch distance is STAGES - 2.
+// The tiles, block formula and epilogue of `gemm`, fed the way the tensor cores want:
+// - 384 threads: warpgroups 0 and 1 consume (64 rows x 128 columns each), warpgroup 2 produces (one thread issues
+//   the TMA copies; setmaxnreg hands its registers to the consumers). No CTA-wide barrier in the main loop: each
+//   stage has a "full" mbarrier (its TMA bytes landed) and an "empty" one (all 256 consumer threads are done).
+// - A stage is 128 codes of K: the A tile (TMA over the codes [M, k_pad], 128-byte swizzle, rows past M read as
+//   zeros), the W tile (TMA over [n_pad, k_pad]) and, when the stage ends a K block, the block's parameters: A's
+//   128 float4 (TMA over the parameters viewed as [blocks * M] rows of 4 f32: rows past the end read as zeros;
+//   rows past M belong to the next block and only reach output rows that are never stored) and W's (one bulk copy).
+//   The TMA swizzle is the layout `swizzled` describes, so the stage feeds wgmma descriptors directly.
+// - Persistent: one CTA per SM walks the tiles blockIdx.x, + gridDim.x, ... in the grouped raster order; the
+//   producer runs ahead into the next tile while the consumers finish this one's epilogue.
+// - Blocks are >= 128 codes (or one per row), so each stage lies in one block. Two int32 accumulators alternate
+//   between blocks: a block's first wgmma overwrites (scale-d = 0), and block b's correction runs on the CUDA cores
+//   while the tensor cores run block b + 1 into the other accumulator.
+// - A stage is released once the wgmmas that read it have retired (wait_group 1, one stage later) and, if it ends
+//   a block, once its parameters have been applied.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 
+#define HOPPER_THREADS 384
+#define HOPPER_CONSUMERS 256
+#define PARAM_BYTES (2 * SLOT_BYTES)                   // A and W parameters of one block
+#define HOPPER_STAGE_BYTES (2 * TILE_BYTES + PARAM_BYTES)
+#define HOPPER_OUT_BYTES (TILE_M * OUT_PITCH)          // the staged output tile, 64 rows per warpgroup
+
+// Whether k tile `kt` ends a K block (the last k tile always does), and the block it lies in.
+__device__ __forceinline__ bool ends_block(const GemmParams& p, u32 kt, u32 k_tiles, u32& block) {
+    block = kt * STEPS_PER_STAGE / p.block_steps;
+    return kt + 1 == k_tiles || (kt + 1) * STEPS_PER_STAGE >= (block + 1) * p.block_steps;
+}
+
 // out += sA*(sB*dot + oB*sumA) + oA*ot for this warp's rows of the warpgroup tile (`row0`: the warp's first row
-// in the CTA tile); parameters from a stage's slot 0. Each column's parameters are read once, for both rows.
+// in the CTA tile), parameters from a stage's parameter slots. Each column's parameters are read once, for both
+// rows.
 __device__ __forceinline__ void apply_block_wg(float (&out)[64], const int (&dot)[64], u32 a_params, u32 b_params,
                                                u32 row0, int lane, bool small_dot) {
     const int g = lane >> 2, t = lane & 3;
@@ -538,23 +563,19 @@ __device__ __forceinline__ void apply_block_wg(float (&out)[64], const int (&dot
     }
 }
 
-// cp.async writes shared memory through the generic proxy, wgmma reads it through the async proxy: each thread
-// fences its own completed copies before the barrier that publishes them.
-__device__ __forceinline__ void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-
-// One stage: fence, the stage's k steps as wgmmas into `cur` (the first of a block overwrites), commit; then, once
-// all but this group are done, the pending correction of the previous block from `prev`.
+// One stage: the stage's k steps as wgmmas into `cur` (a block's first overwrites), commit; then, once all but
+// this group have retired, the pending correction of the previous block from `prev` with the parameters at
+// `pending_params`.
 __device__ __forceinline__ void wgmma_stage(const GemmParams& p, int (&cur)[64], int (&prev)[64], float (&out)[64],
-                                            u32 stage, u32 kt, u32 wg_row, u32 row0, bool block_start,
+                                            u32 stage, u32 wg_row, u32 row0, bool block_start,
                                             bool& pending, u32 pending_params, int lane) {
     wgmma_fence();
     const u32 a_tile = stage + wg_row * TILE_K, b_tile = stage + TILE_BYTES;
+    // All four k steps: past K the codes are zero padding up to k_pad, on both sides.
 #pragma unroll
-    for (int ks = 0; ks < STEPS_PER_STAGE; ++ks) {
-        if (kt * STEPS_PER_STAGE + ks >= p.k_steps) break;
+    for (int ks = 0; ks < STEPS_PER_STAGE; ++ks)
         wgmma_s8_m64n128k32(cur, smem_desc_sw128(a_tile + ks * 32), smem_desc_sw128(b_tile + ks * 32),
                             (block_start && ks == 0) ? 0 : 1);
-    }
     wgmma_commit();
     wgmma_wait<1>();
     if (pending) {
@@ -564,53 +585,70 @@ __device__ __forceinline__ void wgmma_stage(const GemmParams& p, int (&cur)[64],
     }
 }
 
+// The producer thread: every k tile of every tile of this CTA, each into the next free stage.
+template <int STAGES>
+__device__ __forceinline__ void produce(const TensorMap* a_map, const TensorMap* w_map, const TensorMap* ap_map,
+                                        const GemmParams& p, u32 base, u32 bars, u32 k_tiles, u32 tiles) {
+    u32 buf = 0, use = 0;
+    for (u32 tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        u32 m0, n0;
+        tile_origin(p, tile, m0, n0);
+        for (u32 kt = 0; kt < k_tiles; ++kt, ++use) {
+            const u32 full = bars + buf * 8, empty = bars + (STAGES + buf) * 8;
+            if (use >= STAGES) mbar_wait(empty, (use / STAGES - 1) & 1);
+            u32 block;
+            const bool params = ends_block(p, kt, k_tiles, block);
+            const u32 stage = base + buf * HOPPER_STAGE_BYTES;
+            mbar_arrive_expect_tx(full, 2 * TILE_BYTES + (params ? PARAM_BYTES : 0));
+            tma_load_2d(stage, a_map, kt * TILE_K, m0, full);
+            tma_load_2d(stage + TILE_BYTES, w_map, kt * TILE_K, n0, full);
+            if (params) {
+                tma_load_2d(stage + 2 * TILE_BYTES, ap_map, 0, block * p.m + m0, full);
+                bulk_copy(stage + 2 * TILE_BYTES + SLOT_BYTES, p.w_params + (u64)block * p.n_pad + n0, SLOT_BYTES,
+                          full);
+            }
+            if (++buf == STAGES) buf = 0;
+        }
+    }
+}
+
+// A consumer warpgroup (`wg` 0 or 1, `tid` 0..255 over both): rows wg * 64 .. + 64 of every tile of this CTA.
 template <class T, int STAGES>
-__device__ __forceinline__ void gemm_wgmma(const GemmParams& p) {
-    extern __shared__ __align__(1024) unsigned char smem[];
-    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-    u32 m0, n0;
-    tile_origin(p, m0, n0);
-    const u32 wg_row = (warp / 4) * 64, row0 = wg_row + (warp % 4) * 16;  // warpgroup rows, this warp's rows
-    const u32 base = aligned_smem_base(smem), sbytes = stage_bytes(1);
-    const u32 k_tiles = (p.k_steps + STEPS_PER_STAGE - 1) / STEPS_PER_STAGE;
-    // Rounded up: one block per row of K = 3884 has 122 k steps in 31 stages (the last block may end early).
-    const u32 tiles_per_block = (p.block_steps + STEPS_PER_STAGE - 1) / STEPS_PER_STAGE;
+__device__ __forceinline__ void consume(const GemmParams& p, u32 base, u32 bars, u32 k_tiles, u32 tiles, int wg,
+                                        int tid) {
+    const int lane = tid % 32, warp = tid / 32;
+    const u32 wg_row = wg * 64, row0 = wg_row + (warp % 4) * 16;
+    const u32 out_tile = base + STAGES * HOPPER_STAGE_BYTES;
+    u32 buf = 0, use = 0;
+    for (u32 tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        u32 m0, n0;
+        tile_origin(p, tile, m0, n0);
+        int dot0[64], dot1[64];
+        float out[64];
 #pragma unroll
-    for (int s = 0; s < STAGES - 2; ++s) {
-        if ((u32)s < k_tiles) load_stage(p, base + s * sbytes, s, m0, n0, tid);
-        cp_async_commit();
-    }
-    int dot0[64], dot1[64];
-    float out[64];
-#pragma unroll
-    for (int i = 0; i < 64; ++i) dot0[i] = 0, dot1[i] = 0, out[i] = 0.0f;
-    bool cur_is_0 = true, pending = false;
-    u32 pending_params = 0, tile_in_block = 0;
-    for (u32 kt = 0; kt < k_tiles; ++kt) {
-        cp_async_wait<STAGES - 3>();
-        fence_proxy_async_shared();
-        __syncthreads();
-        const u32 next = kt + STAGES - 2;
-        if (next < k_tiles) load_stage(p, base + (next % STAGES) * sbytes, next, m0, n0, tid);
-        cp_async_commit();
-        const u32 stage = base + (kt % STAGES) * sbytes;
-        const bool block_start = tile_in_block == 0;
-        const u32 params = pending_params;
-        if (cur_is_0) {
-            wgmma_stage(p, dot0, dot1, out, stage, kt, wg_row, row0, block_start, pending, params, lane);
-        } else {
-            wgmma_stage(p, dot1, dot0, out, stage, kt, wg_row, row0, block_start, pending, params, lane);
+        for (int i = 0; i < 64; ++i) dot0[i] = 0, dot1[i] = 0, out[i] = 0.0f;
+        bool cur_is_0 = true, block_start = true, pending = false;
+        u32 pending_params = 0, prev_buf = 0;
+        for (u32 kt = 0; kt < k_tiles; ++kt, ++use) {
+            mbar_wait(bars + buf * 8, (use / STAGES) & 1);
+            const u32 stage = base + buf * HOPPER_STAGE_BYTES;
+            if (cur_is_0) {
+                wgmma_stage(p, dot0, dot1, out, stage, wg_row, row0, block_start, pending, pending_params, lane);
+            } else {
+                wgmma_stage(p, dot1, dot0, out, stage, wg_row, row0, block_start, pending, pending_params, lane);
+            }
+            if (kt > 0) mbar_arrive(bars + (STAGES + prev_buf) * 8);  // its wgmmas retired, its block applied
+            u32 block;
+            block_start = ends_block(p, kt, k_tiles, block);
+            if (block_start) {  // corrected after the next stage's wgmmas are issued
+                pending = true;
+                pending_params = stage + 2 * TILE_BYTES;
+                cur_is_0 = !cur_is_0;
+            }
+            prev_buf = buf;
+            if (++buf == STAGES) buf = 0;
         }
-        if (++tile_in_block == tiles_per_block || kt + 1 == k_tiles) {
-            // This stage ends a block: its correction runs after the next stage's wgmmas are issued.
-            pending = true;
-            pending_params = stage + 2 * TILE_BYTES;
-            cur_is_0 = !cur_is_0;
-            tile_in_block = 0;
-        }
-    }
-    wgmma_wait<0>();
-    if (pending) {
+        wgmma_wait<0>();
         // The last block's accumulator is the one `cur_is_0` no longer points at.
         if (cur_is_0) {
             wgmma_fence_operands(dot1);
@@ -619,21 +657,42 @@ __device__ __forceinline__ void gemm_wgmma(const GemmParams& p) {
             wgmma_fence_operands(dot0);
             apply_block_wg(out, dot0, pending_params, pending_params + SLOT_BYTES, row0, lane, p.small_dot != 0);
         }
-    }
-    cp_async_wait<0>();
-    __syncthreads();
+        mbar_arrive(bars + (STAGES + prev_buf) * 8);
 
-    const int g = lane >> 2, t = lane & 3;
+        // Epilogue: + bias, round once to T, stage this warpgroup's 64 rows, 16-byte row stores.
+        const int g = lane >> 2, t = lane & 3;
+        named_barrier_sync(2 + wg, 128);  // this warpgroup's stores of the previous tile have read the staging
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
-        const u32 col = j * 8 + 2 * t;
-        const float2 bias = load_bias_pair(p, n0 + col);
+        for (int j = 0; j < 16; ++j) {
+            const u32 col = j * 8 + 2 * t;
+            const float2 bias = load_bias_pair(p, n0 + col);
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
-            stage_pair<T>(base, row0 + g + 8 * h, col, out[4 * j + 2 * h] + bias.x, out[4 * j + 2 * h + 1] + bias.y);
+            for (int h = 0; h < 2; ++h)
+                stage_pair<T>(out_tile, row0 + g + 8 * h, col, out[4 * j + 2 * h] + bias.x,
+                              out[4 * j + 2 * h + 1] + bias.y);
+        }
+        named_barrier_sync(2 + wg, 128);
+        store_rows<64, 128>(p, out_tile, m0, n0, wg_row, tid % 128);
     }
+}
+
+template <class T, int STAGES>
+__device__ __forceinline__ void gemm_hopper(const TensorMap* a_map, const TensorMap* w_map, const TensorMap* ap_map,
+                                            const GemmParams& p) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    const u32 base = aligned_smem_base(smem);
+    const u32 bars = base + STAGES * HOPPER_STAGE_BYTES + HOPPER_OUT_BYTES;
+    const int tid = threadIdx.x, wg = tid / 128;
+    const u32 k_tiles = (p.k_steps + STEPS_PER_STAGE - 1) / STEPS_PER_STAGE, tiles = p.tiles_m * p.tiles_n;
+    if (tid == 0) init_pipeline_barriers(bars, STAGES, HOPPER_CONSUMERS);
     __syncthreads();
-    store_tile(p, base, m0, n0, tid);
+    if (wg == 2) {
+        setmaxnreg_dec<40>();
+        if (tid == HOPPER_CONSUMERS) produce<STAGES>(a_map, w_map, ap_map, p, base, bars, k_tiles, tiles);
+        return;
+    }
+    setmaxnreg_inc<232>();
+    consume<T, STAGES>(p, base, bars, k_tiles, tiles, wg, tid);
 }
 #endif  // sm_90
 
@@ -683,15 +742,17 @@ GEMM_KERNEL(w8a8_gemm_bf16_s2, __nv_bfloat16, 2)
 GEMM_KERNEL(w8a8_gemm_bf16_s3, __nv_bfloat16, 3)
 GEMM_KERNEL(w8a8_gemm_bf16_s4, __nv_bfloat16, 4)
 
-// The wgmma kernels exist on every architecture (one module for all) but only do work on sm_90a.
+// The Hopper kernels exist on every architecture (one module for all) but only do work on sm_90a.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define WGMMA_BODY(T, STAGES) gemm_wgmma<T, STAGES>(p);
+#define WGMMA_BODY(T, STAGES) gemm_hopper<T, STAGES>(&a_map, &w_map, &ap_map, p);
 #else
 #define WGMMA_BODY(T, STAGES) __trap();
 #endif
-#define WGMMA_KERNEL(NAME, T, STAGES)                                                               \
-    extern "C" __global__ void __launch_bounds__(W8A8_THREADS, 1) NAME(const GemmParams p) {        \
-        WGMMA_BODY(T, STAGES)                                                                       \
+#define WGMMA_KERNEL(NAME, T, STAGES)                                                                 \
+    extern "C" __global__ void __launch_bounds__(384, 1)                                              \
+        NAME(const __grid_constant__ TensorMap a_map, const __grid_constant__ TensorMap w_map,        \
+             const __grid_constant__ TensorMap ap_map, const GemmParams p) {                          \
+        WGMMA_BODY(T, STAGES)                                                                         \
     }
 WGMMA_KERNEL(w8a8_wgmma_f16_s4, __half, 4)
 WGMMA_KERNEL(w8a8_wgmma_f16_s5, __half, 5)

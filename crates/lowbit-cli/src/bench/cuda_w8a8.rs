@@ -3,10 +3,11 @@
 //! Implementations (records' `impl`):
 //! - `lowbit`: per-block W8A8 ([`W8a8LinearCuda::block`], asymmetric activations, K blocks of `--group`, default
 //!   128; `-1` = one block per row), activation quantization included: what a layer costs per call.
-//!   The GEMM is the default kernel (mma.sync for per-block W8A8, see `W8a8LinearCuda`).
+//!   The GEMM is the default kernel: the warp-specialised wgmma kernel on sm_90a where the blocks allow it,
+//!   mma.sync elsewhere (see `W8a8LinearCuda`).
 //! - `lowbit_gemm`: the same GEMM on activations quantized beforehand (`run_quantized`: q/k/v reuse), for the
 //!   quantizer's share.
-//! - `lowbit_wgmma`: `lowbit` with the wgmma kernel forced, where it applies (sm_90a, blocks of 128·j or `-1`).
+//! - `lowbit_mma`: `lowbit` with the mma.sync kernel forced, where the default is the wgmma one.
 //! - `lowbit_smoothquant`: SmoothQuant (per-token quantization included, per-channel weights).
 //! - `cublas_fp16` / `cublas_bf16`: the dense `x · W^T` in the activation dtype, fp32 accumulation.
 //! - `cublaslt_int8`: cuBLASLt int8 × int8 → int32 ([`CublasLtInt8`]), no scales: the int8 ceiling.
@@ -31,7 +32,7 @@ use std::sync::Arc;
 const SHAPES: [(usize, usize); 4] = [(4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672)];
 /// Batch sizes timed per shape (prefill).
 const MS: [usize; 2] = [1024, 4096];
-/// Records per (shape, M, dtype), besides `lowbit_wgmma`.
+/// Records per (shape, M, dtype), besides `lowbit_mma`.
 const IMPLS: usize = 5;
 
 /// Benchmarks the CUDA W8A8 kernels on the GPU `args.device` names.
@@ -83,11 +84,11 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
         .map(|_| W8a8LinearCuda::block(dev, &block_weight, None, ActivationQuant::Asymmetric, dtype))
         .collect::<Result<_>>()?;
     let scheme = W8a8Scheme::Block(ActivationQuant::Asymmetric);
-    let wgmma_fits = dev.info().arch == "sm_90a" && (block == k || block % 128 == 0);
-    let wgmma: Vec<W8a8LinearCuda> = (0..if wgmma_fits { sets } else { 0 })
-        .map(|_| W8a8LinearCuda::with_kernel(dev, &block_weight, None, scheme, dtype, GemmKernel::Wgmma))
+    let wgmma_default = blocks[0].kernel_name().contains("wgmma");
+    let mma: Vec<W8a8LinearCuda> = (0..if wgmma_default { sets } else { 0 })
+        .map(|_| W8a8LinearCuda::with_kernel(dev, &block_weight, None, scheme, dtype, GemmKernel::MmaSync))
         .collect::<Result<_>>()?;
-    sink.expect(ms.len() * usize::from(wgmma_fits));
+    sink.expect(ms.len() * usize::from(wgmma_default));
     let smooth: Vec<W8a8LinearCuda> = (0..sets)
         .map(|_| W8a8LinearCuda::smoothquant(dev, &channel_weight, None, dtype))
         .collect::<Result<_>>()?;
@@ -129,15 +130,12 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
         let us = median_of_batches(dev, &stream, sets, |i| blocks[i].run_quantized(&stream, &a, &mut ys[i]))?;
         sink.push(record("lowbit_gemm", int8_bytes, group, us))?;
 
-        if let Some(first) = wgmma.first() {
-            sink.status(format!(
-                "w8a8 lowbit_wgmma {m}x{k}x{n} {dtype} ({})",
-                first.kernel_name()
-            ));
+        if let Some(first) = mma.first() {
+            sink.status(format!("w8a8 lowbit_mma {m}x{k}x{n} {dtype} ({})", first.kernel_name()));
             let us = median_of_batches(dev, &stream, sets, |i| {
-                wgmma[i].run(&stream, &xs[i], m, &mut ys[i], &mut ws)
+                mma[i].run(&stream, &xs[i], m, &mut ys[i], &mut ws)
             })?;
-            sink.push(record("lowbit_wgmma", int8_bytes, group, us))?;
+            sink.push(record("lowbit_mma", int8_bytes, group, us))?;
         }
 
         sink.status(format!("w8a8 lowbit_smoothquant {m}x{k}x{n} {dtype}"));

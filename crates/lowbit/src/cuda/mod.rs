@@ -14,6 +14,7 @@
 mod cache;
 mod device;
 mod nvrtc;
+mod tensor_map;
 
 pub use cache::{cache_dir, CacheOutcome};
 pub use device::{copy_device, CudaDevice, DeviceInfo, StreamTimer};
@@ -21,6 +22,7 @@ pub use nvrtc::{
     arch_for, compile, compile_options, include_dir, nvrtc_present, nvrtc_version, variant_source, Compiled,
     KernelSource, COMMON_HEADER, DEQUANTIZE, KERNELS, KNOWN_ARCHES,
 };
+pub(crate) use tensor_map::{tensor_map_2d, MapElement, TensorMap};
 
 /// The CUBIN of a kernel for an architecture, through the memory and disk caches.
 pub use cache::cubin as cached_cubin;

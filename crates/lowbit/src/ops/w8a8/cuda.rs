@@ -36,7 +36,7 @@ use super::{
 };
 use crate::cuda::checked_buffer as buffer;
 use crate::cuda::{launch_error, CudaDevice, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
-use crate::cuda::{KernelSource, LaunchConfig};
+use crate::cuda::{tensor_map_2d, KernelSource, LaunchConfig, MapElement, TensorMap};
 use crate::dtype::{DType, Float};
 use crate::error::{ensure, Error, Result};
 use crate::formats::block::BlockQuantWeight;
@@ -61,6 +61,15 @@ const PARAM: usize = 4;
 /// Shared memory of one stage with `slots` parameter slots (`stage_bytes` in the kernel).
 fn stage_bytes(slots: usize) -> usize {
     2 * TILE * TILE_K + 2 * slots * TILE * PARAM * 4
+}
+/// Threads of the Hopper GEMM (`HOPPER_THREADS`): two consumer warpgroups and a producer.
+const HOPPER_THREADS: u32 = 384;
+/// Bytes per staged output row (`OUT_PITCH`).
+const OUT_PITCH: usize = 2 * TILE + 16;
+/// Shared memory of the Hopper GEMM with `stages` stages (`hopper_smem_bytes`: stages with both parameter slots,
+/// the staged output tile, a full and an empty mbarrier per stage).
+fn hopper_smem_bytes(stages: usize) -> usize {
+    SMEM_ALIGN + stages * stage_bytes(1) + TILE * OUT_PITCH + 2 * stages * 8
 }
 /// Slack for aligning the stages to 1024 bytes (`SMEM_ALIGN`: wgmma's 128-byte swizzle atoms).
 const SMEM_ALIGN: usize = 1024;
@@ -374,7 +383,8 @@ impl QuantizeActivationsCuda {
 pub enum GemmKernel {
     /// mma.sync m16n8k32 (sm_80 and later, every block size): `w8a8_gemm_<t>_s<stages>`.
     MmaSync,
-    /// wgmma m64n128k32 (sm_90a; blocks that are multiples of 128, or one per row): `w8a8_wgmma_<t>_s<stages>`.
+    /// Warp-specialised wgmma m64n128k32 fed by TMA (sm_90a; blocks that are multiples of 128, or one per row):
+    /// `w8a8_wgmma_<t>_s<stages>`.
     Wgmma,
 }
 
@@ -404,6 +414,10 @@ pub struct W8a8LinearCuda {
     quantize: QuantizeActivationsCuda,
     kernel: String,
     gemm: CudaFunction,
+    /// The Hopper kernel's map of `codes` (its TMA reads 128 x 128 tiles); `None` for mma.sync.
+    codes_map: Option<TensorMap>,
+    /// CTAs of a Hopper launch at most (it is persistent: one per SM).
+    sms: usize,
     stages: usize,
     slots: usize,
     /// Dynamic shared memory of a launch.
@@ -522,12 +536,10 @@ impl W8a8LinearCuda {
         } else {
             1
         };
-        // wgmma needs sm_90a and stages that lie in one block (slots = 1). Default (H200 measurements in
-        // docs/notes/w8a8.md): wgmma for SmoothQuant, whose single correction leaves the pace to the tensor cores;
-        // mma.sync for per-block W8A8, where the per-block correction sets the pace and the wgmma kernel ran 5-13%
-        // slower.
+        // wgmma needs sm_90a and stages that lie in one block (slots = 1); where it fits it is the default
+        // (H200 measurements in docs/notes/w8a8.md).
         let wgmma_fits = device.info().arch == "sm_90a" && slots == 1;
-        let choice = forced.unwrap_or(if wgmma_fits && scheme == W8a8Scheme::SmoothQuant {
+        let choice = forced.unwrap_or(if wgmma_fits {
             GemmKernel::Wgmma
         } else {
             GemmKernel::MmaSync
@@ -548,7 +560,10 @@ impl W8a8LinearCuda {
             GemmKernel::MmaSync => (&[4, 3, 2], "gemm"),
             GemmKernel::Wgmma => (&[5, 4], "wgmma"),
         };
-        let smem_for = |stages: usize| stages * stage_bytes(slots) + SMEM_ALIGN;
+        let smem_for = |stages: usize| match choice {
+            GemmKernel::MmaSync => stages * stage_bytes(slots) + SMEM_ALIGN,
+            GemmKernel::Wgmma => hopper_smem_bytes(stages),
+        };
         let stages = depths.iter().copied().find(|&s| smem_for(s) <= limit).ok_or_else(|| {
             Error::Unsupported(format!(
                 "CUDA W8A8: {limit} bytes of shared memory per block is less than {} stages ({} bytes)",
@@ -564,6 +579,18 @@ impl W8a8LinearCuda {
             smem as i32,
         )
         .map_err(|e| crate::cuda::cuda_error(format!("shared memory of {kernel}"), e))?;
+        let codes = device.upload(&codes)?;
+        let codes_map = match choice {
+            GemmKernel::MmaSync => None,
+            GemmKernel::Wgmma => Some(tensor_map_2d(
+                "weight codes",
+                MapElement::U8,
+                codes.device_ptr(device.stream()).0,
+                (n_pad, k_pad, k_pad),
+                (TILE, TILE_K),
+                true,
+            )?),
+        };
         Ok(Self {
             scheme,
             n,
@@ -571,7 +598,9 @@ impl W8a8LinearCuda {
             block_size: block,
             n_pad,
             dtype,
-            codes: device.upload(&codes)?,
+            codes,
+            codes_map,
+            sms: device.info().sm_count as usize,
             params: device.upload(&params)?,
             bias: bias.map(|b| device.upload(b)).transpose()?,
             quantize,
@@ -736,13 +765,52 @@ impl W8a8LinearCuda {
             tiles_n: tiles_n as u32,
             small_dot: (self.block_size <= SMALL_DOT_BLOCK) as u32,
         };
-        let config = LaunchConfig {
-            grid_dim: (ctas as u32, 1, 1),
-            block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: self.smem as u32,
+        // The Hopper kernel reads the activations through tensor maps of exactly their extent.
+        let maps = match &self.codes_map {
+            None => None,
+            Some(codes_map) => {
+                let k_pad = params.k_pad as usize;
+                // The parameters as [blocks · M] rows of 4 f32; TMA coordinates are i32.
+                let param_rows = blocks * m;
+                ensure(
+                    param_rows + TILE <= i32::MAX as usize,
+                    "activations",
+                    format!("M = {m} with {blocks} K blocks"),
+                    "M · blocks must fit in 31 bits",
+                )?;
+                let codes = (m, k_pad, k_pad);
+                let a_map = tensor_map_2d("activation codes", MapElement::U8, a_codes, codes, (TILE, TILE_K), true)?;
+                let rows = (param_rows, PARAM, PARAM);
+                let a_params_map = tensor_map_2d(
+                    "activation parameters",
+                    MapElement::F32,
+                    a_params,
+                    rows,
+                    (TILE, PARAM),
+                    false,
+                )?;
+                Some((a_map, codes_map, a_params_map))
+            }
         };
         let mut builder = stream.launch_builder(&self.gemm);
-        builder.arg(&params);
+        let config = match &maps {
+            None => {
+                builder.arg(&params);
+                LaunchConfig {
+                    grid_dim: (ctas as u32, 1, 1),
+                    block_dim: (THREADS, 1, 1),
+                    shared_mem_bytes: self.smem as u32,
+                }
+            }
+            Some((a_map, codes_map, a_params_map)) => {
+                builder.arg(a_map).arg(*codes_map).arg(a_params_map).arg(&params);
+                LaunchConfig {
+                    grid_dim: (ctas.min(self.sms as u64) as u32, 1, 1),
+                    block_dim: (HOPPER_THREADS, 1, 1),
+                    shared_mem_bytes: self.smem as u32,
+                }
+            }
+        };
         // SAFETY: y holds M·N elements (checked); the activation buffers were made for this K, blocks and M (checked
         // by the callers) and the weight buffers by `new`; the kernel reads and writes only within them.
         unsafe { builder.launch(config) }
@@ -935,6 +1003,8 @@ mod tests {
         assert_eq!(std::mem::size_of::<GemmParams>(), 6 * 8 + 12 * 4);
         // The epilogue stages the output tile (TILE_M rows of OUT_PITCH = 2·128 + 16 bytes) in stage 0.
         assert!(stage_bytes(1) >= TILE * (TILE * 2 + 16));
+        // The Hopper kernel's deepest pipeline fits in an H100/H200's 227 KB of shared memory per block.
+        assert!(hopper_smem_bytes(5) <= 227 * 1024);
     }
 
     #[test]

@@ -20,7 +20,7 @@
 
 use super::{call_buffers, smem_limits, stage_x, CallBuffers, DeviceW4, RepackedW4, K_TILE, MAX_GROUP_ROWS};
 use crate::cuda::{launch_error, CudaDevice, CudaFunction, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
-use crate::cuda::{KernelSource, LaunchConfig};
+use crate::cuda::{tensor_map_2d, KernelSource, LaunchConfig, MapElement, TensorMap};
 use crate::dtype::{DType, Float};
 use crate::error::{Error, Result};
 use crate::formats::QuantMatrix;
@@ -236,15 +236,9 @@ pub(crate) struct ConvLaunch {
     pub geometry: ConvFields,
 }
 
-/// The TMA descriptor of x, passed by value as the kernel's `__grid_constant__` first parameter.
-#[repr(C, align(64))]
-#[derive(Clone, Copy)]
-struct TensorMapParam(sys::CUtensorMap);
-
 // SAFETY: plain-old-data `#[repr(C)]` values laid out like their CUDA counterparts.
 unsafe impl DeviceRepr for GemmArgs {}
 unsafe impl DeviceRepr for GemmShape {}
-unsafe impl DeviceRepr for TensorMapParam {}
 
 /// The W4A16 prefill GEMM prepared on one Hopper GPU. It keeps no per-call state on the device (split-K reduces
 /// within a thread-block cluster), so calls may run on several streams at once, each with its own workspace.
@@ -553,7 +547,13 @@ impl LinearW4A16Gemm {
         let p = &self.weight.plan;
         let kernel = self.kernel(m);
         let bm = kernel.variant.bm();
-        let xmap = tensor_map(self.weight.act, x, x_cols, m, x_stride, bm)?;
+        let element = if self.weight.act == DType::Bf16 {
+            MapElement::Bf16
+        } else {
+            MapElement::F16
+        };
+        // Boxes of 64 columns: one 128-byte swizzled row of 16-bit values.
+        let xmap = tensor_map_2d("x", element, x, (m, x_cols, x_stride), (bm, 64), true)?;
         let m_tiles = m.div_ceil(bm);
         let splits = self.splits(m);
         let items = p.n_tiles() * m_tiles * splits;
@@ -615,7 +615,7 @@ impl LinearW4A16Gemm {
             numAttrs: 1,
         };
         let mut params: [*mut std::ffi::c_void; 3] = [
-            &xmap as *const TensorMapParam as *mut _,
+            &xmap as *const TensorMap as *mut _,
             &args as *const GemmArgs as *mut _,
             &shape as *const GemmShape as *mut _,
         ];
@@ -713,51 +713,4 @@ fn load_variant(device: &CudaDevice, mut variant: GemmVariant) -> Result<GemmKer
         function,
         resident_clusters,
     })
-}
-
-/// The TMA descriptor of a row-major `[rows, cols]` 16-bit matrix at `ptr` with `stride` elements between rows,
-/// read in boxes of 64 columns (128 bytes, the swizzle width) x `box_rows` rows with the 128-byte swizzle;
-/// reads outside the matrix return zeros.
-fn tensor_map(
-    act: DType,
-    ptr: u64,
-    cols: usize,
-    rows: usize,
-    stride: usize,
-    box_rows: usize,
-) -> Result<TensorMapParam> {
-    let dtype = match act {
-        DType::Bf16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-        _ => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-    };
-    let dims: [u64; 2] = [cols as u64, rows as u64];
-    let strides: [u64; 1] = [(stride * 2) as u64];
-    let boxes: [u32; 2] = [64, box_rows as u32];
-    let element_strides: [u32; 2] = [1, 1];
-    // SAFETY: an all-zero CUtensorMap is a valid value to be overwritten by the encoder.
-    let mut map = TensorMapParam(unsafe { std::mem::zeroed() });
-    // SAFETY: every pointer refers to a live local array of the rank the call says (2 dims, 1 stride).
-    let rc = unsafe {
-        sys::cuTensorMapEncodeTiled(
-            &mut map.0,
-            dtype,
-            2,
-            ptr as *mut std::ffi::c_void,
-            dims.as_ptr(),
-            strides.as_ptr(),
-            boxes.as_ptr(),
-            element_strides.as_ptr(),
-            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
-            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-        )
-    };
-    if rc != sys::CUresult::CUDA_SUCCESS {
-        return Err(Error::Cuda {
-            context: format!("cuTensorMapEncodeTiled for x ([{rows}, {cols}], row stride {stride})"),
-            message: format!("{rc:?}"),
-        });
-    }
-    Ok(map)
 }
