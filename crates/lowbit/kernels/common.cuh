@@ -332,6 +332,10 @@ __device__ __forceinline__ void bulk_copy(u32 smem, const void* gmem, u32 bytes,
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// Arrives at named barrier `id` without waiting (the other side of a named_barrier_sync).
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 // Barrier among the first `threads` threads of the CTA only (the consumer warps; the producer warp never joins).
 __device__ __forceinline__ void consumer_sync(int threads) { named_barrier_sync(1, threads); }
 

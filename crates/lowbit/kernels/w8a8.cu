@@ -515,11 +515,13 @@ __device__ __forceinline__ void gemm(const GemmParams& p) {
 //   The TMA swizzle is the layout `swizzled` describes, so the stage feeds wgmma descriptors directly.
 // - Persistent: one CTA per SM walks the tiles blockIdx.x, + gridDim.x, ... in the grouped raster order; the
 //   producer runs ahead into the next tile while the consumers finish this one's epilogue.
-// - Blocks are >= 128 codes (or one per row), so each stage lies in one block. Two int32 accumulators alternate
-//   between blocks: a block's first wgmma overwrites (scale-d = 0), and block b's correction runs on the CUDA cores
-//   while the tensor cores run block b + 1 into the other accumulator.
-// - A stage is released once the wgmmas that read it have retired (wait_group 1, one stage later) and, if it ends
-//   a block, once its parameters have been applied.
+// - Blocks are >= 128 codes (or one per row), so each stage lies in one block. A block's first wgmma overwrites
+//   the int32 accumulator (scale-d = 0); at its last stage the warpgroup waits for its wgmmas and applies the
+//   correction. The two warpgroups take turns on the tensor cores, so one corrects while the other multiplies.
+//   (Two accumulators per warpgroup, to overlap within it, left too few registers: ptxas serialised the wgmmas
+//   and the correction ran as one dependent chain.)
+// - A stage is released once the wgmmas that read it have retired (wait_group 1 one stage later, or wait_group 0
+//   at a block end, after its parameters have been applied).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 
 #define HOPPER_THREADS 384
@@ -536,9 +538,11 @@ __device__ __forceinline__ bool ends_block(const GemmParams& p, u32 kt, u32 k_ti
 
 // out += sA*(sB*dot + oB*sumA) + oA*ot for this warp's rows of the warpgroup tile (`row0`: the warp's first row
 // in the CTA tile), parameters from a stage's parameter slots. Each column's parameters are read once, for both
-// rows.
+// rows. SMALL_DOT: the dots are converted with the magic number (compile time: a branch here would make ptxas
+// retire every wgmma before the next).
+template <bool SMALL_DOT>
 __device__ __forceinline__ void apply_block_wg(float (&out)[64], const int (&dot)[64], u32 a_params, u32 b_params,
-                                               u32 row0, int lane, bool small_dot) {
+                                               u32 row0, int lane) {
     const int g = lane >> 2, t = lane & 3;
     float sa[2], oa[2], suma[2];
 #pragma unroll
@@ -555,33 +559,11 @@ __device__ __forceinline__ void apply_block_wg(float (&out)[64], const int (&dot
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int e = 4 * j + 2 * h + c;
-                const float f = small_dot ? small_int_to_f32(dot[e]) : __int2float_rn(dot[e]);
+                const float f = SMALL_DOT ? small_int_to_f32(dot[e]) : __int2float_rn(dot[e]);
                 const float inner = fmaf(sb, f, ob * suma[h]);
                 out[e] = fmaf(oa[h], ot, fmaf(sa[h], inner, out[e]));
             }
         }
-    }
-}
-
-// One stage: the stage's k steps as wgmmas into `cur` (a block's first overwrites), commit; then, once all but
-// this group have retired, the pending correction of the previous block from `prev` with the parameters at
-// `pending_params`.
-__device__ __forceinline__ void wgmma_stage(const GemmParams& p, int (&cur)[64], int (&prev)[64], float (&out)[64],
-                                            u32 stage, u32 wg_row, u32 row0, bool block_start,
-                                            bool& pending, u32 pending_params, int lane) {
-    wgmma_fence();
-    const u32 a_tile = stage + wg_row * TILE_K, b_tile = stage + TILE_BYTES;
-    // All four k steps: past K the codes are zero padding up to k_pad, on both sides.
-#pragma unroll
-    for (int ks = 0; ks < STEPS_PER_STAGE; ++ks)
-        wgmma_s8_m64n128k32(cur, smem_desc_sw128(a_tile + ks * 32), smem_desc_sw128(b_tile + ks * 32),
-                            (block_start && ks == 0) ? 0 : 1);
-    wgmma_commit();
-    wgmma_wait<1>();
-    if (pending) {
-        wgmma_fence_operands(prev);
-        apply_block_wg(out, prev, pending_params, pending_params + SLOT_BYTES, row0, lane, p.small_dot != 0);
-        pending = false;
     }
 }
 
@@ -613,51 +595,58 @@ __device__ __forceinline__ void produce(const TensorMap* a_map, const TensorMap*
 }
 
 // A consumer warpgroup (`wg` 0 or 1, `tid` 0..255 over both): rows wg * 64 .. + 64 of every tile of this CTA.
-template <class T, int STAGES>
+// The two warpgroups take turns issuing their wgmmas (wg 0 first, named barriers 4 and 5), so the tensor cores run
+// one warpgroup's block while the other applies its correction on the CUDA cores (ping-pong).
+template <class T, int STAGES, bool SMALL_DOT>
 __device__ __forceinline__ void consume(const GemmParams& p, u32 base, u32 bars, u32 k_tiles, u32 tiles, int wg,
                                         int tid) {
     const int lane = tid % 32, warp = tid / 32;
     const u32 wg_row = wg * 64, row0 = wg_row + (warp % 4) * 16;
     const u32 out_tile = base + STAGES * HOPPER_STAGE_BYTES;
+    const int my_turn = 4 + wg, their_turn = 5 - wg;
     u32 buf = 0, use = 0;
+    bool first_turn = true;
     for (u32 tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
         u32 m0, n0;
         tile_origin(p, tile, m0, n0);
-        int dot0[64], dot1[64];
+        int dot[64];
         float out[64];
 #pragma unroll
-        for (int i = 0; i < 64; ++i) dot0[i] = 0, dot1[i] = 0, out[i] = 0.0f;
-        bool cur_is_0 = true, block_start = true, pending = false;
-        u32 pending_params = 0, prev_buf = 0;
+        for (int i = 0; i < 64; ++i) dot[i] = 0, out[i] = 0.0f;
+        bool block_start = true, held = false;  // held: the previous stage, not yet released
+        u32 held_buf = 0;
         for (u32 kt = 0; kt < k_tiles; ++kt, ++use) {
             mbar_wait(bars + buf * 8, (use / STAGES) & 1);
             const u32 stage = base + buf * HOPPER_STAGE_BYTES;
-            if (cur_is_0) {
-                wgmma_stage(p, dot0, dot1, out, stage, wg_row, row0, block_start, pending, pending_params, lane);
-            } else {
-                wgmma_stage(p, dot1, dot0, out, stage, wg_row, row0, block_start, pending, pending_params, lane);
-            }
-            if (kt > 0) mbar_arrive(bars + (STAGES + prev_buf) * 8);  // its wgmmas retired, its block applied
+            if (wg == 1 || !first_turn) named_barrier_sync(my_turn, HOPPER_CONSUMERS);
+            first_turn = false;
+            wgmma_fence();
+            // All four k steps: past K the codes are zero padding up to k_pad, on both sides.
+            const u32 a_tile = stage + wg_row * TILE_K, b_tile = stage + TILE_BYTES;
+#pragma unroll
+            for (int ks = 0; ks < STEPS_PER_STAGE; ++ks)
+                wgmma_s8_m64n128k32(dot, smem_desc_sw128(a_tile + ks * 32), smem_desc_sw128(b_tile + ks * 32),
+                                    (block_start && ks == 0) ? 0 : 1);
+            wgmma_commit();
+            named_barrier_arrive(their_turn, HOPPER_CONSUMERS);
             u32 block;
             block_start = ends_block(p, kt, k_tiles, block);
-            if (block_start) {  // corrected after the next stage's wgmmas are issued
-                pending = true;
-                pending_params = stage + 2 * TILE_BYTES;
-                cur_is_0 = !cur_is_0;
+            if (block_start) {
+                wgmma_wait<0>();
+                wgmma_fence_operands(dot);
+                apply_block_wg<SMALL_DOT>(out, dot, stage + 2 * TILE_BYTES, stage + 2 * TILE_BYTES + SLOT_BYTES,
+                                          row0, lane);
+                if (held) mbar_arrive(bars + (STAGES + held_buf) * 8);
+                mbar_arrive(bars + (STAGES + buf) * 8);
+                held = false;
+            } else {  // the block goes on: keep one stage of wgmmas in flight
+                wgmma_wait<1>();
+                if (held) mbar_arrive(bars + (STAGES + held_buf) * 8);
+                held = true;
+                held_buf = buf;
             }
-            prev_buf = buf;
             if (++buf == STAGES) buf = 0;
         }
-        wgmma_wait<0>();
-        // The last block's accumulator is the one `cur_is_0` no longer points at.
-        if (cur_is_0) {
-            wgmma_fence_operands(dot1);
-            apply_block_wg(out, dot1, pending_params, pending_params + SLOT_BYTES, row0, lane, p.small_dot != 0);
-        } else {
-            wgmma_fence_operands(dot0);
-            apply_block_wg(out, dot0, pending_params, pending_params + SLOT_BYTES, row0, lane, p.small_dot != 0);
-        }
-        mbar_arrive(bars + (STAGES + prev_buf) * 8);
 
         // Epilogue: + bias, round once to T, stage this warpgroup's 64 rows, 16-byte row stores.
         const int g = lane >> 2, t = lane & 3;
@@ -674,6 +663,7 @@ __device__ __forceinline__ void consume(const GemmParams& p, u32 base, u32 bars,
         named_barrier_sync(2 + wg, 128);
         store_rows<64, 128>(p, out_tile, m0, n0, wg_row, tid % 128);
     }
+    if (wg == 0 && !first_turn) named_barrier_sync(my_turn, HOPPER_CONSUMERS);  // wg 1's last hand-over
 }
 
 template <class T, int STAGES>
@@ -692,7 +682,11 @@ __device__ __forceinline__ void gemm_hopper(const TensorMap* a_map, const Tensor
         return;
     }
     setmaxnreg_inc<232>();
-    consume<T, STAGES>(p, base, bars, k_tiles, tiles, wg, tid);
+    if (p.small_dot) {
+        consume<T, STAGES, true>(p, base, bars, k_tiles, tiles, wg, tid);
+    } else {
+        consume<T, STAGES, false>(p, base, bars, k_tiles, tiles, wg, tid);
+    }
 }
 #endif  // sm_90
 
