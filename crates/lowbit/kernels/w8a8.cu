@@ -526,9 +526,15 @@ __device__ __forceinline__ void gemm(const GemmParams& p) {
 
 #define HOPPER_THREADS 384
 #define HOPPER_CONSUMERS 256
-#define PARAM_BYTES (2 * SLOT_BYTES)                   // A and W parameters of one block
+// A block's parameters in a stage: A's float4 per row (SLOT_BYTES), then W's tile record as the host prepares it
+// (W8a8LinearCuda, Hopper layout): the 128 columns' tf32 offset operand (32 B each, 32-byte swizzle), then their
+// scales sB. Padded so every stage starts 1024-byte aligned.
+#define W_OFFSET_BYTES (TILE_N * 32)
+#define W_PARAM_BYTES (W_OFFSET_BYTES + TILE_N * 4)
+#define PARAM_BYTES 7168
 #define HOPPER_STAGE_BYTES (2 * TILE_BYTES + PARAM_BYTES)
 #define HOPPER_OUT_BYTES (TILE_M * OUT_PITCH)          // the staged output tile, 64 rows per warpgroup
+#define A_OFFSET_BYTES (64 * 32)                       // a warpgroup's tf32 offset operand (64 rows)
 
 // Whether k tile `kt` ends a K block (the last k tile always does), and the block it lies in.
 __device__ __forceinline__ bool ends_block(const GemmParams& p, u32 kt, u32 k_tiles, u32& block) {
@@ -536,35 +542,54 @@ __device__ __forceinline__ bool ends_block(const GemmParams& p, u32 kt, u32 k_ti
     return kt + 1 == k_tiles || (kt + 1) * STEPS_PER_STAGE >= (block + 1) * p.block_steps;
 }
 
-// out += sA*(sB*dot + oB*sumA) + oA*ot for this warp's rows of the warpgroup tile (`row0`: the warp's first row
-// in the CTA tile), parameters from a stage's parameter slots. Each column's parameters are read once, for both
-// rows. SMALL_DOT: the dots are converted with the magic number (compile time: a branch here would make ptxas
-// retire every wgmma before the next).
+// out += (sA*sB)*dot for this warp's rows of the warpgroup tile (`row0`: the warp's first row in the CTA tile),
+// `a_params`: the rows' float4, `scales`: the columns' sB. SMALL_DOT: the dots are converted with the magic number
+// (compile time: a branch here would make ptxas retire every wgmma before the next). Returns the rows' params.
 template <bool SMALL_DOT>
-__device__ __forceinline__ void apply_block_wg(float (&out)[64], const int (&dot)[64], u32 a_params, u32 b_params,
-                                               u32 row0, int lane) {
+__device__ __forceinline__ void apply_scaled_dots(float (&out)[64], const int (&dot)[64], u32 a_params, u32 scales,
+                                                  u32 row0, int lane, float4 (&rows)[2]) {
     const int g = lane >> 2, t = lane & 3;
-    float sa[2], oa[2], suma[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const uint4 av = lds128(a_params + (row0 + g + 8 * h) * 16);
-        sa[h] = __uint_as_float(av.x), oa[h] = __uint_as_float(av.y), suma[h] = __uint_as_float(av.z);
-    }
+    for (int h = 0; h < 2; ++h) rows[h] = lds128f(a_params + (row0 + g + 8 * h) * 16);
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
+        const float2 sb = lds64f(scales + (j * 8 + 2 * t) * 4);
 #pragma unroll
-        for (int c = 0; c < 2; ++c) {
-            const uint4 bv = lds128(b_params + (j * 8 + 2 * t + c) * 16);
-            const float sb = __uint_as_float(bv.x), ob = __uint_as_float(bv.y), ot = __uint_as_float(bv.z);
+        for (int h = 0; h < 2; ++h) {
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
+            for (int c = 0; c < 2; ++c) {
                 const int e = 4 * j + 2 * h + c;
                 const float f = SMALL_DOT ? small_int_to_f32(dot[e]) : __int2float_rn(dot[e]);
-                const float inner = fmaf(sb, f, ob * suma[h]);
-                out[e] = fmaf(oa[h], ot, fmaf(sa[h], inner, out[e]));
+                out[e] = fmaf(rows[h].x * (c ? sb.y : sb.x), f, out[e]);
             }
         }
     }
+}
+
+// The block's offset terms, out += sA*oB*sumA + oA*ot, as one tf32 wgmma (the tensor cores are idle for it; the CUDA
+// cores would spend two FFMA per element): A row m = (u_hi, oA_hi, u_lo, oA_lo, u_hi, oA_hi, 0, 0) with
+// u = sA*sumA, B column n = (oB_hi, ot_hi, oB_hi, ot_hi, oB_lo, ot_lo, 0, 0) from the host, where x = x_hi + x_lo
+// in tf32: hi*hi + lo*hi + hi*lo keeps near-f32 accuracy. Each thread writes its two rows' k pair 2t, 2t + 1 of
+// the warpgroup's A operand (at `a_offset`), then the warpgroup issues the wgmma and commits it.
+__device__ __forceinline__ void issue_offset_terms(float (&out)[64], const float4 (&rows)[2], u32 a_offset,
+                                                   u32 w_offset, int wg, int warp, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const float u = rows[h].x * rows[h].z, oa = rows[h].y;
+        const float u_hi = to_tf32(u), oa_hi = to_tf32(oa);
+        const float u_lo = to_tf32(u - u_hi), oa_lo = to_tf32(oa - oa_hi);
+        // k = 2t, 2t + 1 of the row: (u_hi, oa_hi), (u_lo, oa_lo), (u_hi, oa_hi), (0, 0)
+        const float k0 = t == 3 ? 0.0f : t == 1 ? u_lo : u_hi, k1 = t == 3 ? 0.0f : t == 1 ? oa_lo : oa_hi;
+        const u32 r = (warp % 4) * 16 + g + 8 * h;
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(a_offset + sw32_offset(r, 2 * t)), "f"(k0), "f"(k1)
+                     : "memory");
+    }
+    fence_proxy_async_shared();  // generic-proxy writes, read by wgmma through the async proxy
+    named_barrier_sync(2 + wg, 128);
+    wgmma_fence();
+    wgmma_tf32_m64n128k8(out, smem_desc_sw32(a_offset), smem_desc_sw32(w_offset));
+    wgmma_commit();
 }
 
 // The producer thread: every k tile of every tile of this CTA, each into the next free stage.
@@ -581,13 +606,14 @@ __device__ __forceinline__ void produce(const TensorMap* a_map, const TensorMap*
             u32 block;
             const bool params = ends_block(p, kt, k_tiles, block);
             const u32 stage = base + buf * HOPPER_STAGE_BYTES;
-            mbar_arrive_expect_tx(full, 2 * TILE_BYTES + (params ? PARAM_BYTES : 0));
+            mbar_arrive_expect_tx(full, 2 * TILE_BYTES + (params ? SLOT_BYTES + W_PARAM_BYTES : 0));
             tma_load_2d(stage, a_map, kt * TILE_K, m0, full);
             tma_load_2d(stage + TILE_BYTES, w_map, kt * TILE_K, n0, full);
             if (params) {
                 tma_load_2d(stage + 2 * TILE_BYTES, ap_map, 0, block * p.m + m0, full);
-                bulk_copy(stage + 2 * TILE_BYTES + SLOT_BYTES, p.w_params + (u64)block * p.n_pad + n0, SLOT_BYTES,
-                          full);
+                const char* w_params = reinterpret_cast<const char*>(p.w_params);
+                bulk_copy(stage + 2 * TILE_BYTES + SLOT_BYTES,
+                          w_params + ((u64)block * p.tiles_n + n0 / TILE_N) * W_PARAM_BYTES, W_PARAM_BYTES, full);
             }
             if (++buf == STAGES) buf = 0;
         }
@@ -603,6 +629,7 @@ __device__ __forceinline__ void consume(const GemmParams& p, u32 base, u32 bars,
     const int lane = tid % 32, warp = tid / 32;
     const u32 wg_row = wg * 64, row0 = wg_row + (warp % 4) * 16;
     const u32 out_tile = base + STAGES * HOPPER_STAGE_BYTES;
+    const u32 a_offset = out_tile + HOPPER_OUT_BYTES + wg * A_OFFSET_BYTES;
     const int my_turn = 4 + wg, their_turn = 5 - wg;
     u32 buf = 0, use = 0;
     bool first_turn = true;
@@ -613,7 +640,7 @@ __device__ __forceinline__ void consume(const GemmParams& p, u32 base, u32 bars,
         float out[64];
 #pragma unroll
         for (int i = 0; i < 64; ++i) dot[i] = 0, out[i] = 0.0f;
-        bool block_start = true, held = false;  // held: the previous stage, not yet released
+        bool block_start = true, held = false;  // held: the previous stage, its wgmmas maybe still running
         u32 held_buf = 0;
         for (u32 kt = 0; kt < k_tiles; ++kt, ++use) {
             mbar_wait(bars + buf * 8, (use / STAGES) & 1);
@@ -632,21 +659,24 @@ __device__ __forceinline__ void consume(const GemmParams& p, u32 base, u32 bars,
             u32 block;
             block_start = ends_block(p, kt, k_tiles, block);
             if (block_start) {
-                wgmma_wait<0>();
+                wgmma_wait<0>();  // this block's dots, and the previous block's offset terms
                 wgmma_fence_operands(dot);
-                apply_block_wg<SMALL_DOT>(out, dot, stage + 2 * TILE_BYTES, stage + 2 * TILE_BYTES + SLOT_BYTES,
-                                          row0, lane);
-                if (held) mbar_arrive(bars + (STAGES + held_buf) * 8);
-                mbar_arrive(bars + (STAGES + buf) * 8);
-                held = false;
+                wgmma_fence_operands(out);
+                const u32 params = stage + 2 * TILE_BYTES, w_offset = params + SLOT_BYTES;
+                float4 rows[2];
+                apply_scaled_dots<SMALL_DOT>(out, dot, params, w_offset + W_OFFSET_BYTES, row0, lane, rows);
+                issue_offset_terms(out, rows, a_offset, w_offset, wg, warp, lane);
             } else {  // the block goes on: keep one stage of wgmmas in flight
                 wgmma_wait<1>();
-                if (held) mbar_arrive(bars + (STAGES + held_buf) * 8);
-                held = true;
-                held_buf = buf;
             }
+            if (held) mbar_arrive(bars + (STAGES + held_buf) * 8);  // its wgmmas have retired
+            held = true;
+            held_buf = buf;
             if (++buf == STAGES) buf = 0;
         }
+        wgmma_wait<0>();  // the last block's offset terms
+        wgmma_fence_operands(out);
+        mbar_arrive(bars + (STAGES + held_buf) * 8);
 
         // Epilogue: + bias, round once to T, stage this warpgroup's 64 rows, 16-byte row stores.
         const int g = lane >> 2, t = lane & 3;
@@ -671,7 +701,7 @@ __device__ __forceinline__ void gemm_hopper(const TensorMap* a_map, const Tensor
                                             const GemmParams& p) {
     extern __shared__ __align__(16) unsigned char smem[];
     const u32 base = aligned_smem_base(smem);
-    const u32 bars = base + STAGES * HOPPER_STAGE_BYTES + HOPPER_OUT_BYTES;
+    const u32 bars = base + STAGES * HOPPER_STAGE_BYTES + HOPPER_OUT_BYTES + 2 * A_OFFSET_BYTES;
     const int tid = threadIdx.x, wg = tid / 128;
     const u32 k_tiles = (p.k_steps + STEPS_PER_STAGE - 1) / STEPS_PER_STAGE, tiles = p.tiles_m * p.tiles_n;
     if (tid == 0) init_pipeline_barriers(bars, STAGES, HOPPER_CONSUMERS);
@@ -748,7 +778,7 @@ GEMM_KERNEL(w8a8_gemm_bf16_s4, __nv_bfloat16, 4)
              const __grid_constant__ TensorMap ap_map, const GemmParams p) {                          \
         WGMMA_BODY(T, STAGES)                                                                         \
     }
+WGMMA_KERNEL(w8a8_wgmma_f16_s3, __half, 3)
 WGMMA_KERNEL(w8a8_wgmma_f16_s4, __half, 4)
-WGMMA_KERNEL(w8a8_wgmma_f16_s5, __half, 5)
+WGMMA_KERNEL(w8a8_wgmma_bf16_s3, __nv_bfloat16, 3)
 WGMMA_KERNEL(w8a8_wgmma_bf16_s4, __nv_bfloat16, 4)
-WGMMA_KERNEL(w8a8_wgmma_bf16_s5, __nv_bfloat16, 5)

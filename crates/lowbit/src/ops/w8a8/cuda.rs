@@ -66,10 +66,55 @@ fn stage_bytes(slots: usize) -> usize {
 const HOPPER_THREADS: u32 = 384;
 /// Bytes per staged output row (`OUT_PITCH`).
 const OUT_PITCH: usize = 2 * TILE + 16;
-/// Shared memory of the Hopper GEMM with `stages` stages (`hopper_smem_bytes`: stages with both parameter slots,
-/// the staged output tile, a full and an empty mbarrier per stage).
+/// Shared bytes of a Hopper stage's block parameters (`PARAM_BYTES`: A's float4 per row, one weight record, padding
+/// to keep stages 1024-byte aligned).
+const HOPPER_PARAM_BYTES: usize = 7168;
+/// f32s of one (K block, 128-column tile) record of the Hopper kernel's weight parameters (`W_PARAM_BYTES`): the
+/// columns' tf32 offset operand (8 each, 32-byte swizzle), then their scales sB.
+const HOPPER_W_RECORD: usize = TILE * 8 + TILE;
+/// Shared memory of the Hopper GEMM with `stages` stages: the stages, the staged output tile, the two warpgroups'
+/// tf32 offset operands (64 rows x 32 bytes), a full and an empty mbarrier per stage.
 fn hopper_smem_bytes(stages: usize) -> usize {
-    SMEM_ALIGN + stages * stage_bytes(1) + TILE * OUT_PITCH + 2 * stages * 8
+    SMEM_ALIGN + stages * (2 * TILE * TILE_K + HOPPER_PARAM_BYTES) + TILE * OUT_PITCH + 2 * 64 * 32 + 2 * stages * 8
+}
+
+/// `x` rounded to tf32 (10 mantissa bits, to nearest even), as the tensor cores read it.
+fn to_tf32(x: f32) -> f32 {
+    if !x.is_finite() {
+        return x;
+    }
+    let bits = x.to_bits();
+    f32::from_bits(bits.wrapping_add(0xFFF + ((bits >> 13) & 1)) & !0x1FFF)
+}
+
+/// The Hopper kernel's weight parameters from the `[blocks][N_pad]` float4 records `{sB, oB, ot, 0}`: per (block,
+/// 128-column tile) one [`HOPPER_W_RECORD`]. Column c's offset operand is `(oB_hi, ot_hi, oB_hi, ot_hi, oB_lo,
+/// ot_lo, 0, 0)` (x = x_hi + x_lo in tf32), stored at row c of a 32-byte-swizzled K-major tile (16-byte chunk
+/// `j ^ ((c >> 2) & 1)`), so the kernel's tf32 wgmma reads it by descriptor; then the 128 scales sB.
+fn hopper_weight_params(records: &[f32], blocks: usize, n_pad: usize) -> Vec<f32> {
+    let tiles = n_pad / TILE;
+    let mut out = vec![0f32; blocks * tiles * HOPPER_W_RECORD];
+    let split = |x: f32| {
+        let hi = to_tf32(x);
+        (hi, to_tf32(x - hi))
+    };
+    for b in 0..blocks {
+        for col in 0..n_pad {
+            let src = (b * n_pad + col) * PARAM;
+            let (sb, (ob_hi, ob_lo), (ot_hi, ot_lo)) = (records[src], split(records[src + 1]), split(records[src + 2]));
+            let record = (b * tiles + col / TILE) * HOPPER_W_RECORD;
+            let c = col % TILE;
+            for (k, v) in [ob_hi, ot_hi, ob_hi, ot_hi, ob_lo, ot_lo, 0.0, 0.0]
+                .into_iter()
+                .enumerate()
+            {
+                let chunk = (k / 4) ^ ((c >> 2) & 1);
+                out[record + c * 8 + chunk * 4 + k % 4] = v;
+            }
+            out[record + TILE * 8 + c] = sb;
+        }
+    }
+    out
 }
 /// Slack for aligning the stages to 1024 bytes (`SMEM_ALIGN`: wgmma's 128-byte swizzle atoms).
 const SMEM_ALIGN: usize = 1024;
@@ -408,7 +453,8 @@ pub struct W8a8LinearCuda {
     dtype: DType,
     /// `[N_pad, K_pad]`.
     codes: CudaSlice<i8>,
-    /// `[blocks][N_pad][4]`.
+    /// `[blocks][N_pad][4]` for mma.sync; for the Hopper kernel `[blocks][N_pad / 128]` records
+    /// ([`hopper_weight_params`]).
     params: CudaSlice<f32>,
     bias: Option<CudaSlice<f32>>,
     quantize: QuantizeActivationsCuda,
@@ -558,7 +604,7 @@ impl W8a8LinearCuda {
         // wgmmas that read it have completed).
         let (depths, prefix): (&[usize], &str) = match choice {
             GemmKernel::MmaSync => (&[4, 3, 2], "gemm"),
-            GemmKernel::Wgmma => (&[5, 4], "wgmma"),
+            GemmKernel::Wgmma => (&[4, 3], "wgmma"),
         };
         let smem_for = |stages: usize| match choice {
             GemmKernel::MmaSync => stages * stage_bytes(slots) + SMEM_ALIGN,
@@ -580,6 +626,9 @@ impl W8a8LinearCuda {
         )
         .map_err(|e| crate::cuda::cuda_error(format!("shared memory of {kernel}"), e))?;
         let codes = device.upload(&codes)?;
+        if choice == GemmKernel::Wgmma {
+            params = hopper_weight_params(&params, blocks, n_pad);
+        }
         let codes_map = match choice {
             GemmKernel::MmaSync => None,
             GemmKernel::Wgmma => Some(tensor_map_2d(
@@ -1004,7 +1053,20 @@ mod tests {
         // The epilogue stages the output tile (TILE_M rows of OUT_PITCH = 2·128 + 16 bytes) in stage 0.
         assert!(stage_bytes(1) >= TILE * (TILE * 2 + 16));
         // The Hopper kernel's deepest pipeline fits in an H100/H200's 227 KB of shared memory per block.
-        assert!(hopper_smem_bytes(5) <= 227 * 1024);
+        assert!(hopper_smem_bytes(4) <= 227 * 1024);
+        // Stages stay 1024-byte aligned, and the weight record fits its slot after A's.
+        assert_eq!((2 * TILE * TILE_K + HOPPER_PARAM_BYTES) % 1024, 0);
+        assert!(TILE * 16 + HOPPER_W_RECORD * 4 <= HOPPER_PARAM_BYTES);
+    }
+
+    #[test]
+    fn tf32_split_is_exact_to_22_bits() {
+        for x in [1.0f32, -3.1415927, 1e-7, 12345.678, 0.1] {
+            let hi = to_tf32(x);
+            assert_eq!(hi.to_bits() & 0x1FFF, 0);
+            let lo = to_tf32(x - hi);
+            assert!(((hi as f64 + lo as f64) - x as f64).abs() <= x.abs() as f64 * 2f64.powi(-21));
+        }
     }
 
     #[test]
