@@ -536,11 +536,21 @@ __device__ __forceinline__ void gemm(const GemmParams& p) {
 #define HOPPER_OUT_BYTES (TILE_M * OUT_PITCH)          // the staged output tile, 64 rows per warpgroup
 #define A_OFFSET_BYTES (64 * 32)                       // a warpgroup's tf32 offset operand (64 rows)
 
-// Whether k tile `kt` ends a K block (the last k tile always does), and the block it lies in.
-__device__ __forceinline__ bool ends_block(const GemmParams& p, u32 kt, u32 k_tiles, u32& block) {
-    block = kt * STEPS_PER_STAGE / p.block_steps;
-    return kt + 1 == k_tiles || (kt + 1) * STEPS_PER_STAGE >= (block + 1) * p.block_steps;
-}
+// Walks the k tiles of an output tile in order and tells which end a K block: blocks span `per_block` k tiles, the
+// last k tile always ends one (a partial last block). Counters, not a division per stage.
+struct BlockWalk {
+    u32 per_block, in_block = 0, block = 0;  // `block`: the index of the running block
+    __device__ __forceinline__ explicit BlockWalk(const GemmParams& p)
+        : per_block((p.block_steps + STEPS_PER_STAGE - 1) / STEPS_PER_STAGE) {}
+    // Whether k tile `kt` (of `k_tiles`, taken in order) ends the running block.
+    __device__ __forceinline__ bool ends(u32 kt, u32 k_tiles) const {
+        return in_block + 1 == per_block || kt + 1 == k_tiles;
+    }
+    __device__ __forceinline__ void next(bool ended) {
+        in_block = ended ? 0 : in_block + 1;
+        block += ended;
+    }
+};
 
 // out += (sA*sB)*dot for this warp's rows of the warpgroup tile (`row0`: the warp's first row in the CTA tile),
 // `a_params`: the rows' float4, `scales`: the columns' sB. SMALL_DOT: the dots are converted with the magic number
@@ -600,11 +610,12 @@ __device__ __forceinline__ void produce(const TensorMap* a_map, const TensorMap*
     for (u32 tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
         u32 m0, n0;
         tile_origin(p, tile, m0, n0);
+        BlockWalk walk(p);
         for (u32 kt = 0; kt < k_tiles; ++kt, ++use) {
             const u32 full = bars + buf * 8, empty = bars + (STAGES + buf) * 8;
             if (use >= STAGES) mbar_wait(empty, (use / STAGES - 1) & 1);
-            u32 block;
-            const bool params = ends_block(p, kt, k_tiles, block);
+            const bool params = walk.ends(kt, k_tiles);
+            const u32 block = walk.block;
             const u32 stage = base + buf * HOPPER_STAGE_BYTES;
             mbar_arrive_expect_tx(full, 2 * TILE_BYTES + (params ? SLOT_BYTES + W_PARAM_BYTES : 0));
             tma_load_2d(stage, a_map, kt * TILE_K, m0, full);
@@ -615,6 +626,7 @@ __device__ __forceinline__ void produce(const TensorMap* a_map, const TensorMap*
                 bulk_copy(stage + 2 * TILE_BYTES + SLOT_BYTES,
                           w_params + ((u64)block * p.tiles_n + n0 / TILE_N) * W_PARAM_BYTES, W_PARAM_BYTES, full);
             }
+            walk.next(params);
             if (++buf == STAGES) buf = 0;
         }
     }
@@ -642,6 +654,7 @@ __device__ __forceinline__ void consume(const GemmParams& p, u32 base, u32 bars,
         for (int i = 0; i < 64; ++i) dot[i] = 0, out[i] = 0.0f;
         bool block_start = true, held = false;  // held: the previous stage, its wgmmas maybe still running
         u32 held_buf = 0;
+        BlockWalk walk(p);
         for (u32 kt = 0; kt < k_tiles; ++kt, ++use) {
             mbar_wait(bars + buf * 8, (use / STAGES) & 1);
             const u32 stage = base + buf * HOPPER_STAGE_BYTES;
@@ -656,8 +669,8 @@ __device__ __forceinline__ void consume(const GemmParams& p, u32 base, u32 bars,
                                     (block_start && ks == 0) ? 0 : 1);
             wgmma_commit();
             named_barrier_arrive(their_turn, HOPPER_CONSUMERS);
-            u32 block;
-            block_start = ends_block(p, kt, k_tiles, block);
+            block_start = walk.ends(kt, k_tiles);
+            walk.next(block_start);
             if (block_start) {
                 wgmma_wait<0>();  // this block's dots, and the previous block's offset terms
                 wgmma_fence_operands(dot);
