@@ -76,7 +76,8 @@ fn run_fused<T: Float + DeviceRepr + ValidAsZeroBits>(
 fn quantizer_matches_cpu_bit_for_bit() {
     let Some(dev) = cuda_device() else { return };
     let mut rng = SplitMix64(0xC8A8_0001);
-    // Block lengths covering every kernel variant: r1 (32), r2 (64), r4 (96, 128), r8 (256), loop (1000, K).
+    // Block lengths covering every kernel variant: r1 (32), r2 (64), r4 (96, 128), r8 (256), and past 256 the CTA
+    // per block (multiples of 8: 1000, 1024 with a partial last block, K) or the two-pass warp loop (1001).
     for &(m, k, block) in &[
         (7, 3884, 64),
         (5, 256, 32),
@@ -85,6 +86,9 @@ fn quantizer_matches_cpu_bit_for_bit() {
         (3, 1024, 256),
         (2, 1000, 1000),
         (3, 5000, 5000),
+        (3, 3000, 1024),
+        (2, 14336, 14336),
+        (2, 1001, 1001),
     ] {
         let mut x = activations(&mut rng, m, k);
         x[..block].fill(0.0); // an all-zero block

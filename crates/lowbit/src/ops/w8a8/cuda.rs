@@ -305,9 +305,21 @@ pub struct QuantizeActivationsCuda {
     dtype: DType,
     kernel: String,
     function: CudaFunction,
-    /// The vector variant (`_v<N>`: N consecutive values per lane, one 2N-byte load) and its N, when K and the
-    /// block are multiples of N; launched when x is also 2N-byte aligned.
-    vector: Option<(String, CudaFunction, usize)>,
+    /// A vector variant, launched when x is aligned for it.
+    vector: Option<VectorQuantizer>,
+}
+
+/// A quantizer variant with vector loads: `_v<N>` (N consecutive values per lane, one 2N-byte load) when K and the
+/// block are multiples of N, or `_cta` (a CTA per block, 16-byte loads) for blocks longer than 256 when they are
+/// multiples of 8.
+#[derive(Debug, Clone)]
+struct VectorQuantizer {
+    name: String,
+    function: CudaFunction,
+    /// Alignment x needs, in bytes.
+    align: u64,
+    /// One CTA per (row, block) instead of one warp.
+    cta_per_block: bool,
 }
 
 impl QuantizeActivationsCuda {
@@ -330,13 +342,24 @@ impl QuantizeActivationsCuda {
         let kernel = format!("w8a8_quantize_{}_{mode_name}_{variant}", dtype.name());
         let function = device.function(&KERNEL, &kernel)?;
         let per_lane = block_size.div_ceil(32).next_power_of_two();
-        let vector = if (2..=8).contains(&per_lane) && k % per_lane == 0 && block_size % per_lane == 0 {
-            let name = format!("w8a8_quantize_{}_{mode_name}_v{per_lane}", dtype.name());
-            let function = device.function(&KERNEL, &name)?;
-            Some((name, function, per_lane))
+        let (suffix, align, cta_per_block) = if block_size > 256 && k % 8 == 0 && block_size % 8 == 0 {
+            ("cta".to_string(), 16, true)
         } else {
-            None
+            (format!("v{per_lane}"), 2 * per_lane as u64, false)
         };
+        let vector =
+            if cta_per_block || ((2..=8).contains(&per_lane) && k % per_lane == 0 && block_size % per_lane == 0) {
+                let name = format!("w8a8_quantize_{}_{mode_name}_{suffix}", dtype.name());
+                let function = device.function(&KERNEL, &name)?;
+                Some(VectorQuantizer {
+                    name,
+                    function,
+                    align,
+                    cta_per_block,
+                })
+            } else {
+                None
+            };
         Ok(Self {
             k,
             block_size,
@@ -385,8 +408,13 @@ impl QuantizeActivationsCuda {
     ) -> Result<()> {
         check_type::<T>(self.dtype, "x")?;
         let x = buffer(x.device_ptr(stream).0, x.len(), layout.m * layout.k, "x", 2)?;
+        let vector = self.vector.as_ref().filter(|v| x % v.align == 0);
         let warps = layout.m as u64 * layout.blocks() as u64;
-        let blocks = warps.div_ceil(THREADS as u64 / 32);
+        let blocks = if vector.is_some_and(|v| v.cta_per_block) {
+            warps
+        } else {
+            warps.div_ceil(THREADS as u64 / 32)
+        };
         ensure(
             blocks <= i32::MAX as u64,
             "activations",
@@ -409,9 +437,9 @@ impl QuantizeActivationsCuda {
             block_dim: (THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
-        let (kernel, function) = match &self.vector {
-            Some((name, function, per_lane)) if x % (2 * *per_lane as u64) == 0 => (name, function),
-            _ => (&self.kernel, &self.function),
+        let (kernel, function) = match vector {
+            Some(v) => (&v.name, &v.function),
+            None => (&self.kernel, &self.function),
         };
         let mut builder = stream.launch_builder(function);
         builder.arg(&params);
