@@ -93,14 +93,16 @@ __device__ __forceinline__ float warp_max(float v) {
     for (int o = WIDTH / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
     return v;
 }
+template <int WIDTH = 32>
 __device__ __forceinline__ float warp_min(float v) {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fminf(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
+    for (int o = WIDTH / 2; o > 0; o >>= 1) v = fminf(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
     return v;
 }
+template <int WIDTH = 32>
 __device__ __forceinline__ int warp_sum(int v) {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+    for (int o = WIDTH / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
     return v;
 }
 
@@ -211,16 +213,20 @@ __device__ __forceinline__ void load_values(const void* x, u64 i, float (&v)[N])
     for (int e = 0; e < N; ++e) v[e] = Io<T>::from_bits((w[e / 2] >> (16 * (e % 2))) & 0xFFFFu);
 }
 
-template <class T, bool SYM, int N>
+// GROUP < 32: each warp quantizes 32 / GROUP blocks, GROUP lanes each (blocks of at most GROUP * N values; with
+// N = 8, 16-byte loads also for blocks of 32..128). The shuffles stay within a group: every xor offset is < GROUP.
+template <class T, bool SYM, int N, int GROUP = 32>
 __device__ __forceinline__ void quantize_block_vec(const QuantizeParams& p) {
-    const u64 warp = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / 32;
-    const int lane = threadIdx.x % 32;
-    if (warp >= (u64)p.m * p.blocks) return;
-    const u32 row = (u32)(warp / p.blocks), b = (u32)(warp % p.blocks);
+    const u64 unit = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / GROUP;  // (row, block) of this lane's group
+    const int lane = threadIdx.x % GROUP;
+    // Whole warps leave together (the shuffles need every lane); a group past the end computes nothing.
+    if (((u64)blockIdx.x * blockDim.x + threadIdx.x) / 32 * (32 / GROUP) >= (u64)p.m * p.blocks) return;
+    const bool valid = unit < (u64)p.m * p.blocks;
+    const u32 row = valid ? (u32)(unit / p.blocks) : 0, b = valid ? (u32)(unit % p.blocks) : 0;
     const u32 start = b * p.block, len = min(p.block, p.k - start);
     const u64 src = (u64)row * p.ldx + start;
     signed char* codes = p.codes + (u64)row * p.k_pad + start;
-    const u32 first = lane * N;
+    const u32 first = valid ? lane * N : len;  // an invalid group sees an empty block
     const bool whole = first + N <= len;
 
     float v[N];
@@ -234,8 +240,8 @@ __device__ __forceinline__ void quantize_block_vec(const QuantizeParams& p) {
 #pragma unroll
     for (int e = 0; e < N; ++e)
         if (first + e < len) lo = fminf(lo, v[e]), hi = fmaxf(hi, v[e]);
-    lo = warp_min(lo);
-    hi = warp_max(hi);
+    lo = warp_min<GROUP>(lo);
+    hi = warp_max<GROUP>(hi);
     const BlockQuantizer<SYM> q(lo, hi);
     int sum = 0;
     u32 packed[2] = {0, 0};  // N codes, 4 per word
@@ -255,10 +261,11 @@ __device__ __forceinline__ void quantize_block_vec(const QuantizeParams& p) {
         for (int e = 0; e < N; ++e)
             if (first + e < len) codes[first + e] = (signed char)(packed[e / 4] >> (8 * (e % 4)));
     }
-    sum = warp_sum(sum);
+    sum = warp_sum<GROUP>(sum);
+    if (!valid) return;
     if (lane == 0) p.params[(u64)b * p.m + row] = make_float4(q.scale, q.offset, (float)sum, 0.0f);
     if (b == p.blocks - 1) {
-        for (u32 idx = p.k + lane; idx < p.k_pad; idx += 32) p.codes[(u64)row * p.k_pad + idx] = 0;
+        for (u32 idx = p.k + lane; idx < p.k_pad; idx += GROUP) p.codes[(u64)row * p.k_pad + idx] = 0;
     }
 }
 
@@ -773,11 +780,11 @@ __device__ __forceinline__ void gemm_hopper(const TensorMap* a_map, const Tensor
     if (tid == 0) init_pipeline_barriers(bars, STAGES, HOPPER_CONSUMERS);
     __syncthreads();
     if (wg == 2) {
-        setmaxnreg_dec<40>();
+        setmaxnreg_dec<24>();
         if (tid == HOPPER_CONSUMERS) produce<STAGES>(a_map, w_map, ap_map, p, base, bars, k_tiles, tiles);
         return;
     }
-    setmaxnreg_inc<232>();
+    setmaxnreg_inc<240>();
     consume<T, STAGES>(p, base, bars, k_tiles, tiles, wg, tid);
 }
 #endif  // sm_90
@@ -801,9 +808,9 @@ __device__ __forceinline__ void gemm_hopper(const TensorMap* a_map, const Tensor
     QUANTIZE_KERNEL(w8a8_quantize_##TNAME##_sym_r4, T, true, 4)                                     \
     QUANTIZE_KERNEL(w8a8_quantize_##TNAME##_sym_r8, T, true, 8)                                     \
     QUANTIZE_KERNEL(w8a8_quantize_##TNAME##_sym_loop, T, true, 0)
-#define QUANTIZE_VEC_KERNEL(NAME, T, SYM, N)                                                        \
+#define QUANTIZE_VEC_KERNEL(NAME, T, SYM, N, ...)                                                   \
     extern "C" __global__ void __launch_bounds__(256) NAME(const QuantizeParams p) {                \
-        quantize_block_vec<T, SYM, N>(p);                                                           \
+        quantize_block_vec<T, SYM, N, ##__VA_ARGS__>(p);                                            \
     }
 #define QUANTIZE_VEC_KERNELS(TNAME, T)                                                              \
     QUANTIZE_VEC_KERNEL(w8a8_quantize_##TNAME##_asym_v2, T, false, 2)                               \
@@ -811,7 +818,13 @@ __device__ __forceinline__ void gemm_hopper(const TensorMap* a_map, const Tensor
     QUANTIZE_VEC_KERNEL(w8a8_quantize_##TNAME##_asym_v8, T, false, 8)                               \
     QUANTIZE_VEC_KERNEL(w8a8_quantize_##TNAME##_sym_v2, T, true, 2)                                 \
     QUANTIZE_VEC_KERNEL(w8a8_quantize_##TNAME##_sym_v4, T, true, 4)                                 \
-    QUANTIZE_VEC_KERNEL(w8a8_quantize_##TNAME##_sym_v8, T, true, 8)
+    QUANTIZE_VEC_KERNEL(w8a8_quantize_##TNAME##_sym_v8, T, true, 8)                                 \
+    QUANTIZE_VEC_KERNEL(w8a8_quantize_##TNAME##_asym_v8g4, T, false, 8, 4)                          \
+    QUANTIZE_VEC_KERNEL(w8a8_quantize_##TNAME##_asym_v8g8, T, false, 8, 8)                          \
+    QUANTIZE_VEC_KERNEL(w8a8_quantize_##TNAME##_asym_v8g16, T, false, 8, 16)                        \
+    QUANTIZE_VEC_KERNEL(w8a8_quantize_##TNAME##_sym_v8g4, T, true, 8, 4)                            \
+    QUANTIZE_VEC_KERNEL(w8a8_quantize_##TNAME##_sym_v8g8, T, true, 8, 8)                            \
+    QUANTIZE_VEC_KERNEL(w8a8_quantize_##TNAME##_sym_v8g16, T, true, 8, 16)
 #define QUANTIZE_CTA_KERNELS(TNAME, T)                                                              \
     extern "C" __global__ void __launch_bounds__(256) w8a8_quantize_##TNAME##_asym_cta(const QuantizeParams p) { \
         quantize_block_cta<T, false>(p);                                                            \

@@ -76,9 +76,14 @@ fn run_fused<T: Float + DeviceRepr + ValidAsZeroBits>(
 fn quantizer_matches_cpu_bit_for_bit() {
     let Some(dev) = cuda_device() else { return };
     let mut rng = SplitMix64(0xC8A8_0001);
-    // Block lengths covering every kernel variant: r1 (32), r2 (64), r4 (96, 128), r8 (256), and past 256 the CTA
-    // per block (multiples of 8: 1000, 1024 with a partial last block, K) or the two-pass warp loop (1001).
+    // Block lengths covering every kernel variant: per-lane registers r1 (32), r2 (64), r4 (96, 128), r8 (256);
+    // vector loads v2/v4 (K not a multiple of 8), v8 groups of 4/8/16 lanes (32, 64, 128; partial warps and partial
+    // last blocks: 72, 136, 264), v8 (256); past 256 the CTA per block (multiples of 8: 1000, 1024 with a partial
+    // last block, K) or the two-pass warp loop (1001).
     for &(m, k, block) in &[
+        (3, 72, 32),
+        (3, 136, 64),
+        (3, 264, 128),
         (7, 3884, 64),
         (5, 256, 32),
         (3, 4096, 128),

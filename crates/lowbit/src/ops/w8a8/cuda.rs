@@ -309,17 +309,18 @@ pub struct QuantizeActivationsCuda {
     vector: Option<VectorQuantizer>,
 }
 
-/// A quantizer variant with vector loads: `_v<N>` (N consecutive values per lane, one 2N-byte load) when K and the
-/// block are multiples of N, or `_cta` (a CTA per block, 16-byte loads) for blocks longer than 256 when they are
-/// multiples of 8.
+/// A quantizer variant with vector loads. When K and the block are multiples of 8, 16-byte loads: `_v8g<G>` (groups
+/// of G lanes per block, 32 / G blocks per warp) up to 128, `_v8` (a warp per block) up to 256, `_cta` (a CTA per
+/// block) beyond. Otherwise `_v<N>` (N consecutive values per lane, one 2N-byte load) when K and the block are
+/// multiples of N.
 #[derive(Debug, Clone)]
 struct VectorQuantizer {
     name: String,
     function: CudaFunction,
     /// Alignment x needs, in bytes.
     align: u64,
-    /// One CTA per (row, block) instead of one warp.
-    cta_per_block: bool,
+    /// (row, block) units one CTA of 256 threads quantizes.
+    units_per_cta: u64,
 }
 
 impl QuantizeActivationsCuda {
@@ -342,24 +343,32 @@ impl QuantizeActivationsCuda {
         let kernel = format!("w8a8_quantize_{}_{mode_name}_{variant}", dtype.name());
         let function = device.function(&KERNEL, &kernel)?;
         let per_lane = block_size.div_ceil(32).next_power_of_two();
-        let (suffix, align, cta_per_block) = if block_size > 256 && k % 8 == 0 && block_size % 8 == 0 {
-            ("cta".to_string(), 16, true)
+        let warps = (THREADS / 32) as u64;
+        let variant = if k % 8 == 0 && block_size % 8 == 0 {
+            let group = (block_size / 8).next_power_of_two().max(4);
+            Some(match group {
+                64.. => ("cta".to_string(), 16, 1),
+                32 => ("v8".to_string(), 16, warps),
+                _ => (format!("v8g{group}"), 16, warps * (32 / group) as u64),
+            })
+        } else if (2..=8).contains(&per_lane) && k % per_lane == 0 && block_size % per_lane == 0 {
+            Some((format!("v{per_lane}"), 2 * per_lane as u64, warps))
         } else {
-            (format!("v{per_lane}"), 2 * per_lane as u64, false)
+            None
         };
-        let vector =
-            if cta_per_block || ((2..=8).contains(&per_lane) && k % per_lane == 0 && block_size % per_lane == 0) {
+        let vector = match variant {
+            Some((suffix, align, units_per_cta)) => {
                 let name = format!("w8a8_quantize_{}_{mode_name}_{suffix}", dtype.name());
                 let function = device.function(&KERNEL, &name)?;
                 Some(VectorQuantizer {
                     name,
                     function,
                     align,
-                    cta_per_block,
+                    units_per_cta,
                 })
-            } else {
-                None
-            };
+            }
+            None => None,
+        };
         Ok(Self {
             k,
             block_size,
@@ -409,12 +418,8 @@ impl QuantizeActivationsCuda {
         check_type::<T>(self.dtype, "x")?;
         let x = buffer(x.device_ptr(stream).0, x.len(), layout.m * layout.k, "x", 2)?;
         let vector = self.vector.as_ref().filter(|v| x % v.align == 0);
-        let warps = layout.m as u64 * layout.blocks() as u64;
-        let blocks = if vector.is_some_and(|v| v.cta_per_block) {
-            warps
-        } else {
-            warps.div_ceil(THREADS as u64 / 32)
-        };
+        let units = layout.m as u64 * layout.blocks() as u64;
+        let blocks = units.div_ceil(vector.map_or(THREADS as u64 / 32, |v| v.units_per_cta));
         ensure(
             blocks <= i32::MAX as u64,
             "activations",
