@@ -6,10 +6,12 @@
 //
 // Kernels (extern "C", instantiated at the bottom):
 //   w8a8_quantize_<t>_<mode>_<v>  fp16/bf16 activations [M, K] -> int8 codes [M, K_pad] (zero padded) and per
-//       (row, block) params float4 {scale, offset, code sum, 0} stored [blocks][M]. One warp per (row, block);
-//       <v> = r1/r2/r4/r8 (the block's values held in registers, 1..8 per lane: blocks up to 256) or loop (two
-//       passes over memory). Bit-exact with the CPU quantizer: every step is an IEEE-rounded f32 operation.
-//   w8a8_gemm_<t>_s<stages>  the GEMM, applying each block's correction in registers when the block ends.
+//       (row, block) params float4 {scale, offset, code sum, 0} stored [blocks][M]. <v>: r1/r2/r4/r8 (a warp per
+//       block, its values in registers), v2/v4/v8 (the same with vector loads), v8g4/g8/g16 (16-byte loads, groups
+//       of 4-16 lanes per block, several blocks per warp), cta (a CTA per block: SmoothQuant's per-token rows),
+//       loop (two passes, any block). Bit-exact with the CPU quantizer: every step is an IEEE-rounded f32 operation.
+//   w8a8_gemm_<t>_s<stages>  the mma.sync GEMM (sm_80+), applying each block's correction in registers.
+//   w8a8_wgmma_<t>_s<stages>  the Hopper GEMM (sm_90a): warp-specialised, TMA, wgmma; see its section below.
 //
 // GEMM design (mma.sync m16n8k32 s8, runs on sm_80 and later):
 // - CTA tile 128 (M) x 128 (N), 8 warps as 2 x 4, warp tile 64 x 32: per k step of 32, 4 A fragments

@@ -27,7 +27,12 @@
 //!
 //! Device layouts: activation codes `[M, K_pad]` (K padded with zero codes to a multiple of 128), parameters
 //! `[blocks][M]` of `{scale, offset, code sum, 0}` (f32); weight codes `[N_pad, K_pad]`, parameters `[blocks][N_pad]`
-//! of `{sB, oB, sB·Σb_q + bs·oB, 0}`. Non-finite activations give unspecified (but in-bounds) results: the device
+//! of `{sB, oB, sB·Σb_q + bs·oB, 0}` for the mma.sync kernel, or per (block, 128-column tile) records for the Hopper
+//! kernel (`hopper_weight_params`: the offset terms as a tf32 operand, then the scales).
+//!
+//! On sm_90a the GEMM is the warp-specialised Hopper kernel (TMA producer, two wgmma consumer warpgroups taking
+//! turns, the per-block offset terms as one 3xTF32 wgmma per block); elsewhere, and for blocks of 32 or 64, the
+//! mma.sync kernel. H200 figures and what limits them: `docs/notes/w8a8.md`. Non-finite activations give unspecified (but in-bounds) results: the device
 //! cannot report them; the CPU quantizer does.
 
 use super::{
