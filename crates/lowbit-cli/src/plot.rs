@@ -65,10 +65,12 @@ type PanelPoints = (BTreeMap<(usize, usize, usize), String>, Vec<(String, String
 
 fn panels(records: &[BenchRecord]) -> Vec<Panel> {
     // A record's panel and x category. Batched ops get one panel per shape with M along x; unbatched ones (M = 0)
-    // one panel per op and dtype with the shapes along x.
+    // one panel per op and dtype with the shapes along x. W8A8 puts its schemes (per-block, SmoothQuant: the impl
+    // names say which) in one panel.
     let key = |r: &BenchRecord| {
         let bits = r.wbits.map(|b| format!(" w{b}")).unwrap_or_default();
         let group = match r.group {
+            _ if r.op == "w8a8" => String::new(),
             Some(-1) => " per-channel".to_string(),
             Some(g) => format!(" g{g}"),
             None => String::new(),
