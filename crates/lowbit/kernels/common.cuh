@@ -603,6 +603,20 @@ __device__ __forceinline__ float small_int_to_f32(int v) {
     return __fsub_rn(__int_as_float(0x4B400000 + v), 12582912.0f);
 }
 
+// Programmatic dependent launch (sm_90; no-ops before, and when the launch did not ask for it). The first kernel
+// lets its dependent start early; the dependent waits, before its first read of the first kernel's output, until
+// that grid has completed and its writes are visible.
+__device__ __forceinline__ void allow_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wait_for_prerequisite_grids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 // CUtensorMap: 128 opaque bytes, 64-byte aligned (the host encodes it; the kernel only passes its address to TMA).
 struct alignas(64) TensorMap {
     unsigned long long opaque[16];

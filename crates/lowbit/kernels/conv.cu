@@ -450,8 +450,11 @@ LB_CONV_IGEMM(conv_igemm_w8_t, 8, 2, 1, 64)
 LB_CONV_IGEMM(conv_igemm_w8_m, 8, 1, 2, 64)
 LB_CONV_IGEMM(conv_igemm_w8_s, 8, 1, 2, 32)
 
+// The Hopper path's GEMM is launched as this kernel's programmatic dependent: it may start (barriers, tensor-map
+// fetch) while the pack runs, and waits for the packed image before its first TMA read of it.
 extern "C" __global__ void __launch_bounds__(256) conv_pack_nhwc_f16(const __half* x, __half* xt, int c, int h, int w,
                                                                       int ph, int pw) {
+    lowbit::allow_dependent_launch();
     lowbit::conv::pack_nhwc(x, xt, c, h, w, ph, pw);
 }
 extern "C" __global__ void __launch_bounds__(256) conv_pack_nhwc_f32(const float* x, __half* xt, int c, int h, int w,

@@ -193,6 +193,9 @@ struct Gemm {
     // its bytes, issue the copies. It runs ahead across items, so the next tile's stages fill during an epilogue.
     __device__ static void produce(const TensorMap* xmap, const Args& a, const Shape& s, u32 base, u32 bars,
                                    int items) {
+        // A convolution's image comes from the pack kernel this GEMM may have been launched beside (programmatic
+        // dependent launch): wait for it before the first read. Elsewhere the wait returns at once.
+        if (CONV) wait_for_prerequisite_grids();
         int buf = 0, i = 0;
         for (int item = blockIdx.x; item < items; item += gridDim.x) {
             const Work w = work(s, item);

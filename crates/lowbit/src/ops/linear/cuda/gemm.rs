@@ -19,13 +19,13 @@
 //! activation in fp32; one rounding of y.
 
 use super::{call_buffers, smem_limits, stage_x, CallBuffers, DeviceW4, RepackedW4, K_TILE, MAX_GROUP_ROWS};
-use crate::cuda::{launch_error, CudaDevice, CudaFunction, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
-use crate::cuda::{tensor_map_2d, KernelSource, LaunchConfig, MapElement, TensorMap};
+use crate::cuda::{tensor_map_2d, KernelSource, MapElement, TensorMap};
+use crate::cuda::{CudaDevice, CudaFunction, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
 use crate::dtype::{DType, Float};
 use crate::error::{Error, Result};
 use crate::formats::QuantMatrix;
 use crate::ops::linear::Activation;
-use cudarc::driver::{sys, PushKernelArg};
+use cudarc::driver::sys;
 use std::sync::Arc;
 
 /// The kernel source; the host prepends the `#define`s of one variant.
@@ -586,22 +586,16 @@ impl LinearW4A16Gemm {
             conv,
         };
         let grid = items.min(self.sms) as u32;
-        if splits == 1 {
-            let cfg = LaunchConfig {
-                grid_dim: (grid, 1, 1),
-                block_dim: (BLOCK, 1, 1),
-                shared_mem_bytes: kernel.variant.smem_bytes() as u32,
-            };
-            let mut b = stream.launch_builder(&kernel.function);
-            b.arg(&xmap).arg(&args).arg(&shape);
-            // SAFETY: x is read through the tensor map (zeros outside its bounds); y, bias and (conv) offsets
-            // were checked by the caller for this m; the weight buffers are the operator's own.
-            unsafe { b.launch(cfg) }.map_err(launch_error("w4a16_gemm"))?;
-            return Ok(());
+        // Split-K runs one cluster of `splits` CTAs per tile (grid = items, a multiple of splits); a convolution is
+        // the programmatic dependent of its pack kernel (the producer waits for the image before reading it).
+        // cudarc's launch builder expresses neither, hence cuLaunchKernelEx.
+        let mut attrs = Vec::with_capacity(2);
+        if splits > 1 {
+            attrs.push(cluster_attribute(splits));
         }
-        // Split-K: one cluster of `splits` CTAs per tile (grid = items, a multiple of splits), which cudarc's
-        // launch builder cannot express.
-        let mut cluster = cluster_attribute(splits);
+        if conv.taps > 0 {
+            attrs.push(dependent_launch_attribute());
+        }
         let config = sys::CUlaunchConfig {
             gridDimX: grid,
             gridDimY: 1,
@@ -611,16 +605,18 @@ impl LinearW4A16Gemm {
             blockDimZ: 1,
             sharedMemBytes: kernel.variant.smem_bytes() as u32,
             hStream: stream.cu_stream(),
-            attrs: &mut cluster,
-            numAttrs: 1,
+            attrs: attrs.as_mut_ptr(),
+            numAttrs: attrs.len() as u32,
         };
         let mut params: [*mut std::ffi::c_void; 3] = [
             &xmap as *const TensorMap as *mut _,
             &args as *const GemmArgs as *mut _,
             &shape as *const GemmShape as *mut _,
         ];
-        // SAFETY: as above; `params` points at the three kernel parameters, in order, alive across the call (the
-        // driver copies them at launch).
+        // SAFETY: x is read through the tensor map (zeros outside its bounds); y, bias and (conv) offsets were
+        // checked by the caller for this m; the weight buffers are the operator's own. `params` points at the three
+        // kernel parameters, in order, and `attrs` at `numAttrs` attributes, all alive across the call (the driver
+        // copies them at launch).
         let rc = unsafe {
             sys::cuLaunchKernelEx(
                 &config,
@@ -631,7 +627,7 @@ impl LinearW4A16Gemm {
         };
         if rc != sys::CUresult::CUDA_SUCCESS {
             return Err(Error::Cuda {
-                context: format!("launching w4a16_gemm in clusters of {splits}"),
+                context: format!("launching w4a16_gemm (splits {splits}, convolution {})", conv.taps > 0),
                 message: format!("{rc:?}"),
             });
         }
@@ -656,6 +652,16 @@ fn cluster_attribute(ctas: usize) -> sys::CUlaunchAttribute {
         y: 1,
         z: 1,
     };
+    attribute
+}
+
+/// The launch attribute that lets a kernel start before the previous one in its stream has finished (programmatic
+/// dependent launch): it waits itself (`griddepcontrol.wait`) where it reads that kernel's output.
+fn dependent_launch_attribute() -> sys::CUlaunchAttribute {
+    // SAFETY: CUlaunchAttribute is plain old data; all-zero is a valid value to fill in.
+    let mut attribute: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attribute.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attribute.value.programmaticStreamSerializationAllowed = 1;
     attribute
 }
 
