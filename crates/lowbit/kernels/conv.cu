@@ -48,21 +48,25 @@ struct Panel {
     static constexpr int BYTES = CODE_BYTES + PARAM_BYTES;  // 1536 / 2560
 };
 
-// Mirrored by `IgemmArgs` in src/ops/conv/cuda.rs (same field order: 5 pointers, then 4-byte fields).
-struct IgemmArgs {
+// The geometry and clamp both kernels take, first in their arguments. Mirrored by `ConvShape`, `IgemmArgs` and
+// `DirectArgs` in src/ops/conv/cuda.rs (same field order; the pointers after the shape start 8-byte aligned).
+struct ConvShape {
+    int batch, ci, h, w;
+    int co, oh, ow;
+    int kh, kw, sh, sw, ph, pw, dh, dw;
+    int cg, co_g;                 // input / output channels per group
+    float lo, hi;                 // activation clamp
+};
+
+struct IgemmArgs : ConvShape {
     const unsigned char* weight;  // panels [groups][m_panels][k_tiles][Panel::BYTES]
     const float* row_scale;       // [Co]: 2^-e, undoes the fp16 range scaling of the row
     const float* bias;            // [Co] (zeros when the layer has none)
     const __half* x;              // NHWC [B, H, W, Ci] fp16
     void* out;                    // NCHW [B, Co, OH, OW], fp16 or fp32
-    int h, w, ci;
-    int co, oh, ow;
-    int kh, kw, sh, sw, ph, pw, dh, dw;
-    int cg, co_g;                 // input / output channels per group
     int m_panels;                 // panels per group: ceil(co_g / 64)
     int k_tiles;                  // (cg / 32) * kh * kw
     int n_total;                  // B * OH * OW
-    float lo, hi;                 // activation clamp
     int out_f32;                  // 1: fp32 output, 0: fp16
     int pair_store;               // 1: OH * OW even and out 8-byte aligned: store pixel pairs
 };
@@ -382,17 +386,13 @@ __device__ __forceinline__ void pack_nhwc(const T* x, __half* xt, int c, int h, 
 // ------------------------------------------------------------------------------------------------------------------
 
 // Mirrored by `DirectArgs` in src/ops/conv/cuda.rs.
-struct DirectArgs {
+struct DirectArgs : ConvShape {
     const signed char* codes;  // [Co, Cg, Kh, Kw] signed codes
     const float2* params;      // [Co, blocks] {scale, offset}
     const float* bias;         // [Co]
     const void* x;             // NCHW, fp16 or fp32
     void* out;                 // NCHW, same type
-    int batch, ci, h, w;
-    int co, oh, ow;
-    int kh, kw, sh, sw, ph, pw, dh, dw;
-    int cg, co_g, blocks, block_channels;
-    float lo, hi;
+    int blocks, block_channels;
 };
 
 __device__ __forceinline__ void store(float* p, float v) { *p = v; }

@@ -298,49 +298,10 @@ pub fn repack(w: &BlockQuantWeight, groups: usize) -> Result<RepackedConv> {
 // Kernel arguments
 // ------------------------------------------------------------------------------------------------------------------
 
-/// `lowbit::conv::IgemmArgs` in the kernel, in field order (5 pointers, then 4-byte fields).
+/// `lowbit::conv::ConvShape` in the kernel, in field order: the geometry and clamp both kernels' arguments start with.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
-struct IgemmArgs {
-    weight: u64,
-    row_scale: u64,
-    bias: u64,
-    x: u64,
-    out: u64,
-    h: i32,
-    w: i32,
-    ci: i32,
-    co: i32,
-    oh: i32,
-    ow: i32,
-    kh: i32,
-    kw: i32,
-    sh: i32,
-    sw: i32,
-    ph: i32,
-    pw: i32,
-    dh: i32,
-    dw: i32,
-    cg: i32,
-    co_g: i32,
-    m_panels: i32,
-    k_tiles: i32,
-    n_total: i32,
-    lo: f32,
-    hi: f32,
-    out_f32: i32,
-    pair_store: i32,
-}
-
-/// `lowbit::conv::DirectArgs` in the kernel, in field order.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
-struct DirectArgs {
-    codes: u64,
-    params: u64,
-    bias: u64,
-    x: u64,
-    out: u64,
+struct ConvShape {
     batch: i32,
     ci: i32,
     h: i32,
@@ -358,11 +319,75 @@ struct DirectArgs {
     dw: i32,
     cg: i32,
     co_g: i32,
-    blocks: i32,
-    block_channels: i32,
     lo: f32,
     hi: f32,
 }
+
+impl ConvShape {
+    /// The kernels' view of `geo` (every value checked to fit in i32 by the caller) with the clamp `[lo, hi]`.
+    fn new(geo: &ConvGeometry, (lo, hi): (f32, f32)) -> Self {
+        let [batch, ci, h, w] = geo.input;
+        let [_, co, oh, ow] = geo.output;
+        let i = |v: usize| v as i32;
+        Self {
+            batch: i(batch),
+            ci: i(ci),
+            h: i(h),
+            w: i(w),
+            co: i(co),
+            oh: i(oh),
+            ow: i(ow),
+            kh: i(geo.kernel.0),
+            kw: i(geo.kernel.1),
+            sh: i(geo.stride.0),
+            sw: i(geo.stride.1),
+            ph: i(geo.padding.0),
+            pw: i(geo.padding.1),
+            dh: i(geo.dilation.0),
+            dw: i(geo.dilation.1),
+            cg: i(geo.channels_per_group()),
+            co_g: i(geo.out_channels_per_group()),
+            lo,
+            hi,
+        }
+    }
+}
+
+/// `lowbit::conv::IgemmArgs` in the kernel (a `ConvShape`, then 5 pointers, then 4-byte fields).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct IgemmArgs {
+    shape: ConvShape,
+    weight: u64,
+    row_scale: u64,
+    bias: u64,
+    x: u64,
+    out: u64,
+    m_panels: i32,
+    k_tiles: i32,
+    n_total: i32,
+    out_f32: i32,
+    pair_store: i32,
+}
+
+/// `lowbit::conv::DirectArgs` in the kernel (a `ConvShape`, then 5 pointers, then the weight's blocks).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct DirectArgs {
+    shape: ConvShape,
+    codes: u64,
+    params: u64,
+    bias: u64,
+    x: u64,
+    out: u64,
+    blocks: i32,
+    block_channels: i32,
+}
+
+// The kernel's structs (C++ layout: the ConvShape base first, 76 bytes, then the pointers from byte 80).
+const _: () = assert!(std::mem::size_of::<ConvShape>() == 76);
+const _: () = assert!(std::mem::offset_of!(IgemmArgs, weight) == 80 && std::mem::size_of::<IgemmArgs>() == 144);
+const _: () = assert!(std::mem::offset_of!(DirectArgs, codes) == 80 && std::mem::size_of::<DirectArgs>() == 128);
 
 // SAFETY: plain-old-data `#[repr(C)]` structs laid out like their CUDA counterparts (u64 pointers, i32, f32).
 unsafe impl DeviceRepr for IgemmArgs {}
@@ -668,7 +693,7 @@ impl Conv2dCuda {
         let x_ptr = buffer(x.device_ptr(stream).0, x.len(), input.iter().product(), "x", 1)?;
         let y_len = y.len();
         let y_ptr = buffer(y.device_ptr_mut(stream).0, y_len, geo.output.iter().product(), "y", 1)?;
-        let (lo, hi) = self.params.activation.bounds();
+        let shape = ConvShape::new(&geo, self.params.activation.bounds());
         let bias = self.bias.device_ptr(stream).0;
         let s = &geo;
         let ws_len = workspace.len();
@@ -732,32 +757,15 @@ impl Conv2dCuda {
                 let elem = T::DTYPE.size() as u64;
                 let pair_store = (oh * ow) % 2 == 0 && y_ptr % (2 * elem) == 0;
                 let args = IgemmArgs {
+                    shape,
                     weight: weight.device_ptr(stream).0,
                     row_scale: row_scale.device_ptr(stream).0,
                     bias,
                     x: ws,
                     out: y_ptr,
-                    h: h as i32,
-                    w: w as i32,
-                    ci: ci as i32,
-                    co: co as i32,
-                    oh: oh as i32,
-                    ow: ow as i32,
-                    kh: s.kernel.0 as i32,
-                    kw: s.kernel.1 as i32,
-                    sh: s.stride.0 as i32,
-                    sw: s.stride.1 as i32,
-                    ph: s.padding.0 as i32,
-                    pw: s.padding.1 as i32,
-                    dh: s.dilation.0 as i32,
-                    dw: s.dilation.1 as i32,
-                    cg: s.channels_per_group() as i32,
-                    co_g: s.out_channels_per_group() as i32,
                     m_panels: *m_panels as i32,
                     k_tiles: *k_tiles as i32,
                     n_total: pixels as i32,
-                    lo,
-                    hi,
                     out_f32: i32::from(T::DTYPE == DType::F32),
                     pair_store: i32::from(pair_store),
                 };
@@ -789,32 +797,14 @@ impl Conv2dCuda {
                     ));
                 }
                 let args = DirectArgs {
+                    shape,
                     codes: codes.device_ptr(stream).0,
                     params: params.device_ptr(stream).0,
                     bias,
                     x: x_ptr,
                     out: y_ptr,
-                    batch: batch as i32,
-                    ci: ci as i32,
-                    h: h as i32,
-                    w: w as i32,
-                    co: co as i32,
-                    oh: oh as i32,
-                    ow: ow as i32,
-                    kh: s.kernel.0 as i32,
-                    kw: s.kernel.1 as i32,
-                    sh: s.stride.0 as i32,
-                    sw: s.stride.1 as i32,
-                    ph: s.padding.0 as i32,
-                    pw: s.padding.1 as i32,
-                    dh: s.dilation.0 as i32,
-                    dw: s.dilation.1 as i32,
-                    cg: s.channels_per_group() as i32,
-                    co_g: s.out_channels_per_group() as i32,
                     blocks: self.shape.blocks() as i32,
                     block_channels: self.shape.block_channels as i32,
-                    lo,
-                    hi,
                 };
                 let function = if T::DTYPE == DType::F16 { f16 } else { f32 };
                 let mut b = stream.launch_builder(function);
