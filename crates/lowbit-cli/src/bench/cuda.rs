@@ -15,7 +15,9 @@
 
 use super::{BenchArgs, BenchRecord, Shape, Sink};
 use half::{bf16, f16};
-use lowbit::cuda::{copy_device, CudaDevice, CudaSlice, CudaStream, DeviceRepr, StreamTimer, ValidAsZeroBits};
+use lowbit::cuda::{
+    capture_graph, copy_device, CudaDevice, CudaSlice, CudaStream, DeviceRepr, StreamTimer, ValidAsZeroBits,
+};
 use lowbit::ops::dequantize::cuda::{DequantDesc, DequantizeInt4, DequantizeInt8, Int4Layout, Int4Weight};
 use lowbit::testing::SplitMix64;
 use lowbit::{DType, Error, Float, Result};
@@ -196,12 +198,8 @@ fn bench_dequant<T: Float + DeviceRepr + ValidAsZeroBits>(
                 message: e.to_string(),
             })
         };
-        let probe = timed(dev, &stream, 20, sets, &mut memset)?;
-        let reps = ((BATCH_MS * 1e3 / probe.max(0.5)) as usize).clamp(10, 20_000);
-        let samples = (0..BATCHES)
-            .map(|_| timed(dev, &stream, reps, sets, &mut memset))
-            .collect::<Result<Vec<_>>>()?;
-        sink.push(record("memset_out", o_len * dtype.size(), median(samples)))?;
+        let us = median_of_batches(dev, &stream, sets, &mut memset)?;
+        sink.push(record("memset_out", o_len * dtype.size(), us))?;
     }
     Ok(())
 }
@@ -261,6 +259,43 @@ fn timed(
     }
     let ms = timer.stop_ms(stream)?;
     Ok(ms * 1e3 / reps as f64)
+}
+
+/// Median µs per call of `launch(set)` rotating through `sets`: a warm-up, then `BATCHES` batches of ~`BATCH_MS`
+/// between CUDA events.
+fn median_of_batches(
+    dev: &CudaDevice,
+    stream: &Arc<CudaStream>,
+    sets: usize,
+    mut launch: impl FnMut(usize) -> Result<()>,
+) -> Result<f64> {
+    let probe = timed(dev, stream, 5, sets, &mut launch)?; // warm-up: module load, clocks
+    let reps = ((BATCH_MS * 1e3 / probe.max(0.5)) as usize).clamp(5, 20_000);
+    let samples = (0..BATCHES)
+        .map(|_| timed(dev, stream, reps, sets, &mut launch))
+        .collect::<Result<Vec<_>>>()?;
+    dev.synchronize()?;
+    Ok(median(samples))
+}
+
+/// Median µs per call of `launch(set)` replayed from a CUDA graph of `calls` calls cycling through the sets (no
+/// launch gaps). Fails when the calls cannot be captured.
+fn graph_replay_us(
+    dev: &CudaDevice,
+    stream: &Arc<CudaStream>,
+    sets: usize,
+    calls: usize,
+    mut launch: impl FnMut(usize) -> Result<()>,
+) -> Result<f64> {
+    dev.synchronize()?;
+    let graph = capture_graph(stream, || (0..calls).try_for_each(|c| launch(c % sets)))?;
+    let replay = median_of_batches(dev, stream, 1, |_| {
+        graph.launch().map_err(|e| Error::Cuda {
+            context: "cuGraphLaunch".into(),
+            message: format!("{e:?}"),
+        })
+    })?;
+    Ok(replay / calls as f64)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {

@@ -28,9 +28,9 @@
 //! tile choice.
 
 use super::super::cpu::ConvCase;
-use super::{median, rotation, timed, BenchArgs, BenchRecord, Shape, Sink, BATCHES, BATCH_MS};
+use super::{graph_replay_us, median, median_of_batches, rotation, timed, BenchArgs, BenchRecord, Shape, Sink};
 use half::f16;
-use lowbit::cuda::{capture_graph, CudaDevice, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
+use lowbit::cuda::{CudaDevice, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
 use lowbit::formats::block::{BlockBits, BlockQuantWeight, BlockShape};
 use lowbit::ops::conv::cuda::{cudnn_present, Conv2dCuda, CudnnConv, Tile, Tuning};
 use lowbit::ops::conv::Conv2dParams;
@@ -253,38 +253,22 @@ impl<'a> Problem<'a> {
             .collect()
     }
 
-    /// Median µs per launch of `launch(set)`: a warm-up, then `BATCHES` batches of ~`BATCH_MS` between events.
-    fn median_us(&self, mut launch: impl FnMut(usize) -> Result<()>) -> Result<f64> {
-        let probe = timed(self.dev, &self.stream, 5, self.sets, &mut launch)?;
-        let reps = ((BATCH_MS * 1e3 / probe.max(0.5)) as usize).clamp(5, 20_000);
-        let samples = (0..BATCHES)
-            .map(|_| timed(self.dev, &self.stream, reps, self.sets, &mut launch))
-            .collect::<Result<Vec<_>>>()?;
-        self.dev.synchronize()?;
-        Ok(median(samples))
+    /// Median µs per launch of `launch(set)` (see `median_of_batches`).
+    fn median_us(&self, launch: impl FnMut(usize) -> Result<()>) -> Result<f64> {
+        median_of_batches(self.dev, &self.stream, self.sets, launch)
     }
 
     /// Median µs per call of `launch(set)` replayed from a CUDA graph of `GRAPH_CALLS` calls cycling through the
     /// sets, or `None` (with a line on stderr) when the calls cannot be captured.
-    fn median_graph_us(&self, what: &str, mut launch: impl FnMut(usize) -> Result<()>) -> Result<Option<f64>> {
-        self.dev.synchronize()?;
-        let graph = match capture_graph(&self.stream, || {
-            (0..GRAPH_CALLS).try_for_each(|c| launch(c % self.sets))
-        }) {
-            Ok(graph) => graph,
+    fn median_graph_us(&self, what: &str, launch: impl FnMut(usize) -> Result<()>) -> Result<Option<f64>> {
+        match graph_replay_us(self.dev, &self.stream, self.sets, GRAPH_CALLS, launch) {
+            Ok(us) => Ok(Some(us)),
             Err(e) => {
                 eprintln!("conv {}: {what} not timed from a CUDA graph: {e}", self.case.label);
                 self.dev.synchronize()?;
-                return Ok(None);
+                Ok(None)
             }
-        };
-        let replay = self.median_us(|_| {
-            graph.launch().map_err(|e| Error::Cuda {
-                context: "cuGraphLaunch".into(),
-                message: format!("{e:?}"),
-            })
-        })?;
-        Ok(Some(replay / GRAPH_CALLS as f64))
+        }
     }
 
     /// Times lowbit with activations `T` (from a graph too when `graph`); when `check` holds cuDNN's output (f16),

@@ -17,10 +17,10 @@
 //! (`lowbit_2sm`) CTAs per SM; `LOWBIT_BENCH_CTAS=66,88` with exactly that many CTAs (`lowbit_c66`, ...),
 //! `LOWBIT_BENCH_STAGES=3,4` with that pipeline depth (`lowbit_s3`, ...). Each also gets a graph record (`_graph`).
 
-use super::{BenchArgs, BenchRecord, Shape, Sink};
+use super::{graph_replay_us, median_of_batches, BenchArgs, BenchRecord, Shape, Sink};
 use half::{bf16, f16};
 use lowbit::cuda::Device;
-use lowbit::cuda::{capture_graph, CudaDevice, CudaSlice, CudaStream, StreamTimer, ValidAsZeroBits};
+use lowbit::cuda::{CudaDevice, CudaSlice, ValidAsZeroBits};
 use lowbit::ops::linear::cuda::{repack, CublasLinear, DenseElement, DeviceW4, LinearW4A16Cuda, Tuning};
 use lowbit::ops::linear::quant_linear::DispatchEntry;
 use lowbit::ops::linear::{Activation, DispatchTable, LinearKernel, QuantLinear};
@@ -32,9 +32,6 @@ use std::sync::Arc;
 const SHAPES: [(usize, usize); 4] = [(4096, 4096), (4096, 14336), (14336, 4096), (8192, 28672)];
 /// Batch sizes timed per shape.
 const MS: [usize; 7] = [1, 4, 16, 64, 256, 1024, 4096];
-const BATCHES: usize = 7;
-/// Target duration of one timed batch.
-const BATCH_MS: f64 = 20.0;
 /// Largest batch of the decode kernel.
 const MAX_DECODE_M: usize = lowbit::ops::linear::cuda::MAX_M;
 /// Calls captured per graph (cycling through the rotation sets).
@@ -256,7 +253,7 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
         sink.push(record("lowbit", quant_bytes, ours))?;
         if m <= MAX_DECODE_M {
             sink.status(format!("linear lowbit_graph {m}x{k}x{n} {dtype}"));
-            let replay = graph_replay_us(dev, &stream, sets, |i| {
+            let replay = graph_replay_us(dev, &stream, sets, GRAPH_CALLS, |i| {
                 layers[i].run(&stream, &xs[i], m, &mut ys[i], &mut ws)
             })?;
             sink.push(record("lowbit_graph", quant_bytes, replay))?;
@@ -269,32 +266,13 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
                 v[i].run(&stream, &xs[i], m, None, &mut ys[i], &mut ws_v)
             })?;
             sink.push(record(label, quant_bytes, us))?;
-            let replay = graph_replay_us(dev, &stream, sets, |i| {
+            let replay = graph_replay_us(dev, &stream, sets, GRAPH_CALLS, |i| {
                 v[i].run(&stream, &xs[i], m, None, &mut ys[i], &mut ws_v)
             })?;
             sink.push(record(&format!("{label}_graph"), quant_bytes, replay))?;
         }
     }
     Ok(())
-}
-
-/// Median µs per call of `launch(set)` replayed from a CUDA graph of `GRAPH_CALLS` calls cycling through the sets
-/// (no launch gaps).
-fn graph_replay_us(
-    dev: &CudaDevice,
-    stream: &Arc<CudaStream>,
-    sets: usize,
-    mut launch: impl FnMut(usize) -> Result<()>,
-) -> Result<f64> {
-    dev.synchronize()?;
-    let graph = capture_graph(stream, || (0..GRAPH_CALLS).try_for_each(|c| launch(c % sets)))?;
-    let replay = median_of_batches(dev, stream, 1, |_| {
-        graph.launch().map_err(|e| Error::Cuda {
-            context: "cuGraphLaunch".into(),
-            message: format!("{e:?}"),
-        })
-    })?;
-    Ok(replay / GRAPH_CALLS as f64)
 }
 
 /// `W` as a dense `[N, K]` matrix of `T`: what cuBLAS multiplies (each element `(q - z) · s`, rounded once).
@@ -316,27 +294,4 @@ fn dense_weight<T: DenseElement>(w: &QuantMatrix) -> Vec<T> {
 fn packed_bytes(w: &QuantMatrix) -> usize {
     let (groups, bits) = (w.groups(), w.bits as usize);
     w.n * w.k * bits / 8 + w.n * groups * 2 + if w.zeros.is_some() { w.n * groups * bits / 8 } else { 0 }
-}
-
-/// Median µs per call of `launch(set)`: warm-up, then `BATCHES` batches of ~`BATCH_MS` between CUDA events.
-fn median_of_batches(
-    dev: &CudaDevice,
-    stream: &Arc<CudaStream>,
-    sets: usize,
-    mut launch: impl FnMut(usize) -> Result<()>,
-) -> Result<f64> {
-    let mut timed = |reps: usize| -> Result<f64> {
-        let timer = StreamTimer::new(dev)?;
-        timer.start(stream)?;
-        for i in 0..reps {
-            launch(i % sets)?;
-        }
-        Ok(timer.stop_ms(stream)? * 1e3 / reps as f64)
-    };
-    let probe = timed(20)?; // warm-up: module load, clocks
-    let reps = ((BATCH_MS * 1e3 / probe.max(0.5)) as usize).clamp(10, 20_000);
-    let mut samples: Vec<f64> = (0..BATCHES).map(|_| timed(reps)).collect::<Result<_>>()?;
-    dev.synchronize()?;
-    samples.sort_by(f64::total_cmp);
-    Ok(samples[BATCHES / 2])
 }

@@ -17,9 +17,9 @@
 //! rotate with it), so each call reads its weight from device memory. Timing as `bench --op linear`: warm-up, then
 //! 7 batches of ~20 ms between CUDA events, median batch. `bytes`: weight, x and y at their stored sizes.
 
-use super::{median, timed, BenchArgs, BenchRecord, Shape, Sink, BATCHES, BATCH_MS};
+use super::{median_of_batches, BenchArgs, BenchRecord, Shape, Sink};
 use half::{bf16, f16};
-use lowbit::cuda::{CudaDevice, CudaSlice, CudaStream, ValidAsZeroBits};
+use lowbit::cuda::{CudaDevice, CudaSlice, ValidAsZeroBits};
 use lowbit::formats::block::{BlockBits, BlockQuantWeight, BlockShape};
 use lowbit::ops::linear::cuda::{CublasLinear, DenseElement};
 use lowbit::ops::w8a8::cuda::{CublasLtInt8, GemmKernel, QuantizedActivationsCuda, W8a8LinearCuda, W8a8Scheme};
@@ -165,20 +165,4 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
         sink.push(record("cublaslt_int8", n * k + m * k + 4 * m * n, -1, us))?;
     }
     Ok(())
-}
-
-/// Median µs per call of `launch(set)`: warm-up, then `BATCHES` batches of ~`BATCH_MS` between CUDA events.
-fn median_of_batches(
-    dev: &CudaDevice,
-    stream: &Arc<CudaStream>,
-    sets: usize,
-    mut launch: impl FnMut(usize) -> Result<()>,
-) -> Result<f64> {
-    let probe = timed(dev, stream, 5, sets, &mut launch)?; // warm-up: module load, clocks
-    let reps = ((BATCH_MS * 1e3 / probe.max(0.5)) as usize).clamp(5, 20_000);
-    let samples = (0..BATCHES)
-        .map(|_| timed(dev, stream, reps, sets, &mut launch))
-        .collect::<Result<Vec<_>>>()?;
-    dev.synchronize()?;
-    Ok(median(samples))
 }
