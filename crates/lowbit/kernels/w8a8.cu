@@ -575,17 +575,19 @@ __device__ __forceinline__ void gemm(const GemmParams& p) {
 // - A stage is 128 codes of K: the A tile (TMA over the codes [M, k_pad], 128-byte swizzle, rows past M read as
 //   zeros), the W tile (TMA over [n_pad, k_pad]) and, when the stage ends a K block, the block's parameters: A's
 //   128 float4 (TMA over the parameters viewed as [blocks * M] rows of 4 f32: rows past the end read as zeros;
-//   rows past M belong to the next block and only reach output rows that are never stored) and W's (one bulk copy).
-//   The TMA swizzle is the layout `swizzled` describes, so the stage feeds wgmma descriptors directly.
+//   rows past M belong to the next block and only reach output rows that are never stored) and W's record (one bulk
+//   copy: the tf32 offset operand and the scales sB, see W_PARAM_BYTES). The TMA swizzle is the layout `swizzled`
+//   describes, so the stage feeds wgmma descriptors directly.
 // - Persistent: one CTA per SM walks the tiles blockIdx.x, + gridDim.x, ... in the grouped raster order; the
 //   producer runs ahead into the next tile while the consumers finish this one's epilogue.
 // - Blocks are >= 128 codes (or one per row), so each stage lies in one block. A block's first wgmma overwrites
-//   the int32 accumulator (scale-d = 0); at its last stage the warpgroup waits for its wgmmas and applies the
-//   correction. The two warpgroups take turns on the tensor cores, so one corrects while the other multiplies.
+//   the int32 accumulator (scale-d = 0); at its last stage the warpgroup waits for its wgmmas, adds (sA*sB)*dot on
+//   the CUDA cores and issues the block's offset terms as one tf32 wgmma (issue_offset_terms). The two warpgroups
+//   take turns on the tensor cores, so one corrects while the other multiplies.
 //   (Two accumulators per warpgroup, to overlap within it, left too few registers: ptxas serialised the wgmmas
 //   and the correction ran as one dependent chain.)
-// - A stage is released once the wgmmas that read it have retired (wait_group 1 one stage later, or wait_group 0
-//   at a block end, after its parameters have been applied).
+// - A stage is released one stage later, once the wgmmas that read it (the int8 ones, and at a block end the tf32
+//   one, which reads W's record from the stage) have retired.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 
 #define HOPPER_THREADS 384
