@@ -84,7 +84,7 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
         .map(|_| W8a8LinearCuda::block(dev, &block_weight, None, ActivationQuant::Asymmetric, dtype))
         .collect::<Result<_>>()?;
     let scheme = W8a8Scheme::Block(ActivationQuant::Asymmetric);
-    let wgmma_default = blocks[0].kernel_name().contains("wgmma");
+    let wgmma_default = blocks[0].gemm_kernel() == GemmKernel::Wgmma;
     let mma: Vec<W8a8LinearCuda> = (0..if wgmma_default { sets } else { 0 })
         .map(|_| W8a8LinearCuda::with_kernel(dev, &block_weight, None, scheme, dtype, GemmKernel::MmaSync))
         .collect::<Result<_>>()?;

@@ -127,6 +127,25 @@ impl CudaDevice {
             .map_err(driver_error(format!("cuModuleGetFunction {}::{function}", source.name)))
     }
 
+    /// [`CudaDevice::function`], allowed `bytes` of dynamic shared memory per block (beyond the default 48 KB).
+    pub fn function_with_shared_memory(
+        &self,
+        source: &KernelSource,
+        function: &str,
+        bytes: usize,
+    ) -> Result<CudaFunction> {
+        let f = self.function(source, function)?;
+        f.set_attribute(
+            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            bytes as i32,
+        )
+        .map_err(driver_error(format!(
+            "shared memory ({bytes} bytes) of {}::{function}",
+            source.name
+        )))?;
+        Ok(f)
+    }
+
     /// The loaded module of `source` (compiled or read from the cache on first use).
     pub fn module(&self, source: &KernelSource) -> Result<Arc<CudaModule>> {
         let mut modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());

@@ -42,7 +42,7 @@ use crate::cuda::{DevicePtrMut, DeviceRepr, KernelSource, LaunchConfig};
 use crate::dtype::{DType, Float};
 use crate::error::{Error, Result};
 use crate::formats::block::{BlockBits, BlockQuantWeight, BlockShape};
-use cudarc::driver::{sys, PushKernelArg};
+use cudarc::driver::PushKernelArg;
 use half::f16;
 use rayon::prelude::*;
 
@@ -512,14 +512,8 @@ impl Conv2dCuda {
             let mut kernels = Vec::new();
             for tile in Tile::ALL {
                 let name = tile.kernel_name(weight.bits());
-                let function = device.function(&KERNEL, &name)?;
                 let smem = tile.smem_bytes(weight.bits());
-                function
-                    .set_attribute(
-                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        smem as i32,
-                    )
-                    .map_err(|e| cuda_error(format!("shared memory of {name}"), e))?;
+                let function = device.function_with_shared_memory(&KERNEL, &name, smem)?;
                 let ctas_per_sm = function
                     .occupancy_max_active_blocks_per_multiprocessor(tile.threads() as u32, smem, None)
                     .map_err(|e| cuda_error(format!("occupancy of {name}"), e))?;

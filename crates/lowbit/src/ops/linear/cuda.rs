@@ -37,7 +37,7 @@ use crate::cuda::{KernelSource, LaunchConfig};
 use crate::dtype::{DType, Float};
 use crate::error::{Error, Result};
 use crate::formats::QuantMatrix;
-use cudarc::driver::{sys, PushKernelArg};
+use cudarc::driver::PushKernelArg;
 use half::{bf16, f16};
 use rayon::prelude::*;
 use std::sync::Arc;
@@ -938,13 +938,8 @@ impl LinearW4A16Cuda {
             }
             // The depth (forced or default) is capped at what fits in this GPU's shared memory.
             variant.fit_stages(limits);
-            let function = device.function(variant.source(), "w4a16_linear")?;
-            function
-                .set_attribute(
-                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    variant.smem_bytes() as i32,
-                )
-                .map_err(|e| crate::cuda::cuda_error(format!("shared memory of {}", variant.name()), e))?;
+            let function =
+                device.function_with_shared_memory(variant.source(), "w4a16_linear", variant.smem_bytes())?;
             kernels.push((variant, function));
         }
         let stage_x = device.function(kernels[0].0.source(), "w4a16_stage_x")?;

@@ -450,15 +450,11 @@ impl CudaLinear {
         let source = &gemm::KERNEL;
         let suffix = act.name(); // f16 or bf16: repack checked it
         let dense = DensePath {
-            dequantize: {
-                let f = dev.function(source, &format!("w4a16_dequantize_repacked_{suffix}"))?;
-                f.set_attribute(
-                    cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    dense_tile_bytes(256) as i32,
-                )
-                .map_err(|e| crate::cuda::cuda_error("shared memory of w4a16_dequantize_repacked", e))?;
-                f
-            },
+            dequantize: dev.function_with_shared_memory(
+                source,
+                &format!("w4a16_dequantize_repacked_{suffix}"),
+                dense_tile_bytes(256),
+            )?,
             bias_activation: dev.function(source, &format!("w4a16_bias_activation_{suffix}"))?,
             blas: CublasLinear::new(dev.stream().clone(), w.n, w.k)?,
             scratch: Mutex::new(None),

@@ -657,12 +657,7 @@ impl W8a8LinearCuda {
         })?;
         let smem = smem_for(stages);
         let kernel = format!("w8a8_{prefix}_{}_s{stages}", dtype.name());
-        let gemm = device.function(&KERNEL, &kernel)?;
-        gemm.set_attribute(
-            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            smem as i32,
-        )
-        .map_err(|e| crate::cuda::cuda_error(format!("shared memory of {kernel}"), e))?;
+        let gemm = device.function_with_shared_memory(&KERNEL, &kernel, smem)?;
         let codes = device.upload(&codes)?;
         if choice == GemmKernel::Wgmma {
             params = hopper_weight_params(&params, blocks, n_pad);
@@ -722,6 +717,15 @@ impl W8a8LinearCuda {
     /// The GEMM kernel launched (`w8a8_gemm_<dtype>_s<stages>` or `w8a8_wgmma_<dtype>_s<stages>`).
     pub fn kernel_name(&self) -> &str {
         &self.kernel
+    }
+
+    /// Which GEMM kernel the layer launches.
+    pub fn gemm_kernel(&self) -> GemmKernel {
+        if self.codes_map.is_some() {
+            GemmKernel::Wgmma
+        } else {
+            GemmKernel::MmaSync
+        }
     }
 
     /// Pipeline depth of the GEMM (what fits in this GPU's shared memory).

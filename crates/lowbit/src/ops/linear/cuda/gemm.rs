@@ -589,12 +589,16 @@ impl LinearW4A16Gemm {
         // Split-K runs one cluster of `splits` CTAs per tile (grid = items, a multiple of splits); a convolution is
         // the programmatic dependent of its pack kernel (the producer waits for the image before reading it).
         // cudarc's launch builder expresses neither, hence cuLaunchKernelEx.
-        let mut attrs = Vec::with_capacity(2);
+        // A fixed array, not a Vec: a launch allocates nothing. Slots past `used` are never read.
+        let mut attrs = [dependent_launch_attribute(); 2];
+        let mut used = 0;
         if splits > 1 {
-            attrs.push(cluster_attribute(splits));
+            attrs[used] = cluster_attribute(splits);
+            used += 1;
         }
         if conv.taps > 0 {
-            attrs.push(dependent_launch_attribute());
+            attrs[used] = dependent_launch_attribute();
+            used += 1;
         }
         let config = sys::CUlaunchConfig {
             gridDimX: grid,
@@ -606,7 +610,7 @@ impl LinearW4A16Gemm {
             sharedMemBytes: kernel.variant.smem_bytes() as u32,
             hStream: stream.cu_stream(),
             attrs: attrs.as_mut_ptr(),
-            numAttrs: attrs.len() as u32,
+            numAttrs: used as u32,
         };
         let mut params: [*mut std::ffi::c_void; 3] = [
             &xmap as *const TensorMap as *mut _,
@@ -682,13 +686,7 @@ fn load_variant(device: &CudaDevice, mut variant: GemmVariant) -> Result<GemmKer
     while variant.stages > 2 && variant.smem_bytes() > limits.per_cta {
         variant.stages -= 1;
     }
-    let function = device.function(variant.source(), "w4a16_gemm")?;
-    function
-        .set_attribute(
-            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            variant.smem_bytes() as i32,
-        )
-        .map_err(|e| crate::cuda::cuda_error(format!("shared memory of {}", variant.name()), e))?;
+    let function = device.function_with_shared_memory(variant.source(), "w4a16_gemm", variant.smem_bytes())?;
     let mut resident_clusters = [0; MAX_SPLITS + 1];
     for (ctas, resident) in resident_clusters.iter_mut().enumerate().skip(2) {
         let mut cluster = cluster_attribute(ctas);
