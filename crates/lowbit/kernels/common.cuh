@@ -502,17 +502,6 @@ struct FragmentOps<F16> {
                           F16::sub(and_or<0x000F000Fu, F16::MAGIC>(w8), lo),
                           F16::fma(and_or<0x00F000F0u, F16::MAGIC>(w8), F16::ONE_SIXTEENTH, hi));
     }
-    // The 8 codes of a fragment word as the A fragment with NO arithmetic, for kernels that apply the zero point
-    // after the mma (linear_w4a16.cu, RAW CODES): bits 0-3 of an f16 are the subnormal q * 2^-24 and bits 4-7 the
-    // subnormal 16 q * 2^-24, both below the exponent field, so exact and linear in q. Registers of row g (nibbles
-    // 0/4, 2/6) hold q * 2^-24, those of row g + 8 (nibbles 1/5, 3/7) q * 2^-20: every row has one factor, which
-    // the row's scale undoes (raw_row_factor: 2^24 for row g, 2^20 for row g + 8).
-    static constexpr bool HAS_RAW_CODES = true;
-    __device__ static constexpr float raw_row_factor(int h) { return h == 0 ? 0x1p24f : 0x1p20f; }
-    __device__ static __forceinline__ uint4 raw_codes(u32 w) {
-        const u32 w8 = w >> 8;
-        return make_uint4(w & 0x000F000Fu, w & 0x00F000F0u, w8 & 0x000F000Fu, w8 & 0x00F000F0u);
-    }
     // Two scales (low half, high half) as f32.
     __device__ static __forceinline__ float2 scale_pair(u32 pair) {
         return __half22float2(*reinterpret_cast<const __half2*>(&pair));
@@ -544,8 +533,6 @@ struct FragmentOps<BF16> {
                           BF16::fma(and_or<0x000F000Fu, BF16::MAGIC>(w >> 8), BF16::ONE, lo),
                           BF16::fma(and_or<0x000F000Fu, BF16::MAGIC>(w >> 12), BF16::ONE, hi));
     }
-    // bf16 subnormals (q * 2^-133) would underflow in the fp32 products: no raw codes.
-    static constexpr bool HAS_RAW_CODES = false;
     __device__ static __forceinline__ float2 scale_pair(u32 pair) {
         return make_float2(__uint_as_float(pair << 16), __uint_as_float(pair & 0xFFFF0000u));
     }
@@ -560,7 +547,6 @@ struct FragmentOps<BF16> {
 struct GroupTerms {
     u32 lo[2], hi[2];  // zero terms of rows g / g + 8 per tile (FragmentOps<T>::zero_terms)
     float s[2][2];     // scales [tile][row g, row g + 8]
-    float z[2][2];     // zero points, the same rows (8 when symmetric)
     u32 s2[2][2];      // the same scales as packed pairs {s, s} of the activation type (scaling A fragments)
 };
 
@@ -578,8 +564,6 @@ __device__ __forceinline__ GroupTerms load_group_terms(u32 params, int s_bytes, 
     FragmentOps<T>::zero_terms(z * 0x10001u, gt.lo, gt.hi);
     const float2 s0 = FragmentOps<T>::scale_pair(sv.x), s1 = FragmentOps<T>::scale_pair(sv.y);
     gt.s[0][0] = s0.x, gt.s[0][1] = s0.y, gt.s[1][0] = s1.x, gt.s[1][1] = s1.y;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) gt.z[i >> 1][i & 1] = (float)((z >> (4 * i)) & 15u);  // nibble 2t + h
     gt.s2[0][0] = prmt(sv.x, sv.x, 0x1010), gt.s2[0][1] = prmt(sv.x, sv.x, 0x3232);
     gt.s2[1][0] = prmt(sv.y, sv.y, 0x1010), gt.s2[1][1] = prmt(sv.y, sv.y, 0x3232);
     return gt;

@@ -49,23 +49,13 @@
 //   result is at least as accurate as multiplying round((q - z) * s) (the products are now exact), integer
 //   inputs with power-of-two scales are still exact, and the order of every sum depends on the shape only.
 //
-// * RAW CODES (f16, LB_RAW_CODES): the A fragment is the codes themselves, as f16 subnormals (q * 2^-24 for row
-//   g, q * 2^-20 for row g + 8: FragmentOps<F16>::raw_codes), so a word costs one shift and four ANDs instead of
-//   also two subtractions and two fmas, ~40% of the consumer's instructions per unit at M = 1. The zero point
-//   moves behind the mma: sum_k (q_k - z) x_k = sum_k q_k x_k - z X with X = sum_k x_k over the group, and X comes
-//   from the tensor cores too -- one extra mma per k16 step with A = all ones (token_sums), shared by both tiles.
-//   At the group's end acc += (acc_g * s * 2^24 or 2^20) + (-s z) X, two fmas per accumulator. Products stay exact
-//   (f16 subnormals are exact tensor-core inputs; the fp32 products are normal), integer inputs with power-of-two
-//   scales stay exact, and the order of every sum still depends on the shape only. bf16 has no usable subnormals
-//   (the products would underflow fp32) and keeps the magic-number (q - z).
-//
 // * SCALE/ZERO LAYOUT. Per tile and group row, each warp's 32 columns are stored lane-group first: for g = 0..7
 //   the four columns (tile 0, row g), (tile 0, row g + 8), (tile 1, row g), (tile 1, row g + 8), i.e. exactly the
 //   four accumulator rows of lane g*4..g*4+3 (cuda.rs `param_slot`). A lane reads its four scales with one 8-byte
 //   ld.shared and its four zero codes with one 16-bit ld.shared, and forms all its zero terms with ~8 ALU ops.
 //
 // The host prepends the #defines selecting one variant (LB_DTYPE, LB_MT, LB_ZEROS, LB_WARPS, LB_STAGES, LB_TMA,
-// LB_MIN_BLOCKS, LB_UNIT_GROUPS, LB_RAW_CODES) and launches the extern "C" kernels at the bottom.
+// LB_MIN_BLOCKS, LB_UNIT_GROUPS) and launches the extern "C" kernels at the bottom.
 #include "common.cuh"
 
 namespace lowbit {
@@ -101,9 +91,8 @@ struct Shape {
 
 // UNIT_GROUPS: the group size is a multiple of 128 (g128, per channel, ...), so each unit lies in one group: a
 // stage holds one scale/zero row instead of MAX_GROUP_ROWS (more stages fit) and no group boundary is checked.
-template <class T, int MT, bool HAS_ZEROS, int WARPS, int STAGES, bool TMA, bool UNIT_GROUPS, bool RAW>
+template <class T, int MT, bool HAS_ZEROS, int WARPS, int STAGES, bool TMA, bool UNIT_GROUPS>
 struct Linear {
-    static_assert(!RAW || FragmentOps<T>::HAS_RAW_CODES, "raw codes need f16 activations");
     static constexpr int THREADS = WARPS * 32;           // consumer (mma) threads
     static constexpr int BLOCK = THREADS + (TMA ? 32 : 0);  // + one producer warp issuing the TMA copies
     static constexpr int N_CTA = WARPS * WARP_N;
@@ -183,55 +172,30 @@ struct Linear {
         return load_group_terms<T, HAS_ZEROS, N_CTA>(stage + W_BYTES + X_BYTES, S_BYTES, row, warp, lane);
     }
 
-    // Passes over a unit: each takes T_PER_PASS of the two 16-row tiles and M_PER_PASS of the MT token tiles, so
-    // that its group accumulators fit in registers next to `acc`. One pass up to M = 32; at M = 64 one tile per pass
-    // (and, with raw codes, half the tokens): the unit's words and x fragments are then re-read from shared memory.
+    // Tiles per pass over a unit: both (one pass) while the group accumulators fit in registers next to `acc`;
+    // at M = 64 one tile per pass (the unit's words and x fragments are read from shared memory twice).
     static constexpr int T_PASSES = MT >= 8 ? 2 : 1;
-    static constexpr int M_PASSES = RAW && MT >= 8 ? 2 : 1;
     static constexpr int T_PER_PASS = 2 / T_PASSES;
-    static constexpr int M_PER_PASS = MT / M_PASSES;
     // x fragments loaded per k16 step instead of per 32-k chunk (M = 64: 16 registers fewer live).
     static constexpr bool X_PER_STEP = MT >= 8;
 
-    // Group accumulators of one pass: acc_g[tile][token tile] and, RAW, the token sums xsum[token tile] of the group
-    // (only elements 0 and 1 are used; see token_sums).
-    struct PassSums {
-        float acc_g[T_PER_PASS][M_PER_PASS][4];
-        float xsum[M_PER_PASS][4];
-    };
-
-    // acc += the pass's group sums times the scale of their row: element i of a C fragment is row g (i = 0, 1) or
-    // g + 8 (i = 2, 3), token 2 (lane % 4) + i % 2. RAW: acc_g is sum q x in the row's subnormal units and the zero
-    // term -s z X of the token sums follows. fmaf, so every variant rounds the same way (batch invariance).
-    __device__ static __forceinline__ void apply_scales(float (&acc)[2][MT][4], const PassSums& ps, const GroupTerms& gt,
-                                                        int t0, int m0) {
+    // acc[t] += acc_g * scale of its row, for the tiles of pass `pass`: element i of a C fragment is row g
+    // (i = 0, 1) or g + 8 (i = 2, 3). fmaf, so every variant rounds the same way (batch invariance).
+    __device__ static __forceinline__ void apply_scales(float (&acc)[2][MT][4], const float (&acc_g)[T_PER_PASS][MT][4],
+                                                        const GroupTerms& gt, int pass) {
 #pragma unroll
         for (int tt = 0; tt < T_PER_PASS; ++tt)
 #pragma unroll
-            for (int mm = 0; mm < M_PER_PASS; ++mm)
+            for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
-                    const int t = t0 + tt, mt = m0 + mm, h = i >> 1;
-                    if constexpr (RAW) {
-                        const float s = gt.s[t][h] * FragmentOps<T>::raw_row_factor(h);
-                        acc[t][mt][i] = __fmaf_rn(ps.acc_g[tt][mm][i], s, acc[t][mt][i]);
-                        acc[t][mt][i] = __fmaf_rn(-gt.s[t][h] * gt.z[t][h], ps.xsum[mm][i & 1], acc[t][mt][i]);
-                    } else {
-                        acc[t][mt][i] = __fmaf_rn(ps.acc_g[tt][mm][i], gt.s[t][h], acc[t][mt][i]);
-                    }
+                    const int t = pass * T_PER_PASS + tt;
+                    acc[t][mt][i] = __fmaf_rn(acc_g[tt][mt][i], gt.s[t][i >> 1], acc[t][mt][i]);
                 }
     }
 
-    // RAW: xsum += the sums over this k16 step of tokens 2 (lane % 4) and 2 (lane % 4) + 1 of a token tile, as
-    // ones(16 x 16) . B on the tensor cores (elements 0, 1; rows g + 8 repeat them in 2, 3).
-    template <bool ACCUMULATE>
-    __device__ static __forceinline__ void token_sums(float (&xsum)[4], u32 b0, u32 b1) {
-        constexpr u32 ONES = 0x3C003C00u;  // {1.0, 1.0} in f16
-        FragmentOps<T>::template mma<ACCUMULATE>(xsum, make_uint4(ONES, ONES, ONES, ONES), b0, b1);
-    }
-
-    // One unit: 8 k16 steps x 2 tiles x MT token tiles of mma (on q - z, or RAW on q), into per-group accumulators
-    // that are scaled into `acc` at each group end and at the unit's end (UNIT_GROUPS: the whole unit is group row 0).
+    // One unit: 8 k16 steps x 2 tiles x MT token tiles of mma on (q - z), into per-group accumulators that are
+    // scaled into `acc` at each group end and at the unit's end (UNIT_GROUPS: the whole unit is group row 0).
     __device__ static __forceinline__ void compute_stage(u32 stage, const Shape& s, int kt, int warp, int lane,
                                                          float (&acc)[2][MT][4]) {
         const u32 ws = stage + warp * (4 * 512) + lane * 16;
@@ -246,73 +210,55 @@ struct Linear {
             for (int j = ((g_lo + 1) * s.group - k0) >> 4; j < K_TILE / 16; j += s.group >> 4) starts |= 1u << j;
         }
 #pragma unroll
-        for (int pass = 0; pass < T_PASSES * M_PASSES; ++pass) {
-            const int t0 = (pass / M_PASSES) * T_PER_PASS, m0 = (pass % M_PASSES) * M_PER_PASS;
+        for (int pass = 0; pass < T_PASSES; ++pass) {
             GroupTerms gt = load_group(stage, 0, warp, lane);
-            PassSums ps;
+            float acc_g[T_PER_PASS][MT][4];
 #pragma unroll
             for (int kc = 0; kc < 4; ++kc) {
                 const uint4 wq = lds128(ws + kc * 512);
-                // B fragments of token tile m0 + mm for both k16 steps of this 32-k chunk: lanes 0-7 address rows
-                // at k offset 0, lanes 8-15 at 8, 16-23 at 16, 24-31 at 24 -> regs (step 0 lo, hi, step 1 lo, hi).
-                // At M = 64 one step at a time (ldmatrix.x2, lanes 0-15), for registers.
-                u32 xb[M_PER_PASS][4];
+                // B fragments of tokens mt*8..mt*8+7 for both k16 steps of this 32-k chunk: lanes 0-7 address
+                // rows at k offset 0, lanes 8-15 at 8, 16-23 at 16, 24-31 at 24 -> regs (step 0 lo, hi, step 1
+                // lo, hi). At M = 64 one step at a time (ldmatrix.x2, lanes 0-15), for registers.
+                u32 xb[MT][4];
                 if constexpr (!X_PER_STEP) {
 #pragma unroll
-                    for (int mm = 0; mm < M_PER_PASS; ++mm)
-                        ldmatrix_x4(xb[mm], xs + ((m0 + mm) * 8 * X_PITCH + kc * 32) * 2);
+                    for (int mt = 0; mt < MT; ++mt)
+                        ldmatrix_x4(xb[mt], xs + (mt * 8 * X_PITCH + kc * 32) * 2);
                 }
 #pragma unroll
                 for (int ks = 0; ks < 2; ++ks) {
                     const int step = kc * 2 + ks;
                     if constexpr (X_PER_STEP) {
 #pragma unroll
-                        for (int mm = 0; mm < M_PER_PASS; ++mm)
-                            ldmatrix_x2(xb[mm][2 * ks], xb[mm][2 * ks + 1],
-                                        xs + ((m0 + mm) * 8 * X_PITCH + step * 16) * 2);
+                        for (int mt = 0; mt < MT; ++mt)
+                            ldmatrix_x2(xb[mt][2 * ks], xb[mt][2 * ks + 1], xs + (mt * 8 * X_PITCH + step * 16) * 2);
                     }
                     if (!UNIT_GROUPS && (starts >> step) & 1) {  // warp-uniform: a group starts here
-                        apply_scales(acc, ps, gt, t0, m0);
+                        apply_scales(acc, acc_g, gt, pass);
 #pragma unroll
-                        for (int mm = 0; mm < M_PER_PASS; ++mm)
+                        for (int tt = 0; tt < T_PER_PASS; ++tt)
 #pragma unroll
-                            for (int i = 0; i < 4; ++i) {
+                            for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-                                for (int tt = 0; tt < T_PER_PASS; ++tt) ps.acc_g[tt][mm][i] = 0.0f;
-                                ps.xsum[mm][i] = 0.0f;
-                            }
+                                for (int i = 0; i < 4; ++i) acc_g[tt][mt][i] = 0.0f;
                         gt = load_group(stage, __popc(starts & ((2u << step) - 1)), warp, lane);
-                    }
-                    if constexpr (RAW) {
-#pragma unroll
-                        for (int mm = 0; mm < M_PER_PASS; ++mm) {
-                            if (step == 0)
-                                token_sums<false>(ps.xsum[mm], xb[mm][2 * ks], xb[mm][2 * ks + 1]);
-                            else
-                                token_sums<true>(ps.xsum[mm], xb[mm][2 * ks], xb[mm][2 * ks + 1]);
-                        }
                     }
 #pragma unroll
                     for (int tt = 0; tt < T_PER_PASS; ++tt) {
-                        const int t = t0 + tt;
+                        const int t = pass * T_PER_PASS + tt;
                         const u32 word = ks == 0 ? (t == 0 ? wq.x : wq.y) : (t == 0 ? wq.z : wq.w);
-                        uint4 frag;
-                        if constexpr (RAW)
-                            frag = FragmentOps<T>::raw_codes(word);
-                        else
-                            frag = FragmentOps<T>::dequant(word, gt.lo[t], gt.hi[t]);
+                        const uint4 frag = FragmentOps<T>::dequant(word, gt.lo[t], gt.hi[t]);
 #pragma unroll
-                        for (int mm = 0; mm < M_PER_PASS; ++mm) {
-                            float (&d)[4] = ps.acc_g[tt][mm];
+                        for (int mt = 0; mt < MT; ++mt) {
                             if (step == 0)
-                                FragmentOps<T>::template mma<false>(d, frag, xb[mm][2 * ks], xb[mm][2 * ks + 1]);
+                                FragmentOps<T>::template mma<false>(acc_g[tt][mt], frag, xb[mt][2 * ks], xb[mt][2 * ks + 1]);
                             else
-                                FragmentOps<T>::template mma<true>(d, frag, xb[mm][2 * ks], xb[mm][2 * ks + 1]);
+                                FragmentOps<T>::template mma<true>(acc_g[tt][mt], frag, xb[mt][2 * ks], xb[mt][2 * ks + 1]);
                         }
                     }
                 }
             }
-            apply_scales(acc, ps, gt, t0, m0);
+            apply_scales(acc, acc_g, gt, pass);
         }
     }
 
@@ -563,14 +509,13 @@ struct Linear {
 #define LB_TMA (__CUDA_ARCH__ >= 900)
 #define LB_MIN_BLOCKS 2
 #define LB_UNIT_GROUPS 1
-#define LB_RAW_CODES 1
 #endif
 #if LB_TMA && __CUDA_ARCH__ < 900
 #error "the TMA pipeline (LB_TMA) needs sm_90: select LB_TMA 0 for older GPUs"
 #endif
 
 typedef lowbit::w4a16::Linear<lowbit::LB_DTYPE, LB_MT, LB_ZEROS != 0, LB_WARPS, LB_STAGES, LB_TMA != 0,
-                              LB_UNIT_GROUPS != 0, LB_RAW_CODES != 0>
+                              LB_UNIT_GROUPS != 0>
     LinearVariant;
 
 extern "C" __global__ void __launch_bounds__(LinearVariant::BLOCK, LB_MIN_BLOCKS)

@@ -15,9 +15,7 @@
 //!
 //! `LOWBIT_BENCH_VARIANTS=1` adds decode-kernel records with the grid forced to one (`lowbit_1sm`) or two
 //! (`lowbit_2sm`) CTAs per SM; `LOWBIT_BENCH_CTAS=66,88` with exactly that many CTAs (`lowbit_c66`, ...),
-//! `LOWBIT_BENCH_STAGES=3,4` with that pipeline depth (`lowbit_s3`, ...), `LOWBIT_BENCH_MAGIC=1` with every code
-//! converted to (q - z) before the mma instead of read raw (`lowbit_magic`; f16 only differs). Each also gets a graph
-//! record (`_graph`).
+//! `LOWBIT_BENCH_STAGES=3,4` with that pipeline depth (`lowbit_s3`, ...). Each also gets a graph record (`_graph`).
 
 use super::{graph_replay_us, median_of_batches, BenchArgs, BenchRecord, Shape, Sink};
 use half::{bf16, f16};
@@ -56,13 +54,6 @@ pub fn run(args: &BenchArgs, sink: &mut Sink) -> Result<()> {
             };
             variants.push((format!("lowbit_{per_sm}sm"), tuning));
         }
-    }
-    if std::env::var("LOWBIT_BENCH_MAGIC").is_ok_and(|v| v == "1") {
-        let magic = Tuning {
-            raw_codes: Some(false),
-            ..Tuning::default()
-        };
-        variants.push(("lowbit_magic".to_string(), magic));
     }
     for (var, prefix) in [("LOWBIT_BENCH_CTAS", "c"), ("LOWBIT_BENCH_STAGES", "s")] {
         let Ok(list) = std::env::var(var) else { continue };

@@ -571,9 +571,6 @@ pub struct Variant {
     /// The group size is a multiple of 128: a stage holds one scale/zero row (not 8) and no group boundary is
     /// checked inside a unit.
     pub unit_groups: bool,
-    /// f16 only: the mma reads the codes as f16 subnormals and the zero point is applied after it, through the
-    /// token sums (the kernel header's RAW CODES); otherwise each code is converted to (q - z) first.
-    pub raw_codes: bool,
 }
 
 impl Variant {
@@ -606,7 +603,6 @@ impl Variant {
             tma,
             min_blocks,
             unit_groups,
-            raw_codes: act == DType::F16,
         }
     }
 
@@ -644,7 +640,7 @@ impl Variant {
 
     fn name(&self) -> String {
         format!(
-            "linear_w4a16_{}_m{}_z{}_g{}_w{}_s{}_{}{}{}",
+            "linear_w4a16_{}_m{}_z{}_g{}_w{}_s{}_{}{}",
             self.act.name(),
             self.mt,
             u8::from(self.zeros),
@@ -652,8 +648,7 @@ impl Variant {
             self.warps,
             self.stages,
             if self.tma { "tma" } else { "cpasync" },
-            self.min_blocks,
-            if self.raw_codes { "_raw" } else { "" }
+            self.min_blocks
         )
     }
 
@@ -664,7 +659,7 @@ impl Variant {
             || {
                 format!(
                 "#define LB_DTYPE {}\n#define LB_MT {}\n#define LB_ZEROS {}\n#define LB_WARPS {}\n#define LB_STAGES {}\n\
-                 #define LB_TMA {}\n#define LB_MIN_BLOCKS {}\n#define LB_UNIT_GROUPS {}\n#define LB_RAW_CODES {}\n",
+                 #define LB_TMA {}\n#define LB_MIN_BLOCKS {}\n#define LB_UNIT_GROUPS {}\n",
                 if self.act == DType::Bf16 { "BF16" } else { "F16" },
                 self.mt,
                 u8::from(self.zeros),
@@ -672,8 +667,7 @@ impl Variant {
                 self.stages,
                 u8::from(self.tma),
                 self.min_blocks,
-                u8::from(self.unit_groups),
-                u8::from(self.raw_codes)
+                u8::from(self.unit_groups)
             )
             },
             SOURCE,
@@ -743,8 +737,6 @@ pub struct Tuning {
     /// Grid = exactly this many CTAs (fewer, longer stream-K pieces than one per SM, say), with the kernels of
     /// `ctas_per_sm`; overrides its grid size.
     pub ctas: Option<usize>,
-    /// `Some(false)`: convert each code to (q - z) before the mma even where raw codes apply (f16).
-    pub raw_codes: Option<bool>,
 }
 
 /// CTAs per SM for a weight of `units` (128-k x tile-width pieces) on `sms` SMs: two when each CTA still gets at
@@ -941,9 +933,6 @@ impl LinearW4A16Cuda {
             let mut variant = Variant::default_for(act, mt, zeros, unit_groups, plan.warps, ctas_per_sm);
             // M = 64 has no TMA variant (registers); nothing before sm_90 has.
             variant.tma = variant.tma && tma_supported && tuning.tma.unwrap_or(true);
-            // Raw codes on sm_90 only: for sm_80/sm_89 ptxas spills the M = 64 variant, and every M of one device
-            // must share the arithmetic (batch invariance).
-            variant.raw_codes = variant.raw_codes && tma_supported && tuning.raw_codes.unwrap_or(true);
             if let Some(stages) = tuning.stages {
                 variant.stages = stages.max(2);
             }
@@ -1499,19 +1488,9 @@ mod tests {
                 for (zeros, unit_groups, warps, ctas_per_sm) in [(true, true, 8, 2), (false, false, 2, 1)] {
                     let v = Variant::default_for(act, mt, zeros, unit_groups, warps, ctas_per_sm);
                     cases.push((v, "sm_90a"));
-                    if v.raw_codes {
-                        cases.push((Variant { raw_codes: false, ..v }, "sm_90a"));
-                    }
                     if mt == 1 || mt == 8 {
                         for arch in ["sm_80", "sm_89"] {
-                            cases.push((
-                                Variant {
-                                    tma: false,
-                                    raw_codes: false,
-                                    ..v
-                                },
-                                arch,
-                            ));
+                            cases.push((Variant { tma: false, ..v }, arch));
                         }
                     }
                 }
