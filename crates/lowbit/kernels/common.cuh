@@ -405,12 +405,8 @@ __device__ __forceinline__ u32 cluster_map(u32 addr, int rank) {
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(out) : "r"(addr), "r"(rank));
     return out;
 }
-__device__ __forceinline__ float4 ld_cluster_f32x4(u32 addr) {
-    float4 v;
-    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-                 : "r"(addr));
-    return v;
+__device__ __forceinline__ void st_cluster_f32(u32 addr, float v) {
+    asm volatile("st.shared::cluster.f32 [%0], %1;\n" ::"r"(addr), "f"(v) : "memory");
 }
 
 // Four 8x8 b16 matrices: register i of lane (g, t) holds row g, columns 2t and 2t + 1 of matrix i (the mma C/D

@@ -122,7 +122,8 @@ impl GemmVariant {
 
     /// Dynamic shared memory (`Gemm::DATA_BYTES` + barriers + 1 KB of alignment slack).
     pub fn smem_bytes(&self) -> usize {
-        let split_k_tile = self.bm() * (self.n_cta() + 4) * 4;
+        // The split-K slabs (`Gemm::Y_BYTES`): the tile plus 8 rows, for shares of ceil(BM / splits) rows.
+        let split_k_tile = (self.bm() + 8) * (self.n_cta() + 4) * 4;
         let staging = EPILOGUE_STAGING[usize::from(self.conv)];
         1024 + (self.stages * self.stage_bytes() + staging).max(split_k_tile) + self.stages * 16
     }
