@@ -75,7 +75,8 @@ struct Shape {
     int group;        // k per scale group in the repacked k space, a multiple of 16
     int GP;           // scale/zero rows per column tile
     int group_shift;  // log2(group) when a power of two, else -1
-    int splits;       // CTAs per output tile (split-K)
+    int splits;       // CTAs per output tile (split-K): 1, 2, 4 or 8
+    int split_rows_shift;  // log2(BM / splits): a split's share of the tile's rows in the epilogue
     int activation;   // Activation code (common.cuh)
     int y_vector;     // y rows are 16-byte aligned: 16-byte stores
     long long y_stride;
@@ -152,9 +153,7 @@ struct Gemm {
     // x first: swizzled tiles must be 1024-byte aligned, so stages are padded to a multiple of 1024.
     static constexpr int STAGE_BYTES = (X_BYTES + W_BYTES + S_BYTES + Z_BYTES + 1023) / 1024 * 1024;
     static constexpr int Y_PITCH = N_CTA + 4;  // fp32 epilogue tile row pitch (floats), see epilogue_split
-    // The split-K slabs: SPLITS shares of ceil(BM / SPLITS) rows, at most SPLIT_SLACK_ROWS rows more than the tile.
-    static constexpr int SPLIT_SLACK_ROWS = 8;
-    static constexpr int Y_BYTES = (BM + SPLIT_SLACK_ROWS) * Y_PITCH * 4;
+    static constexpr int Y_BYTES = BM * Y_PITCH * 4;  // the split-K slabs: splits x BM / splits rows
     // Per-warp staging of the register epilogue, past the stages (the producer may be filling those for the next
     // item meanwhile): two 8-token slices of the warp's 32 columns (epilogue_staged), or for a convolution four
     // [32 channels][8 tokens] slices, 16 bytes of padding apart (epilogue_conv).
@@ -384,27 +383,25 @@ struct Gemm {
         }
     }
 
-    // Split-K epilogue. The splits of a tile are one thread-block cluster (CTA rank = split); CTA r finishes rows
-    // [r BM / SPLITS, (r + 1) BM / SPLITS) of the tile. Once every CTA of the cluster is past its main loop (first
-    // barrier: nobody reads its stages any more), each PUSHES its fp32 partial of those rows into CTA r's shared
-    // memory, slab `split` of r's [SPLITS][ROWS][Y_PITCH] array, with st.shared::cluster. After the second barrier
-    // every CTA sums its rows' slabs from its own shared memory in split order (deterministic) and stores 8 columns
-    // per thread. Pulling the partials with DSMEM loads instead cost a ~1 us round trip per reduction pass (7.2 us
-    // per item at the batch-1 convolution); a remote store needs no reply. Global partials took ~10 us per tile: a
-    // GPU-scope fence behind 64-128 KB of stores, an arrival counter, then L2 round trips. The +4-float pitch keeps
-    // the stores conflict-free: the 8 lanes of a lane group write 8 consecutive columns, the 4 groups rows 2 apart.
-    // The producer warpgroup takes part in both barriers.
-    template <int ACT, int SPLITS>
+    // Split-K epilogue. The splits of a tile are one thread-block cluster (CTA rank = split); CTA r finishes the
+    // tile's rows [r ROWS, (r + 1) ROWS), ROWS = BM / splits (the host takes splits of 2, 4 or 8, so ROWS is a power
+    // of two: a row's owner and place are a shift and a mask). Once every CTA of the cluster is past its main loop
+    // (first barrier: nobody reads its stages any more), each PUSHES its fp32 partial of those rows into CTA r's
+    // shared memory, slab `split` of r's [splits][ROWS][Y_PITCH] array, with st.shared::cluster. After the second
+    // barrier every CTA sums its rows' slabs from its own shared memory in split order (deterministic) and stores 8
+    // columns per thread. Pulling the partials with DSMEM loads instead cost a ~1 us round trip per reduction pass
+    // (7.2 us per item at the batch-1 convolution); a remote store needs no reply. Global partials took ~10 us per
+    // tile: a GPU-scope fence behind 64-128 KB of stores, an arrival counter, then L2 round trips. The +4-float
+    // pitch keeps the stores conflict-free: the 8 lanes of a lane group write 8 consecutive columns, the 4 groups
+    // rows 2 apart. The producer warpgroup takes part in both barriers.
+    template <int ACT>
     __device__ static __forceinline__ void epilogue_split(const Args& a, const Shape& s, u32 base, int nt, int mt,
                                                           int wg, int split, int ctid, const float (&acc)[2][ACC]) {
-        constexpr int ROWS = (BM + SPLITS - 1) / SPLITS;  // rows of the largest share
-        static_assert(SPLITS * ROWS <= BM + SPLIT_SLACK_ROWS, "slabs exceed the split-K tile");
+        const int rows_shift = s.split_rows_shift, rows = 1 << rows_shift;  // ROWS = BM / splits
         const int lane = ctid & 31, g = lane >> 2, t4 = lane & 3;
         const int dw = (WG_N == 2 ? wg * 4 : 0) + ((ctid >> 5) & 3);
         const int wm = WG_N == 2 ? 0 : wg;
-        u32 slab[SPLITS];  // this CTA's slab in each owner's shared memory (cluster addresses)
-#pragma unroll
-        for (int r = 0; r < SPLITS; ++r) slab[r] = cluster_map(base + split * ROWS * Y_PITCH * 4, r);
+        const u32 slab = base + split * rows * (Y_PITCH * 4);  // this CTA's slab, in every owner
         cluster_sync();
 #pragma unroll
         for (int t = 0; t < 2; ++t)
@@ -414,49 +411,30 @@ struct Gemm {
                 for (int e = 0; e < 4; ++e) {
                     const int col = dw * 32 + t * 16 + (e >> 1) * 8 + g;
                     const int row = wm * WG_TOKENS + j * 8 + t4 * 2 + (e & 1);
-                    const int owner = ((row + 1) * SPLITS - 1) / BM;  // the largest r with r BM / SPLITS <= row
-                    const int local = row - owner * BM / SPLITS;
-                    u32 at = slab[0];
-#pragma unroll
-                    for (int r = 1; r < SPLITS; ++r) at = owner == r ? slab[r] : at;
-                    st_cluster_f32(at + (local * Y_PITCH + col) * 4, acc[t][4 * j + e]);
+                    const u32 at = slab + ((row & (rows - 1)) * Y_PITCH + col) * 4;
+                    st_cluster_f32(cluster_map(at, row >> rows_shift), acc[t][4 * j + e]);
                 }
         cluster_sync();
         trace_stamp(a.trace, TRACE_PARTIALS_SEEN);
 
         constexpr int CHUNKS = N_CTA / 8;  // 8-column chunks per tile row
-        const int row0 = split * BM / SPLITS, rows = (split + 1) * BM / SPLITS - row0;
         for (int i = ctid; i < rows * CHUNKS; i += CONSUMERS) {
             // Linear: consecutive threads take consecutive chunks of a row (16-byte stores along y's rows).
             // Convolution: consecutive rows of a chunk, so that each of the chunk's 8 channel planes receives a
             // warp's 32 consecutive positions per store instead of one 2-byte value.
-            const int local = CONV ? i % rows : i / CHUNKS, c = CONV ? i / rows : i % CHUNKS;
-            const int m = mt * BM + row0 + local, n = nt * N_CTA + c * 8;
+            const int local = CONV ? i & (rows - 1) : i / CHUNKS, c = CONV ? i >> rows_shift : i % CHUNKS;
+            const int m = mt * BM + split * rows + local, n = nt * N_CTA + c * 8;
             if (m >= s.M || n >= s.N) continue;
-            const u32 at = base + (local * Y_PITCH + c * 8) * 4;
+            u32 at = base + (local * Y_PITCH + c * 8) * 4;
             const float4 lo0 = lds128f(at), hi0 = lds128f(at + 16);
             float v[8] = {lo0.x, lo0.y, lo0.z, lo0.w, hi0.x, hi0.y, hi0.z, hi0.w};
-#pragma unroll
-            for (int sp = 1; sp < SPLITS; ++sp) {
-                const float4 lo = lds128f(at + sp * ROWS * Y_PITCH * 4), hi = lds128f(at + sp * ROWS * Y_PITCH * 4 + 16);
+            for (int sp = 1; sp < s.splits; ++sp) {
+                at += rows * (Y_PITCH * 4);
+                const float4 lo = lds128f(at), hi = lds128f(at + 16);
                 v[0] += lo.x, v[1] += lo.y, v[2] += lo.z, v[3] += lo.w;
                 v[4] += hi.x, v[5] += hi.y, v[6] += hi.z, v[7] += hi.w;
             }
             store_chunk<ACT>(a, s, m, n, v);
-        }
-    }
-
-    template <int ACT>
-    __device__ static __forceinline__ void epilogue_split(const Args& a, const Shape& s, u32 base, int nt, int mt,
-                                                          int wg, int split, int ctid, const float (&acc)[2][ACC]) {
-        switch (s.splits) {  // the host caps splits at 8
-            case 2: epilogue_split<ACT, 2>(a, s, base, nt, mt, wg, split, ctid, acc); break;
-            case 3: epilogue_split<ACT, 3>(a, s, base, nt, mt, wg, split, ctid, acc); break;
-            case 4: epilogue_split<ACT, 4>(a, s, base, nt, mt, wg, split, ctid, acc); break;
-            case 5: epilogue_split<ACT, 5>(a, s, base, nt, mt, wg, split, ctid, acc); break;
-            case 6: epilogue_split<ACT, 6>(a, s, base, nt, mt, wg, split, ctid, acc); break;
-            case 7: epilogue_split<ACT, 7>(a, s, base, nt, mt, wg, split, ctid, acc); break;
-            default: epilogue_split<ACT, 8>(a, s, base, nt, mt, wg, split, ctid, acc); break;
         }
     }
 

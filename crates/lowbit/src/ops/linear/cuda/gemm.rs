@@ -122,8 +122,7 @@ impl GemmVariant {
 
     /// Dynamic shared memory (`Gemm::DATA_BYTES` + barriers + 1 KB of alignment slack).
     pub fn smem_bytes(&self) -> usize {
-        // The split-K slabs (`Gemm::Y_BYTES`): the tile plus 8 rows, for shares of ceil(BM / splits) rows.
-        let split_k_tile = (self.bm() + 8) * (self.n_cta() + 4) * 4;
+        let split_k_tile = self.bm() * (self.n_cta() + 4) * 4;
         let staging = EPILOGUE_STAGING[usize::from(self.conv)];
         1024 + (self.stages * self.stage_bytes() + staging).max(split_k_tile) + self.stages * 16
     }
@@ -190,6 +189,7 @@ struct GemmShape {
     gp: i32,
     group_shift: i32,
     splits: i32,
+    split_rows_shift: i32,
     activation: i32,
     y_vector: i32,
     y_stride: i64,
@@ -403,17 +403,18 @@ impl LinearW4A16Gemm {
         &self.weight
     }
 
-    /// CTAs per output tile for a batch of `m` rows: 1 when the tiles fill the GPU, otherwise the most whose
-    /// clusters (one per tile) are all resident at once (at most 8, each keeping at least 4 k tiles; a forced
-    /// count is capped the same way).
+    /// CTAs per output tile for a batch of `m` rows: 1 when the tiles fill the GPU, otherwise the most of 2, 4
+    /// and 8 whose clusters (one per tile) are all resident at once, each keeping at least 4 k tiles (a forced
+    /// count is capped the same way and rounded down to a power of two). Powers of two divide the tile's rows
+    /// evenly among the splits, which the epilogue's reduction relies on (`epilogue_split`).
     pub fn splits(&self, m: usize) -> usize {
         let kernel = self.kernel(m);
         let tiles = self.weight.plan.n_tiles() * m.div_ceil(kernel.variant.bm());
         let most = (self.weight.plan.k_tiles() / MIN_KT_PER_SPLIT).clamp(1, MAX_SPLITS);
         let wanted = self.forced_splits.unwrap_or(MAX_SPLITS).clamp(1, most);
-        (2..=wanted)
-            .rev()
-            .find(|&c| tiles <= kernel.resident_clusters[c])
+        [8, 4, 2]
+            .into_iter()
+            .find(|&c| c <= wanted && tiles <= kernel.resident_clusters[c])
             .unwrap_or(1)
     }
 
@@ -581,6 +582,7 @@ impl LinearW4A16Gemm {
                 -1
             },
             splits: splits as i32,
+            split_rows_shift: (self.kernel(m).variant.bm() / splits).trailing_zeros() as i32,
             activation: activation.code(),
             y_vector,
             y_stride,
