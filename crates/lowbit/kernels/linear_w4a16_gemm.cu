@@ -152,8 +152,8 @@ struct Gemm {
     static constexpr int Z_BYTES = GROUP_ROWS * Z_ROW_BYTES;
     // x first: swizzled tiles must be 1024-byte aligned, so stages are padded to a multiple of 1024.
     static constexpr int STAGE_BYTES = (X_BYTES + W_BYTES + S_BYTES + Z_BYTES + 1023) / 1024 * 1024;
-    static constexpr int Y_PITCH = N_CTA + 4;  // fp32 epilogue tile row pitch (floats), see epilogue_split
-    static constexpr int Y_BYTES = BM * Y_PITCH * 4;  // the split-K slabs: splits x BM / splits rows
+    static constexpr int PAIR_PITCH = N_CTA + 8;  // columns per row pair of the split-K slabs (epilogue_split)
+    static constexpr int Y_BYTES = BM * PAIR_PITCH * 4;  // the split-K slabs: splits x BM / splits rows
     // Per-warp staging of the register epilogue, past the stages (the producer may be filling those for the next
     // item meanwhile): two 8-token slices of the warp's 32 columns (epilogue_staged), or for a convolution four
     // [32 channels][8 tokens] slices, 16 bytes of padding apart (epilogue_conv).
@@ -387,54 +387,71 @@ struct Gemm {
     // tile's rows [r ROWS, (r + 1) ROWS), ROWS = BM / splits (the host takes splits of 2, 4 or 8, so ROWS is a power
     // of two: a row's owner and place are a shift and a mask). Once every CTA of the cluster is past its main loop
     // (first barrier: nobody reads its stages any more), each PUSHES its fp32 partial of those rows into CTA r's
-    // shared memory, slab `split` of r's [splits][ROWS][Y_PITCH] array, with st.shared::cluster. After the second
-    // barrier every CTA sums its rows' slabs from its own shared memory in split order (deterministic) and stores 8
-    // columns per thread. Pulling the partials with DSMEM loads instead cost a ~1 us round trip per reduction pass
-    // (7.2 us per item at the batch-1 convolution); a remote store needs no reply. Global partials took ~10 us per
-    // tile: a GPU-scope fence behind 64-128 KB of stores, an arrival counter, then L2 round trips. The +4-float
-    // pitch keeps the stores conflict-free: the 8 lanes of a lane group write 8 consecutive columns, the 4 groups
-    // rows 2 apart. The producer warpgroup takes part in both barriers.
+    // shared memory, slab `split` of r's array, with st.shared::cluster. After the second barrier every CTA sums its
+    // rows' slabs from its own shared memory in split order (deterministic) and stores them. Pulling the partials
+    // with DSMEM loads instead cost a ~1 us round trip per reduction pass (7.2 us per item at the batch-1
+    // convolution, two splits); a remote store needs no reply. Global partials took ~10 us per tile: a GPU-scope
+    // fence behind 64-128 KB of stores, an arrival counter, then L2 round trips.
+    // Slab layout: row PAIRS, [ROWS / 2][PAIR_PITCH][2] floats. A lane's accumulator pair is two consecutive rows
+    // of one column, so it goes out as one 8-byte store (4-byte remote stores made eight splits slower than the
+    // pull), and a pair of 8-column chunks comes back as four 16-byte loads. PAIR_PITCH = N_CTA + 8 columns puts
+    // the four row pairs of a warp's store in alternate 64-byte halves of the banks (conflict-free).
+    // The producer warpgroup takes part in both barriers.
     template <int ACT>
     __device__ static __forceinline__ void epilogue_split(const Args& a, const Shape& s, u32 base, int nt, int mt,
                                                           int wg, int split, int ctid, const float (&acc)[2][ACC]) {
-        const int rows_shift = s.split_rows_shift, rows = 1 << rows_shift;  // ROWS = BM / splits
+        const int pairs_shift = s.split_rows_shift - 1, pairs = 1 << pairs_shift;  // ROWS / 2
+        const u32 slab_bytes = pairs * (PAIR_PITCH * 8);
         const int lane = ctid & 31, g = lane >> 2, t4 = lane & 3;
         const int dw = (WG_N == 2 ? wg * 4 : 0) + ((ctid >> 5) & 3);
         const int wm = WG_N == 2 ? 0 : wg;
-        const u32 slab = base + split * rows * (Y_PITCH * 4);  // this CTA's slab, in every owner
+        const u32 slab = base + split * slab_bytes;  // this CTA's slab, in every owner
         cluster_sync();
 #pragma unroll
-        for (int t = 0; t < 2; ++t)
+        for (int j = 0; j < WG_TOKENS / 8; ++j) {
+            const int pair = wm * (WG_TOKENS / 2) + j * 4 + t4;  // rows 2 pair, 2 pair + 1 of the tile
+            const u32 row_at = slab + (pair & (pairs - 1)) * (PAIR_PITCH * 8);
+            const int owner = pair >> pairs_shift;
 #pragma unroll
-            for (int j = 0; j < WG_TOKENS / 8; ++j)
+            for (int t = 0; t < 2; ++t)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int col = dw * 32 + t * 16 + (e >> 1) * 8 + g;
-                    const int row = wm * WG_TOKENS + j * 8 + t4 * 2 + (e & 1);
-                    const u32 at = slab + ((row & (rows - 1)) * Y_PITCH + col) * 4;
-                    st_cluster_f32(cluster_map(at, row >> rows_shift), acc[t][4 * j + e]);
+                for (int h = 0; h < 2; ++h) {
+                    const int col = dw * 32 + t * 16 + h * 8 + g;
+                    st_cluster_f32x2(cluster_map(row_at + col * 8, owner), acc[t][4 * j + 2 * h],
+                                     acc[t][4 * j + 2 * h + 1]);
                 }
+        }
         cluster_sync();
         trace_stamp(a.trace, TRACE_PARTIALS_SEEN);
 
         constexpr int CHUNKS = N_CTA / 8;  // 8-column chunks per tile row
-        for (int i = ctid; i < rows * CHUNKS; i += CONSUMERS) {
-            // Linear: consecutive threads take consecutive chunks of a row (16-byte stores along y's rows).
-            // Convolution: consecutive rows of a chunk, so that each of the chunk's 8 channel planes receives a
-            // warp's 32 consecutive positions per store instead of one 2-byte value.
-            const int local = CONV ? i & (rows - 1) : i / CHUNKS, c = CONV ? i >> rows_shift : i % CHUNKS;
-            const int m = mt * BM + split * rows + local, n = nt * N_CTA + c * 8;
+        for (int i = ctid; i < pairs * CHUNKS; i += CONSUMERS) {
+            // Linear: consecutive threads take consecutive chunks of a row pair (16-byte stores along y's rows).
+            // Convolution: consecutive pairs of a chunk, so that each of the chunk's 8 channel planes receives a
+            // warp's 64 consecutive positions per two stores instead of scattered 2-byte values.
+            const int pair = CONV ? i & (pairs - 1) : i / CHUNKS, c = CONV ? i >> pairs_shift : i % CHUNKS;
+            const int m = mt * BM + split * 2 * pairs + 2 * pair, n = nt * N_CTA + c * 8;
             if (m >= s.M || n >= s.N) continue;
-            u32 at = base + (local * Y_PITCH + c * 8) * 4;
-            const float4 lo0 = lds128f(at), hi0 = lds128f(at + 16);
-            float v[8] = {lo0.x, lo0.y, lo0.z, lo0.w, hi0.x, hi0.y, hi0.z, hi0.w};
+            // float4 q of a chunk pair: (row 0, col 2q), (row 1, col 2q), (row 0, col 2q + 1), (row 1, col 2q + 1).
+            u32 at = base + (pair * PAIR_PITCH + c * 8) * 8;
+            float4 sum[4];
+#pragma unroll
+            for (int q = 0; q < 4; ++q) sum[q] = lds128f(at + q * 16);
             for (int sp = 1; sp < s.splits; ++sp) {
-                at += rows * (Y_PITCH * 4);
-                const float4 lo = lds128f(at), hi = lds128f(at + 16);
-                v[0] += lo.x, v[1] += lo.y, v[2] += lo.z, v[3] += lo.w;
-                v[4] += hi.x, v[5] += hi.y, v[6] += hi.z, v[7] += hi.w;
+                at += slab_bytes;
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                    const float4 p = lds128f(at + q * 16);
+                    sum[q].x += p.x, sum[q].y += p.y, sum[q].z += p.z, sum[q].w += p.w;
+                }
             }
-            store_chunk<ACT>(a, s, m, n, v);
+            float row0[8], row1[8];
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                row0[2 * q] = sum[q].x, row1[2 * q] = sum[q].y, row0[2 * q + 1] = sum[q].z, row1[2 * q + 1] = sum[q].w;
+            }
+            store_chunk<ACT>(a, s, m, n, row0);
+            if (m + 1 < s.M) store_chunk<ACT>(a, s, m + 1, n, row1);
         }
     }
 

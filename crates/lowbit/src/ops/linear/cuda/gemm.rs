@@ -122,7 +122,7 @@ impl GemmVariant {
 
     /// Dynamic shared memory (`Gemm::DATA_BYTES` + barriers + 1 KB of alignment slack).
     pub fn smem_bytes(&self) -> usize {
-        let split_k_tile = self.bm() * (self.n_cta() + 4) * 4;
+        let split_k_tile = self.bm() * (self.n_cta() + 8) * 4; // Gemm::Y_BYTES: the split-K slabs
         let staging = EPILOGUE_STAGING[usize::from(self.conv)];
         1024 + (self.stages * self.stage_bytes() + staging).max(split_k_tile) + self.stages * 16
     }
