@@ -405,8 +405,10 @@ __device__ __forceinline__ u32 cluster_map(u32 addr, int rank) {
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(out) : "r"(addr), "r"(rank));
     return out;
 }
-__device__ __forceinline__ void st_cluster_f32x2(u32 addr, float v0, float v1) {
-    asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(v0), "f"(v1) : "memory");
+__device__ __forceinline__ void st_cluster_f32x4(u32 addr, float4 v) {
+    asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "f"(v.x), "f"(v.y), "f"(v.z),
+                 "f"(v.w)
+                 : "memory");
 }
 
 // Four 8x8 b16 matrices: register i of lane (g, t) holds row g, columns 2t and 2t + 1 of matrix i (the mma C/D

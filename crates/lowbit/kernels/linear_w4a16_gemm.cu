@@ -152,8 +152,8 @@ struct Gemm {
     static constexpr int Z_BYTES = GROUP_ROWS * Z_ROW_BYTES;
     // x first: swizzled tiles must be 1024-byte aligned, so stages are padded to a multiple of 1024.
     static constexpr int STAGE_BYTES = (X_BYTES + W_BYTES + S_BYTES + Z_BYTES + 1023) / 1024 * 1024;
-    static constexpr int PAIR_PITCH = N_CTA + 8;  // columns per row pair of the split-K slabs (epilogue_split)
-    static constexpr int Y_BYTES = BM * PAIR_PITCH * 4;  // the split-K slabs: splits x BM / splits rows
+    // The split-K slabs: BM / 2 row pairs of N_CTA / 16 blocks of 36 floats and 4 of padding (epilogue_split).
+    static constexpr int Y_BYTES = BM / 2 * (N_CTA / 16 * 36 + 4) * 4;
     // Per-warp staging of the register epilogue, past the stages (the producer may be filling those for the next
     // item meanwhile): two 8-token slices of the warp's 32 columns (epilogue_staged), or for a convolution four
     // [32 channels][8 tokens] slices, 16 bytes of padding apart (epilogue_conv).
@@ -392,66 +392,69 @@ struct Gemm {
     // with DSMEM loads instead cost a ~1 us round trip per reduction pass (7.2 us per item at the batch-1
     // convolution, two splits); a remote store needs no reply. Global partials took ~10 us per tile: a GPU-scope
     // fence behind 64-128 KB of stores, an arrival counter, then L2 round trips.
-    // Slab layout: row PAIRS, [ROWS / 2][PAIR_PITCH][2] floats. A lane's accumulator pair is two consecutive rows
-    // of one column, so it goes out as one 8-byte store (4-byte remote stores made eight splits slower than the
-    // pull), and a pair of 8-column chunks comes back as four 16-byte loads. PAIR_PITCH = N_CTA + 8 columns puts
-    // the four row pairs of a warp's store in alternate 64-byte halves of the banks (conflict-free).
+    // Slab layout: row PAIRS. A lane holds, per 8-token slice and 16-column tile, rows 2 t4 and 2 t4 + 1 of
+    // columns c and c + 8: these four values are stored contiguously, (c, r0) (c + 8, r0) (c, r1) (c + 8, r1), so
+    // each leaves as ONE 16-byte remote store (scalar remote stores made eight splits slower than the pull), and a
+    // row's two come back as one 8-byte load. A 16-column block of a pair is thus 8 such quads (128 B), padded to
+    // 144 B, and a pair padded by 16 B more, so that the reduction, where neighbouring threads read neighbouring
+    // rows and blocks (linear) or rows and pairs (convolution), meets each bank once per phase.
     // The producer warpgroup takes part in both barriers.
+    static constexpr int QUAD_BLOCK_FLOATS = 36;                             // one 16-column block of a row pair
+    static constexpr int PAIR_FLOATS = N_CTA / 16 * QUAD_BLOCK_FLOATS + 4;   // one row pair of a slab
+
     template <int ACT>
     __device__ static __forceinline__ void epilogue_split(const Args& a, const Shape& s, u32 base, int nt, int mt,
                                                           int wg, int split, int ctid, const float (&acc)[2][ACC]) {
         const int pairs_shift = s.split_rows_shift - 1, pairs = 1 << pairs_shift;  // ROWS / 2
-        const u32 slab_bytes = pairs * (PAIR_PITCH * 8);
+        const u32 slab_bytes = pairs * (PAIR_FLOATS * 4);
         const int lane = ctid & 31, g = lane >> 2, t4 = lane & 3;
         const int dw = (WG_N == 2 ? wg * 4 : 0) + ((ctid >> 5) & 3);
         const int wm = WG_N == 2 ? 0 : wg;
-        const u32 slab = base + split * slab_bytes;  // this CTA's slab, in every owner
+        const u32 slab = base + split * slab_bytes + g * 16;  // this CTA's slab in every owner, at this lane's quad
         cluster_sync();
 #pragma unroll
         for (int j = 0; j < WG_TOKENS / 8; ++j) {
             const int pair = wm * (WG_TOKENS / 2) + j * 4 + t4;  // rows 2 pair, 2 pair + 1 of the tile
-            const u32 row_at = slab + (pair & (pairs - 1)) * (PAIR_PITCH * 8);
+            const u32 pair_at = slab + (pair & (pairs - 1)) * (PAIR_FLOATS * 4);
             const int owner = pair >> pairs_shift;
 #pragma unroll
-            for (int t = 0; t < 2; ++t)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int col = dw * 32 + t * 16 + h * 8 + g;
-                    st_cluster_f32x2(cluster_map(row_at + col * 8, owner), acc[t][4 * j + 2 * h],
-                                     acc[t][4 * j + 2 * h + 1]);
-                }
+            for (int t = 0; t < 2; ++t) {
+                const int block = dw * 2 + t;  // columns 16 block .. 16 block + 15
+                st_cluster_f32x4(cluster_map(pair_at + block * (QUAD_BLOCK_FLOATS * 4), owner),
+                                 make_float4(acc[t][4 * j], acc[t][4 * j + 2], acc[t][4 * j + 1], acc[t][4 * j + 3]));
+            }
         }
         cluster_sync();
         trace_stamp(a.trace, TRACE_PARTIALS_SEEN);
 
-        constexpr int CHUNKS = N_CTA / 8;  // 8-column chunks per tile row
-        for (int i = ctid; i < pairs * CHUNKS; i += CONSUMERS) {
-            // Linear: consecutive threads take consecutive chunks of a row pair (16-byte stores along y's rows).
-            // Convolution: consecutive pairs of a chunk, so that each of the chunk's 8 channel planes receives a
-            // warp's 64 consecutive positions per two stores instead of scattered 2-byte values.
-            const int pair = CONV ? i & (pairs - 1) : i / CHUNKS, c = CONV ? i >> pairs_shift : i % CHUNKS;
-            const int m = mt * BM + split * 2 * pairs + 2 * pair, n = nt * N_CTA + c * 8;
+        constexpr int BLOCKS = N_CTA / 16;
+        for (int i = ctid; i < 2 * pairs * BLOCKS; i += CONSUMERS) {
+            // One row of one 16-column block per item, the two rows of a pair on neighbouring threads. Linear:
+            // then consecutive blocks of the pair (16-byte stores along y's rows). Convolution: then consecutive
+            // pairs of the block, so each channel plane receives a warp's 32 consecutive positions per store.
+            const int r = i & 1, item = i >> 1;
+            const int pair = CONV ? item & (pairs - 1) : item / BLOCKS, b = CONV ? item >> pairs_shift : item % BLOCKS;
+            const int m = mt * BM + split * 2 * pairs + 2 * pair + r, n = nt * N_CTA + b * 16;
             if (m >= s.M || n >= s.N) continue;
-            // float4 q of a chunk pair: (row 0, col 2q), (row 1, col 2q), (row 0, col 2q + 1), (row 1, col 2q + 1).
-            u32 at = base + (pair * PAIR_PITCH + c * 8) * 8;
-            float4 sum[4];
+            // Quad q of the block holds (row 0, col q), (row 0, col q + 8), (row 1, col q), (row 1, col q + 8):
+            // this row's two are one 8-byte load.
+            u32 at = base + (pair * PAIR_FLOATS + b * QUAD_BLOCK_FLOATS) * 4 + r * 8;
+            float2 sum[8];
 #pragma unroll
-            for (int q = 0; q < 4; ++q) sum[q] = lds128f(at + q * 16);
+            for (int q = 0; q < 8; ++q) sum[q] = lds64f(at + q * 16);
             for (int sp = 1; sp < s.splits; ++sp) {
                 at += slab_bytes;
 #pragma unroll
-                for (int q = 0; q < 4; ++q) {
-                    const float4 p = lds128f(at + q * 16);
-                    sum[q].x += p.x, sum[q].y += p.y, sum[q].z += p.z, sum[q].w += p.w;
+                for (int q = 0; q < 8; ++q) {
+                    const float2 p = lds64f(at + q * 16);
+                    sum[q].x += p.x, sum[q].y += p.y;
                 }
             }
-            float row0[8], row1[8];
+            float lo[8], hi[8];
 #pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                row0[2 * q] = sum[q].x, row1[2 * q] = sum[q].y, row0[2 * q + 1] = sum[q].z, row1[2 * q + 1] = sum[q].w;
-            }
-            store_chunk<ACT>(a, s, m, n, row0);
-            if (m + 1 < s.M) store_chunk<ACT>(a, s, m + 1, n, row1);
+            for (int q = 0; q < 8; ++q) lo[q] = sum[q].x, hi[q] = sum[q].y;
+            store_chunk<ACT>(a, s, m, n, lo);
+            if (n + 8 < s.N) store_chunk<ACT>(a, s, m, n + 8, hi);
         }
     }
 
