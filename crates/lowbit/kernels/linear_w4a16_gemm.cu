@@ -75,8 +75,9 @@ struct Shape {
     int group;        // k per scale group in the repacked k space, a multiple of 16
     int GP;           // scale/zero rows per column tile
     int group_shift;  // log2(group) when a power of two, else -1
-    int splits;       // CTAs per output tile (split-K): 1, 2, 4 or 8
-    int split_rows_shift;  // log2(BM / splits): a split's share of the tile's rows in the epilogue
+    int splits;       // CTAs per output tile (split-K), at most 8
+    int split_pairs;  // split-K epilogue: row pairs per split, ceil(BM / 2 / splits)
+    int split_pairs_recip;  // ceil(2^16 / split_pairs): pair / split_pairs = (pair * recip) >> 16 (exact, pair < 128)
     int activation;   // Activation code (common.cuh)
     int y_vector;     // y rows are 16-byte aligned: 16-byte stores
     long long y_stride;
@@ -152,8 +153,9 @@ struct Gemm {
     static constexpr int Z_BYTES = GROUP_ROWS * Z_ROW_BYTES;
     // x first: swizzled tiles must be 1024-byte aligned, so stages are padded to a multiple of 1024.
     static constexpr int STAGE_BYTES = (X_BYTES + W_BYTES + S_BYTES + Z_BYTES + 1023) / 1024 * 1024;
-    // The split-K slabs: BM / 2 row pairs of N_CTA / 16 blocks of 36 floats and 4 of padding (epilogue_split).
-    static constexpr int Y_BYTES = BM / 2 * (N_CTA / 16 * 36 + 4) * 4;
+    // The split-K slabs: splits x ceil(BM / 2 / splits) <= BM / 2 + 8 row pairs of N_CTA / 16 blocks of 36 floats
+    // and 4 of padding (epilogue_split).
+    static constexpr int Y_BYTES = (BM / 2 + 8) * (N_CTA / 16 * 36 + 4) * 4;
     // Per-warp staging of the register epilogue, past the stages (the producer may be filling those for the next
     // item meanwhile): two 8-token slices of the warp's 32 columns (epilogue_staged), or for a convolution four
     // [32 channels][8 tokens] slices, 16 bytes of padding apart (epilogue_conv).
@@ -384,8 +386,8 @@ struct Gemm {
     }
 
     // Split-K epilogue. The splits of a tile are one thread-block cluster (CTA rank = split); CTA r finishes the
-    // tile's rows [r ROWS, (r + 1) ROWS), ROWS = BM / splits (the host takes splits of 2, 4 or 8, so ROWS is a power
-    // of two: a row's owner and place are a shift and a mask). Once every CTA of the cluster is past its main loop
+    // tile's row pairs [r P, (r + 1) P), P = ceil(BM / 2 / splits) (the last CTA fewer; a pair's owner is one
+    // multiply by the host's reciprocal, no division). Once every CTA of the cluster is past its main loop
     // (first barrier: nobody reads its stages any more), each PUSHES its fp32 partial of those rows into CTA r's
     // shared memory, slab `split` of r's array, with st.shared::cluster. After the second barrier every CTA sums its
     // rows' slabs from its own shared memory in split order (deterministic) and stores them. Pulling the partials
@@ -405,8 +407,8 @@ struct Gemm {
     template <int ACT>
     __device__ static __forceinline__ void epilogue_split(const Args& a, const Shape& s, u32 base, int nt, int mt,
                                                           int wg, int split, int ctid, const float (&acc)[2][ACC]) {
-        const int pairs_shift = s.split_rows_shift - 1, pairs = 1 << pairs_shift;  // ROWS / 2
-        const u32 slab_bytes = pairs * (PAIR_FLOATS * 4);
+        const int share = s.split_pairs;  // row pairs per split
+        const u32 slab_bytes = share * (PAIR_FLOATS * 4);
         const int lane = ctid & 31, g = lane >> 2, t4 = lane & 3;
         const int dw = (WG_N == 2 ? wg * 4 : 0) + ((ctid >> 5) & 3);
         const int wm = WG_N == 2 ? 0 : wg;
@@ -415,8 +417,8 @@ struct Gemm {
 #pragma unroll
         for (int j = 0; j < WG_TOKENS / 8; ++j) {
             const int pair = wm * (WG_TOKENS / 2) + j * 4 + t4;  // rows 2 pair, 2 pair + 1 of the tile
-            const u32 pair_at = slab + (pair & (pairs - 1)) * (PAIR_FLOATS * 4);
-            const int owner = pair >> pairs_shift;
+            const int owner = (pair * s.split_pairs_recip) >> 16;
+            const u32 pair_at = slab + (pair - owner * share) * (PAIR_FLOATS * 4);
 #pragma unroll
             for (int t = 0; t < 2; ++t) {
                 const int block = dw * 2 + t;  // columns 16 block .. 16 block + 15
@@ -428,13 +430,14 @@ struct Gemm {
         trace_stamp(a.trace, TRACE_PARTIALS_SEEN);
 
         constexpr int BLOCKS = N_CTA / 16;
+        const int pairs = min(share, BM / 2 - split * share);  // this CTA's row pairs
         for (int i = ctid; i < 2 * pairs * BLOCKS; i += CONSUMERS) {
             // One row of one 16-column block per item, the two rows of a pair on neighbouring threads. Linear:
             // then consecutive blocks of the pair (16-byte stores along y's rows). Convolution: then consecutive
             // pairs of the block, so each channel plane receives a warp's 32 consecutive positions per store.
             const int r = i & 1, item = i >> 1;
-            const int pair = CONV ? item & (pairs - 1) : item / BLOCKS, b = CONV ? item >> pairs_shift : item % BLOCKS;
-            const int m = mt * BM + split * 2 * pairs + 2 * pair + r, n = nt * N_CTA + b * 16;
+            const int pair = CONV ? item % pairs : item / BLOCKS, b = CONV ? item / pairs : item % BLOCKS;
+            const int m = mt * BM + 2 * (split * share + pair) + r, n = nt * N_CTA + b * 16;
             if (m >= s.M || n >= s.N) continue;
             // Quad q of the block holds (row 0, col q), (row 0, col q + 8), (row 1, col q), (row 1, col q + 8):
             // this row's two are one 8-byte load.

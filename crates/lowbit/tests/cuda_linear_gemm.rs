@@ -274,6 +274,13 @@ fn exact_integers_bit_equal_with_and_without_split_k() {
     };
     check::<f16>(&dev, c, &[1, 100, 256], &[Some(1), Some(4)]);
     check::<bf16>(&dev, Case { act: DType::Bf16, ..c }, &[100], &[Some(1), Some(2)]);
+    // K = 4096 allows every split count: the odd ones give the epilogue's owners uneven shares of the tile.
+    check::<f16>(
+        &dev,
+        Case { k: 4096, ..c },
+        &[100, 200],
+        &[Some(3), Some(5), Some(7), Some(8)],
+    );
 }
 
 #[test]

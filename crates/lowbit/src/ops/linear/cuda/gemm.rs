@@ -122,8 +122,8 @@ impl GemmVariant {
 
     /// Dynamic shared memory (`Gemm::DATA_BYTES` + barriers + 1 KB of alignment slack).
     pub fn smem_bytes(&self) -> usize {
-        // Gemm::Y_BYTES: the split-K slabs, BM / 2 row pairs of N_CTA / 16 blocks of 36 floats and 4 of padding.
-        let split_k_tile = self.bm() / 2 * (self.n_cta() / 16 * 36 + 4) * 4;
+        // Gemm::Y_BYTES: the split-K slabs, BM / 2 + 8 row pairs of N_CTA / 16 blocks of 36 floats and 4 of padding.
+        let split_k_tile = (self.bm() / 2 + 8) * (self.n_cta() / 16 * 36 + 4) * 4;
         let staging = EPILOGUE_STAGING[usize::from(self.conv)];
         1024 + (self.stages * self.stage_bytes() + staging).max(split_k_tile) + self.stages * 16
     }
@@ -190,7 +190,8 @@ struct GemmShape {
     gp: i32,
     group_shift: i32,
     splits: i32,
-    split_rows_shift: i32,
+    split_pairs: i32,
+    split_pairs_recip: i32,
     activation: i32,
     y_vector: i32,
     y_stride: i64,
@@ -404,18 +405,17 @@ impl LinearW4A16Gemm {
         &self.weight
     }
 
-    /// CTAs per output tile for a batch of `m` rows: 1 when the tiles fill the GPU, otherwise the most of 2, 4
-    /// and 8 whose clusters (one per tile) are all resident at once, each keeping at least 4 k tiles (a forced
-    /// count is capped the same way and rounded down to a power of two). Powers of two divide the tile's rows
-    /// evenly among the splits, which the epilogue's reduction relies on (`epilogue_split`).
+    /// CTAs per output tile for a batch of `m` rows: 1 when the tiles fill the GPU, otherwise the most whose
+    /// clusters (one per tile) are all resident at once (at most 8, each keeping at least 4 k tiles; a forced
+    /// count is capped the same way).
     pub fn splits(&self, m: usize) -> usize {
         let kernel = self.kernel(m);
         let tiles = self.weight.plan.n_tiles() * m.div_ceil(kernel.variant.bm());
         let most = (self.weight.plan.k_tiles() / MIN_KT_PER_SPLIT).clamp(1, MAX_SPLITS);
         let wanted = self.forced_splits.unwrap_or(MAX_SPLITS).clamp(1, most);
-        [8, 4, 2]
-            .into_iter()
-            .find(|&c| c <= wanted && tiles <= kernel.resident_clusters[c])
+        (2..=wanted)
+            .rev()
+            .find(|&c| tiles <= kernel.resident_clusters[c])
             .unwrap_or(1)
     }
 
@@ -559,6 +559,8 @@ impl LinearW4A16Gemm {
         let xmap = tensor_map_2d("x", element, x, (m, x_cols, x_stride), (bm, 64), true)?;
         let m_tiles = m.div_ceil(bm);
         let splits = self.splits(m);
+        // The split-K epilogue's share of the tile per split, in row pairs (see `epilogue_split`).
+        let split_pairs = (self.kernel(m).variant.bm() / 2).div_ceil(splits);
         let items = p.n_tiles() * m_tiles * splits;
         if m > i32::MAX as usize || items > i32::MAX as usize {
             return Err(Error::invalid(
@@ -583,7 +585,8 @@ impl LinearW4A16Gemm {
                 -1
             },
             splits: splits as i32,
-            split_rows_shift: (self.kernel(m).variant.bm() / splits).trailing_zeros() as i32,
+            split_pairs: split_pairs as i32,
+            split_pairs_recip: 65536_usize.div_ceil(split_pairs) as i32,
             activation: activation.code(),
             y_vector,
             y_stride,
