@@ -1,9 +1,10 @@
 //! `lowbit plot`: bench records (JSON lines) to an SVG of speed-ups, one panel per op, dtype and shape.
 //!
-//! Each panel plots, for every non-baseline implementation, `baseline µs / µs` against the batch size M (or against
-//! the shape `K×N` for ops timed without a batch, like dequant), where the baseline is the record of a baseline
-//! implementation (`bench::BASELINES`) at the same op, dtype, shape and M from the same file. A dashed line marks
-//! 1× (as fast as the baseline). No plotting dependency: the SVG is a few dozen elements written by hand.
+//! Each panel plots, for every non-baseline implementation, `baseline µs / µs` against the batch size M (against
+//! the shape `K×N` for ops timed without a batch, like dequant; against the case for convolutions), where the
+//! baseline is the record of a baseline implementation (`bench::BASELINES`) at the same op, dtype, shape and M from
+//! the same file; `_graph` implementations are compared with the baseline's `_graph` record where there is one. A
+//! dashed line marks 1× (as fast as the baseline). No plotting dependency: the SVG is a few dozen elements written by hand.
 
 use crate::bench::{BenchRecord, BASELINES};
 use lowbit::{Error, Result};
@@ -64,9 +65,11 @@ pub fn run(args: PlotArgs) -> Result<()> {
 type PanelPoints = (BTreeMap<(usize, usize, usize), String>, Vec<(String, String, f64)>);
 
 fn panels(records: &[BenchRecord]) -> Vec<Panel> {
-    // A record's panel and x category. Batched ops get one panel per shape with M along x; unbatched ones (M = 0)
-    // one panel per op and dtype with the shapes along x. W8A8 puts its schemes (per-block, SmoothQuant: the impl
-    // names say which) in one panel.
+    // A record's panel, x category (with its sort key) and the baseline it is compared with. Batched ops get one
+    // panel per shape with M along x; unbatched ones (M = 0) one panel per op and dtype with the shapes along x;
+    // convolutions one panel per op, dtype and weight format with the cases along x. W8A8 puts its schemes
+    // (per-block, SmoothQuant: the impl names say which) in one panel. The baseline key leaves out the weight
+    // format: cuDNN's and cuBLAS's records have none.
     let key = |r: &BenchRecord| {
         let bits = r.wbits.map(|b| format!(" w{b}")).unwrap_or_default();
         let group = match r.group {
@@ -75,36 +78,46 @@ fn panels(records: &[BenchRecord]) -> Vec<Panel> {
             Some(g) => format!(" g{g}"),
             None => String::new(),
         };
-        let conv = r.conv.clone().unwrap_or_else(|| format!("K={} N={}", r.k, r.n));
-        if r.m == 0 {
-            (
-                format!("{} {}{bits}{group}", r.op, r.dtype),
-                (0, r.k, r.n),
-                format!("{}×{}", r.k, r.n),
-            )
+        let op = format!("{} {}", r.op, r.dtype);
+        if let Some(case) = &r.conv {
+            let title = format!("{op}{bits}{group}");
+            (title, (r.m, r.k, r.n), case.clone(), format!("{op} {case}"))
+        } else if r.m == 0 {
+            let x = format!("{}×{}", r.k, r.n);
+            (format!("{op}{bits}{group}"), (0, r.k, r.n), x.clone(), format!("{op} {x}"))
         } else {
-            (
-                format!("{} {}{bits}{group}, {conv}", r.op, r.dtype),
-                (r.m, 0, 0),
-                r.m.to_string(),
-            )
+            let shape = format!("K={} N={}", r.k, r.n);
+            let title = format!("{op}{bits}{group}, {shape}");
+            (title, (r.m, 0, 0), r.m.to_string(), format!("{op} {shape} M={}", r.m))
         }
     };
-    let mut baselines: BTreeMap<(String, String), f64> = BTreeMap::new();
-    for r in records
-        .iter()
-        .filter(|r| BASELINES.contains(&r.implementation.as_str()))
-    {
-        let (title, _, x) = key(r);
-        baselines.entry((title, x)).or_insert(r.us);
+    // Baselines by key and by whether they were graph replays (`<baseline>_graph`): a `_graph` implementation is
+    // compared with the baseline's graph replay where the file has one.
+    let baseline_of = |implementation: &str| -> Option<bool> {
+        let stem = implementation.strip_suffix("_graph");
+        if BASELINES.contains(&implementation) {
+            Some(false)
+        } else {
+            stem.filter(|s| BASELINES.contains(s)).map(|_| true)
+        }
+    };
+    let mut baselines: BTreeMap<(String, bool), f64> = BTreeMap::new();
+    for r in records.iter().filter(|r| r.us > 0.0) {
+        if let Some(graph) = baseline_of(&r.implementation) {
+            baselines.entry((key(r).3, graph)).or_insert(r.us);
+        }
     }
     let mut panels: BTreeMap<String, PanelPoints> = BTreeMap::new();
     for r in records
         .iter()
-        .filter(|r| !BASELINES.contains(&r.implementation.as_str()) && r.us > 0.0)
+        .filter(|r| baseline_of(&r.implementation).is_none() && r.us > 0.0)
     {
-        let (title, order, x) = key(r);
-        if let Some(base) = baselines.get(&(title.clone(), x.clone())) {
+        let (title, order, x, base_key) = key(r);
+        let graph = r.implementation.ends_with("_graph");
+        let base = baselines
+            .get(&(base_key.clone(), graph))
+            .or_else(|| baselines.get(&(base_key, false)));
+        if let Some(base) = base {
             let panel = panels.entry(title).or_default();
             panel.0.insert(order, x.clone());
             panel.1.push((r.implementation.clone(), x, base / r.us));
