@@ -84,7 +84,12 @@ fn panels(records: &[BenchRecord]) -> Vec<Panel> {
             (title, (r.m, r.k, r.n), case.clone(), format!("{op} {case}"))
         } else if r.m == 0 {
             let x = format!("{}×{}", r.k, r.n);
-            (format!("{op}{bits}{group}"), (0, r.k, r.n), x.clone(), format!("{op} {x}"))
+            (
+                format!("{op}{bits}{group}"),
+                (0, r.k, r.n),
+                x.clone(),
+                format!("{op} {x}"),
+            )
         } else {
             let shape = format!("K={} N={}", r.k, r.n);
             let title = format!("{op}{bits}{group}, {shape}");
