@@ -429,6 +429,100 @@ __device__ __forceinline__ void direct(const DirectArgs& p) {
     store(static_cast<T*>(p.out) + idx, v < p.lo ? p.lo : (v > p.hi ? p.hi : v));
 }
 
+// ------------------------------------------------------------------------------------------------------------------
+// ConvInt8 (seed 004's full-int8 convolution): int8 NCHW x with zero point Z_I (padding reads Z_I, which the fused
+// bias accounts for), int8 symmetric weights, exact int32 dots, then per output channel
+// O_q = clamp(round(m · acc + bias), q_lo, q_hi) with the CPU kernel's arithmetic (no fma: one rounding after the
+// multiply, one after the add; round half away from zero), so both give the same codes bit for bit.
+// A CTA computes 64 output channels x 64 output pixels of one (batch, group) as an implicit GEMM: per step of 32
+// taps, the weight rows and the tile's input patches (im2col of the tile only) go to shared memory 4 codes per
+// 32-bit word, and each thread runs dp4a for its 4 channels x 4 pixels.
+// ------------------------------------------------------------------------------------------------------------------
+
+constexpr int I8_TILE = 64;                 // output channels and pixels per CTA
+constexpr int I8_STEP = 32;                 // taps per step
+constexpr int I8_WORDS = I8_STEP / 4;       // 32-bit words of 4 codes per row and step
+constexpr int I8_PITCH = I8_WORDS + 1;      // +1 word: the 16 pixel rows a warp reads fall in 16 different banks
+
+// Mirrored by `Int8Args` in src/ops/conv_int8/cuda.rs.
+struct Int8Args : ConvShape {
+    const signed char* weight;  // [Co][taps_pad] codes, zero past `taps`
+    const float* m;             // [Co] S_I S_W / S_O
+    const float* bias;          // [Co] M · FusedBias
+    const signed char* x;       // NCHW [B, Ci, H, W]
+    signed char* out;           // NCHW [B, Co, OH, OW]
+    int taps, taps_pad;         // Cg · Kh · Kw, and rounded up to a multiple of I8_STEP
+    int zero_point;             // Z_I
+    int q_lo, q_hi;             // the output clamp in codes (activation and int8 range)
+};
+
+__device__ __forceinline__ void conv_int8(const Int8Args& p) {
+    __shared__ int ws[I8_TILE][I8_PITCH];
+    __shared__ int xs[I8_TILE][I8_PITCH];
+    const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;  // pixels tx + 16 j, channels ty + 16 i
+    const int pixels = p.oh * p.ow, taps_per_channel = p.kh * p.kw;
+    const int p0 = blockIdx.x * I8_TILE;
+    const int co_tiles = (p.co_g + I8_TILE - 1) / I8_TILE;
+    const int g = blockIdx.y / co_tiles, c0 = (blockIdx.y - g * co_tiles) * I8_TILE;
+    const long long b = blockIdx.z;
+    const signed char* x = p.x + (b * p.ci + (long long)g * p.cg) * p.h * p.w;
+    int acc[4][4] = {};
+    for (int k0 = 0; k0 < p.taps_pad; k0 += I8_STEP) {
+        // Two words of each tile per thread: row = idx / I8_WORDS, word = idx % I8_WORDS.
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int idx = tid + e * 256, row = idx / I8_WORDS, word = idx % I8_WORDS;
+            const int co = c0 + row;
+            ws[row][word] = co < p.co_g ? *reinterpret_cast<const int*>(
+                                              p.weight + (long long)(g * p.co_g + co) * p.taps_pad + k0 + word * 4)
+                                        : 0;
+            const int pix = p0 + row, oy = pix / p.ow, ox = pix - oy * p.ow;
+            unsigned packed = 0;
+#pragma unroll
+            for (int t4 = 0; t4 < 4; ++t4) {
+                const int t = k0 + word * 4 + t4;
+                int v = 0;  // past the taps (zero weights) or past the pixels: any value, 0
+                if (t < p.taps && pix < pixels) {
+                    const int c = t / taps_per_channel, r = t - c * taps_per_channel, ky = r / p.kw, kx = r - ky * p.kw;
+                    const int iy = oy * p.sh - p.ph + ky * p.dh, ix = ox * p.sw - p.pw + kx * p.dw;
+                    v = ((unsigned)iy < (unsigned)p.h && (unsigned)ix < (unsigned)p.w)
+                            ? x[((long long)c * p.h + iy) * p.w + ix]
+                            : p.zero_point;
+                }
+                packed |= (unsigned)(v & 0xFF) << (8 * t4);
+            }
+            xs[row][word] = (int)packed;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int w = 0; w < I8_WORDS; ++w) {
+            int a[4], bx[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) a[i] = ws[ty + 16 * i][w], bx[i] = xs[tx + 16 * i][w];
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) acc[i][j] = __dp4a(a[i], bx[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int co = c0 + ty + 16 * i;
+        if (co >= p.co_g) continue;
+        const int gco = g * p.co_g + co;
+        const float m = p.m[gco], bias = p.bias[gco];
+        signed char* out = p.out + (b * p.co + gco) * (long long)pixels;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int pix = p0 + tx + 16 * j;
+            if (pix >= pixels) continue;
+            const float v = roundf(__fadd_rn(__fmul_rn(m, __int2float_rn(acc[i][j])), bias));
+            out[pix] = (signed char)fminf(fmaxf(v, (float)p.q_lo), (float)p.q_hi);
+        }
+    }
+}
+
 }  // namespace conv
 }  // namespace lowbit
 
@@ -466,4 +560,7 @@ extern "C" __global__ void __launch_bounds__(256) conv_direct_f16(const lowbit::
 }
 extern "C" __global__ void __launch_bounds__(256) conv_direct_f32(const lowbit::conv::DirectArgs p) {
     lowbit::conv::direct<float>(p);
+}
+extern "C" __global__ void __launch_bounds__(256) conv_int8(const lowbit::conv::Int8Args p) {
+    lowbit::conv::conv_int8(p);
 }

@@ -24,6 +24,9 @@
 //! for any size on the H200), so its eager figure is a host-bound floor for small convolutions. If cuDNN refuses
 //! the stream capture, its graph record is left out with a line on stderr.
 //!
+//! The full-int8 convolution (`ConvInt8Cuda`: int8 input and output with zero points, the case's weight requantized
+//! to int8 per output channel) is timed on the same geometry as `lowbit_int8` / `lowbit_int8_graph` (dtype `i8`).
+//!
 //! `LOWBIT_BENCH_VARIANTS=1` adds a record per implicit-GEMM tile forced (`lowbit_128x128`, ...), for tuning the
 //! tile choice.
 
@@ -34,6 +37,7 @@ use lowbit::cuda::{CudaDevice, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBit
 use lowbit::formats::block::{BlockBits, BlockQuantWeight, BlockShape};
 use lowbit::ops::conv::cuda::{cudnn_present, Conv2dCuda, CudnnConv, Tile, Tuning};
 use lowbit::ops::conv::Conv2dParams;
+use lowbit::ops::conv_int8::{ConvInt8Cuda, ConvInt8Params, Int8Quant};
 use lowbit::testing::SplitMix64;
 use lowbit::{DType, Error, Float, Result};
 use std::sync::Arc;
@@ -67,7 +71,7 @@ pub fn run(args: &BenchArgs, sink: &mut Sink) -> Result<()> {
     if !cudnn_ok {
         eprintln!("lowbit bench: libcudnn not found on the library path; no cudnn_fp16 baseline");
     }
-    let per_case = 2 * (dtypes.len() + usize::from(cudnn_ok)) + if variants { Tile::ALL.len() } else { 0 };
+    let per_case = 2 * (dtypes.len() + usize::from(cudnn_ok) + 1) + if variants { Tile::ALL.len() } else { 0 };
     sink.expect(cases.len() * per_case);
     for case in &cases {
         let problem = Problem::new(&dev, args, case)?;
@@ -111,6 +115,12 @@ pub fn run(args: &BenchArgs, sink: &mut Sink) -> Result<()> {
                 let timing = problem.time_lowbit::<f16>(tuning, None, false)?;
                 sink.push(problem.lowbit_record("lowbit_mmasync", dtype, timing.eager))?;
             }
+        }
+        sink.status(format!("conv lowbit_int8 {}", case.label));
+        let timing = problem.time_int8()?;
+        sink.push(problem.int8_record("lowbit_int8", timing.eager))?;
+        if let Some(us) = timing.graph {
+            sink.push(problem.int8_record("lowbit_int8_graph", us))?;
         }
         if variants {
             for tile in Tile::ALL {
@@ -314,6 +324,66 @@ impl<'a> Problem<'a> {
         } else {
             None
         };
+        Ok(Timing { eager, graph })
+    }
+
+    /// A record of the full-int8 convolution (int8 in and out, int8 per-channel weights).
+    fn int8_record(&self, implementation: &str, us: f64) -> BenchRecord {
+        let bytes = self.x.len() + self.output.iter().product::<usize>() + self.weight.codes().len();
+        let mut r = self.record(implementation, DType::I8, us, bytes as u64);
+        r.wbits = Some(8);
+        r.group = Some(-1);
+        r
+    }
+
+    /// Times the full-int8 convolution (`ConvInt8Cuda`) on this geometry: int8 input and output with zero points,
+    /// the case's weight requantized to int8 symmetric per output channel.
+    fn time_int8(&self) -> Result<Timing> {
+        let shape = BlockShape::conv(
+            self.case.co,
+            self.case.input[1],
+            (self.case.kernel, self.case.kernel),
+            1,
+        )?;
+        let dense = self.weight.dequantize();
+        let (mut codes, mut scales) = (Vec::with_capacity(dense.len()), Vec::with_capacity(shape.rows));
+        for row in dense.chunks_exact(shape.cols()) {
+            let scale = row.iter().fold(0f32, |m, v| m.max(v.abs())).max(f32::MIN_POSITIVE) / 127.0;
+            codes.extend(row.iter().map(|v| (v / scale).round().clamp(-127.0, 127.0) as i8));
+            scales.push(scale);
+        }
+        let weight = BlockQuantWeight::from_parts(shape, BlockBits::Int8, codes, scales, vec![0.0; shape.rows])?;
+        let params = ConvInt8Params {
+            conv: self.params,
+            input: Int8Quant {
+                scale: 1.0 / 127.0,
+                zero_point: 3,
+            },
+            output: Int8Quant {
+                scale: 0.05,
+                zero_point: -2,
+            },
+        };
+        let conv = ConvInt8Cuda::new(self.dev, &weight, None, params)?;
+        let x: Vec<i8> = self
+            .x
+            .iter()
+            .map(|&v| (v * 127.0).round().clamp(-128.0, 127.0) as i8)
+            .collect();
+        let mut data: Vec<(CudaSlice<i8>, CudaSlice<i8>)> = (0..self.sets)
+            .map(|_| {
+                Ok((
+                    self.dev.upload(&x)?,
+                    self.dev.alloc_zeros::<i8>(self.output.iter().product())?,
+                ))
+            })
+            .collect::<Result<_>>()?;
+        let mut launch = |i: usize| {
+            let (x, y) = &mut data[i];
+            conv.run(&self.stream, &*x, self.case.input, y)
+        };
+        let eager = self.median_us(&mut launch)?;
+        let graph = self.median_graph_us("lowbit_int8", &mut launch)?;
         Ok(Timing { eager, graph })
     }
 

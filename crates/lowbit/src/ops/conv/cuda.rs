@@ -301,7 +301,7 @@ pub fn repack(w: &BlockQuantWeight, groups: usize) -> Result<RepackedConv> {
 /// `lowbit::conv::ConvShape` in the kernel, in field order: the geometry and clamp both kernels' arguments start with.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
-struct ConvShape {
+pub(crate) struct ConvShape {
     batch: i32,
     ci: i32,
     h: i32,
@@ -325,7 +325,7 @@ struct ConvShape {
 
 impl ConvShape {
     /// The kernels' view of `geo` (every value checked to fit in i32 by the caller) with the clamp `[lo, hi]`.
-    fn new(geo: &ConvGeometry, (lo, hi): (f32, f32)) -> Self {
+    pub(crate) fn new(geo: &ConvGeometry, (lo, hi): (f32, f32)) -> Self {
         let [batch, ci, h, w] = geo.input;
         let [_, co, oh, ow] = geo.output;
         let i = |v: usize| v as i32;

@@ -17,11 +17,14 @@
 //!
 //! - [`reference`](mod@reference): dequantize, convolve and add the bias in f64, requantize: the ideal result.
 //! - [`cpu`]: [`ConvInt8Cpu`], the integer kernel (rayon).
+//! - [`cuda`]: [`ConvInt8Cuda`], the same integer dot and epilogue on the GPU (dp4a implicit GEMM).
 
 pub mod cpu;
+pub mod cuda;
 pub mod reference;
 
 pub use cpu::ConvInt8Cpu;
+pub use cuda::ConvInt8Cuda;
 
 use crate::error::{Error, Result};
 use crate::formats::block::{BlockBits, BlockQuantWeight};

@@ -1,0 +1,161 @@
+//! [`ConvInt8Cuda`]: the int8 convolution on the GPU (`conv_int8` in `kernels/conv.cu`). The same integer dot and
+//! the same f32 epilogue as [`super::ConvInt8Cpu`], so both give the same output codes bit for bit.
+
+use super::{prepare, ConvInt8Params};
+use crate::cuda::checked_buffer as buffer;
+use crate::cuda::{cuda_error, launch_error, CudaDevice, CudaFunction, CudaSlice, CudaStream, DevicePtr};
+use crate::cuda::{DevicePtrMut, DeviceRepr, LaunchConfig};
+use crate::error::{Error, Result};
+use crate::formats::block::{BlockQuantWeight, BlockShape};
+use crate::ops::conv::cuda::{ConvShape, KERNEL};
+use crate::ops::conv::ConvGeometry;
+use cudarc::driver::PushKernelArg;
+
+/// Taps per step of the kernel (`I8_STEP`): each weight row is padded with zeros to a multiple of it.
+const STEP: usize = 32;
+/// Output channels and pixels per CTA (`I8_TILE`).
+const TILE: usize = 64;
+
+/// `lowbit::conv::Int8Args` in the kernel: a `ConvShape`, 5 pointers, then 5 ints.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct Int8Args {
+    shape: ConvShape,
+    weight: u64,
+    m: u64,
+    bias: u64,
+    x: u64,
+    out: u64,
+    taps: i32,
+    taps_pad: i32,
+    zero_point: i32,
+    q_lo: i32,
+    q_hi: i32,
+}
+
+// SAFETY: plain-old-data `#[repr(C)]` struct laid out like `lowbit::conv::Int8Args` (i32/f32 fields, u64 pointers).
+unsafe impl DeviceRepr for Int8Args {}
+
+/// An int8 convolution prepared once on the device (weight checked, epilogue folded, codes uploaded) for any input
+/// shape.
+pub struct ConvInt8Cuda {
+    shape: BlockShape,
+    params: ConvInt8Params,
+    /// `[Co][taps_pad]` weight codes, zero past the taps.
+    weight: CudaSlice<i8>,
+    m: CudaSlice<f32>,
+    bias: CudaSlice<f32>,
+    q_lo: i32,
+    q_hi: i32,
+    taps_pad: usize,
+    function: CudaFunction,
+}
+
+impl ConvInt8Cuda {
+    /// Validates `weight` (int8, symmetric, one scale per output channel), `bias` (Co values) and `params`, and
+    /// uploads the weight and the per-channel epilogue.
+    pub fn new(
+        device: &CudaDevice,
+        weight: &BlockQuantWeight,
+        bias: Option<&[f32]>,
+        params: ConvInt8Params,
+    ) -> Result<Self> {
+        let epilogue = prepare(weight, bias, &params)?;
+        let shape = *weight.shape();
+        let taps = shape.cols();
+        let taps_pad = taps.next_multiple_of(STEP);
+        if shape.rows * taps_pad > i32::MAX as usize {
+            return Err(Error::invalid(
+                "weight",
+                format!("{} x {taps} codes", shape.rows),
+                "must fit in i32 elements for the CUDA kernel",
+            ));
+        }
+        let mut codes = vec![0i8; shape.rows * taps_pad];
+        for (row, src) in codes.chunks_exact_mut(taps_pad).zip(weight.codes().chunks_exact(taps)) {
+            row[..taps].copy_from_slice(src);
+        }
+        let stream = device.stream();
+        let upload_err = |e| cuda_error("upload of the int8 convolution", e);
+        Ok(Self {
+            shape,
+            params,
+            weight: stream.clone_htod(&codes).map_err(upload_err)?,
+            m: stream.clone_htod(&epilogue.m).map_err(upload_err)?,
+            bias: stream.clone_htod(&epilogue.bias).map_err(upload_err)?,
+            q_lo: epilogue.lo,
+            q_hi: epilogue.hi,
+            taps_pad,
+            function: device.function(&KERNEL, "conv_int8")?,
+        })
+    }
+
+    /// The output shape `[B, Co, OH, OW]` for `input` `[B, Ci, H, W]`, or the error that input would give.
+    pub fn output_shape(&self, input: [usize; 4]) -> Result<[usize; 4]> {
+        Ok(ConvGeometry::new(input, &self.shape, &self.params.conv)?.output)
+    }
+
+    /// `y = ConvInt8(x)` on `stream` for int8 NCHW `x` of shape `input`; `y` must hold `B · Co · OH · OW` codes. Only
+    /// `y`'s first `B · Co · OH · OW` elements are written.
+    pub fn run(
+        &self,
+        stream: &CudaStream,
+        x: &dyn DevicePtr<i8>,
+        input: [usize; 4],
+        y: &mut dyn DevicePtrMut<i8>,
+    ) -> Result<()> {
+        let geo = ConvGeometry::new(input, &self.shape, &self.params.conv)?;
+        let [batch, _, _, _] = input;
+        let [_, _, oh, ow] = geo.output;
+        let limit = i32::MAX as usize;
+        let groups = geo.groups * geo.out_channels_per_group().div_ceil(TILE);
+        if input.iter().chain(&geo.output).any(|&v| v > limit)
+            || oh * ow > limit
+            || batch > 65535
+            || groups > 65535
+            || [
+                geo.padding.0,
+                geo.padding.1,
+                geo.stride.0,
+                geo.stride.1,
+                geo.dilation.0,
+                geo.dilation.1,
+            ]
+            .iter()
+            .any(|&v| v > limit)
+        {
+            return Err(Error::invalid(
+                "input",
+                format!("shape {input:?}"),
+                "too large for one launch of the CUDA kernel (dimensions in i32, batch and channel tiles ≤ 65535)",
+            ));
+        }
+        let x_ptr = buffer(x.device_ptr(stream).0, x.len(), input.iter().product(), "x", 1)?;
+        let y_len = y.len();
+        let y_ptr = buffer(y.device_ptr_mut(stream).0, y_len, geo.output.iter().product(), "y", 1)?;
+        let args = Int8Args {
+            shape: ConvShape::new(&geo, (0.0, 0.0)),
+            weight: self.weight.device_ptr(stream).0,
+            m: self.m.device_ptr(stream).0,
+            bias: self.bias.device_ptr(stream).0,
+            x: x_ptr,
+            out: y_ptr,
+            taps: self.shape.cols() as i32,
+            taps_pad: self.taps_pad as i32,
+            zero_point: i32::from(self.params.input.zero_point),
+            q_lo: self.q_lo,
+            q_hi: self.q_hi,
+        };
+        let cfg = LaunchConfig {
+            grid_dim: ((oh * ow).div_ceil(TILE) as u32, groups as u32, batch as u32),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = stream.launch_builder(&self.function);
+        b.arg(&args);
+        // SAFETY: x holds B·Ci·H·W codes and y B·Co·OH·OW (checked above); the kernel reads taps inside the image
+        // only, weight rows of taps_pad codes for the Co channels, and writes each output element once.
+        unsafe { b.launch(cfg) }.map_err(launch_error("conv_int8"))?;
+        Ok(())
+    }
+}

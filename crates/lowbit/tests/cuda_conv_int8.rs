@@ -1,0 +1,162 @@
+//! The full-int8 convolution on the GPU (`ConvInt8Cuda`) against the CPU kernel, which the f64 reference checks
+//! (`tests/conv_int8_cpu.rs`). Both compute the same exact int32 dot and the same f32 epilogue, so every output
+//! code must be equal, bit for bit:
+//! - the convolution matrix (kernel sizes, stride, padding, dilation, groups and depthwise, none/relu/relu6, bias on
+//!   and off, zero points of both signs), plus channel counts that leave partial 64-channel and 64-pixel tiles and
+//!   taps that are not a multiple of 32;
+//! - nothing past the output is written (guard bytes); the input is not modified;
+//! - short buffers and bad inputs give typed errors.
+//!
+//! Without a GPU every test prints `skipped: <reason>` and passes.
+
+use lowbit::formats::block::{BlockBits, BlockQuantWeight, BlockShape};
+use lowbit::ops::conv::{Activation, Conv2dParams};
+use lowbit::ops::conv_int8::{ConvInt8Cpu, ConvInt8Cuda, ConvInt8Params, Int8Quant};
+use lowbit::testing::cuda_device as device;
+use lowbit::testing::SplitMix64 as Rng;
+use lowbit::Error;
+
+/// Bytes after the output that must stay untouched.
+const GUARD: usize = 256;
+
+struct Case {
+    input: [usize; 4],
+    co: usize,
+    kernel: (usize, usize),
+    conv: Conv2dParams,
+    bias: bool,
+}
+
+fn params(stride: usize, padding: usize, dilation: usize, groups: usize, activation: Activation) -> Conv2dParams {
+    Conv2dParams {
+        stride: (stride, stride),
+        padding: (padding, padding),
+        dilation: (dilation, dilation),
+        groups,
+        activation,
+    }
+}
+
+fn cases() -> Vec<Case> {
+    let case = |input, co, kernel, conv, bias| Case {
+        input,
+        co,
+        kernel,
+        conv,
+        bias,
+    };
+    vec![
+        case([1, 16, 9, 11], 24, (3, 3), params(1, 1, 1, 1, Activation::None), true),
+        case([2, 8, 12, 10], 8, (3, 3), params(2, 1, 1, 1, Activation::Relu), false),
+        case([1, 12, 13, 13], 12, (3, 3), params(1, 2, 2, 3, Activation::Relu6), true),
+        case([2, 32, 7, 7], 32, (3, 3), params(1, 1, 1, 32, Activation::None), true),
+        case([1, 64, 6, 5], 40, (1, 1), params(1, 0, 1, 1, Activation::Relu), true),
+        case([1, 6, 17, 9], 10, (5, 3), params(1, 2, 1, 2, Activation::None), false),
+        // Several 64 x 64 tiles, partial in both channels (150) and pixels (23 x 19 = 437).
+        case([2, 48, 23, 19], 150, (3, 3), params(1, 1, 1, 1, Activation::Relu), true),
+        // A 7 x 7 stride-2 stem: 3 · 49 = 147 taps, not a multiple of 32.
+        case([1, 3, 40, 36], 70, (7, 7), params(2, 3, 1, 1, Activation::None), true),
+    ]
+}
+
+fn weight(rng: &mut Rng, co: usize, ci_g: usize, kernel: (usize, usize)) -> BlockQuantWeight {
+    let shape = BlockShape::conv(co, ci_g, kernel, 1).unwrap();
+    let codes = (0..co * shape.cols())
+        .map(|_| (rng.below(255) as i32 - 127) as i8)
+        .collect();
+    let scales = (0..co).map(|_| rng.uniform(0.002, 0.02)).collect();
+    BlockQuantWeight::from_parts(shape, BlockBits::Int8, codes, scales, vec![0.0; co]).unwrap()
+}
+
+fn quant(rng: &mut Rng) -> ConvInt8Params {
+    ConvInt8Params {
+        conv: Conv2dParams::default(),
+        input: Int8Quant {
+            scale: rng.uniform(0.01, 0.05),
+            zero_point: rng.below(41) as i8 - 20,
+        },
+        output: Int8Quant {
+            scale: rng.uniform(0.05, 0.3),
+            zero_point: rng.below(41) as i8 - 20,
+        },
+    }
+}
+
+#[test]
+fn equals_the_cpu_kernel_bit_for_bit() {
+    let Some(dev) = device() else { return };
+    let mut rng = Rng(0x1a78);
+    for c in cases() {
+        let w = weight(&mut rng, c.co, c.input[1] / c.conv.groups, c.kernel);
+        let p = ConvInt8Params {
+            conv: c.conv,
+            ..quant(&mut rng)
+        };
+        let bias: Option<Vec<f32>> = c.bias.then(|| (0..c.co).map(|_| rng.uniform(-3.0, 3.0)).collect());
+        let x: Vec<i8> = (0..c.input.iter().product::<usize>())
+            .map(|_| (rng.below(256) as i32 - 128) as i8)
+            .collect();
+        let cpu = ConvInt8Cpu::new(&w, bias.as_deref(), p).unwrap();
+        let shape = cpu.output_shape(c.input).unwrap();
+        let n: usize = shape.iter().product();
+        let mut want = vec![0i8; n];
+        cpu.forward(&x, c.input, &mut want).unwrap();
+
+        let gpu = ConvInt8Cuda::new(&dev, &w, bias.as_deref(), p).unwrap();
+        assert_eq!(gpu.output_shape(c.input).unwrap(), shape);
+        let x_dev = dev.upload(&x).unwrap();
+        let mut y_dev = dev.upload(&vec![0x5a_i8; n + GUARD]).unwrap();
+        gpu.run(dev.stream(), &x_dev, c.input, &mut y_dev).unwrap();
+        let got = dev.download(&y_dev).unwrap();
+        for (i, (&g, &r)) in got[..n].iter().zip(&want).enumerate() {
+            assert_eq!(
+                g, r,
+                "output {i} of {:?} {:?} co={}: GPU {g}, CPU {r}",
+                c.input, c.conv, c.co
+            );
+        }
+        assert!(
+            got[n..].iter().all(|&v| v == 0x5a),
+            "{:?}: wrote past the output",
+            c.input
+        );
+        assert_eq!(dev.download(&x_dev).unwrap(), x, "{:?}: the input changed", c.input);
+    }
+}
+
+#[test]
+fn bad_inputs_are_typed_errors() {
+    let Some(dev) = device() else { return };
+    let mut rng = Rng(7);
+    let w = weight(&mut rng, 8, 4, (3, 3));
+    let p = ConvInt8Params {
+        conv: params(1, 1, 1, 1, Activation::None),
+        ..quant(&mut rng)
+    };
+    let op = ConvInt8Cuda::new(&dev, &w, None, p).unwrap();
+    let input = [1, 4, 5, 5];
+    let x = dev.upload(&vec![0i8; 100]).unwrap();
+    let short_x = dev.upload(&vec![0i8; 99]).unwrap();
+    let mut y = dev.upload(&vec![0i8; 200]).unwrap();
+    let mut short_y = dev.upload(&vec![0i8; 199]).unwrap();
+    let message = |r: lowbit::Result<()>| r.unwrap_err().to_string();
+    let e = message(op.run(dev.stream(), &short_x, input, &mut y));
+    assert!(e.contains('x') && e.contains("99"), "{e}");
+    let e = message(op.run(dev.stream(), &x, input, &mut short_y));
+    assert!(e.contains('y') && e.contains("199"), "{e}");
+    // Channels that do not match the weight.
+    assert!(matches!(
+        op.run(dev.stream(), &x, [1, 5, 4, 5], &mut y),
+        Err(Error::Invalid { .. })
+    ));
+    // An int4 weight is refused when the operator is made.
+    let int4 = BlockQuantWeight::from_parts(
+        BlockShape::conv(4, 4, (1, 1), 1).unwrap(),
+        BlockBits::Int4,
+        vec![1; 16],
+        vec![0.1; 4],
+        vec![0.0; 4],
+    )
+    .unwrap();
+    assert!(ConvInt8Cuda::new(&dev, &int4, None, p).is_err());
+}
