@@ -444,6 +444,12 @@ constexpr int I8_STEP = 32;                 // taps per step
 constexpr int I8_WORDS = I8_STEP / 4;       // 32-bit words of 4 codes per row and step
 constexpr int I8_PITCH = I8_WORDS + 1;      // +1 word: the 16 pixel rows a warp reads fall in 16 different banks
 
+// The int8 output code of one exact dot: the CPU kernel's arithmetic, bit for bit.
+__device__ __forceinline__ signed char int8_output(int acc, float m, float bias, int q_lo, int q_hi) {
+    const float v = roundf(__fadd_rn(__fmul_rn(m, __int2float_rn(acc)), bias));
+    return (signed char)fminf(fmaxf(v, (float)q_lo), (float)q_hi);
+}
+
 // Mirrored by `Int8Args` in src/ops/conv_int8/cuda.rs.
 struct Int8Args : ConvShape {
     const signed char* weight;  // [Co][taps_pad] codes, zero past `taps`
@@ -454,13 +460,25 @@ struct Int8Args : ConvShape {
     int taps, taps_pad;         // Cg · Kh · Kw, and rounded up to a multiple of I8_STEP
     int zero_point;             // Z_I
     int q_lo, q_hi;             // the output clamp in codes (activation and int8 range)
+    // The tensor-core route (one group): im2col of x, cuBLASLt's int8 GEMM, then conv_int8_epilogue.
+    signed char* cols;          // [B·OH·OW][taps_pad] im2col codes (padding Z_I, past the taps 0)
+    const int* acc;             // [B·OH·OW][Co] the GEMM's int32 dots
 };
+
+// The input code of tap t (channel, ky, kx of the weight row order) at output pixel (oy, ox): Z_I in the padding.
+__device__ __forceinline__ int int8_tap(const Int8Args& p, const signed char* x, int t, int oy, int ox) {
+    const int taps_per_channel = p.kh * p.kw;
+    const int c = t / taps_per_channel, r = t - c * taps_per_channel, ky = r / p.kw, kx = r - ky * p.kw;
+    const int iy = oy * p.sh - p.ph + ky * p.dh, ix = ox * p.sw - p.pw + kx * p.dw;
+    return ((unsigned)iy < (unsigned)p.h && (unsigned)ix < (unsigned)p.w) ? x[((long long)c * p.h + iy) * p.w + ix]
+                                                                           : p.zero_point;
+}
 
 __device__ __forceinline__ void conv_int8(const Int8Args& p) {
     __shared__ int ws[I8_TILE][I8_PITCH];
     __shared__ int xs[I8_TILE][I8_PITCH];
     const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;  // pixels tx + 16 j, channels ty + 16 i
-    const int pixels = p.oh * p.ow, taps_per_channel = p.kh * p.kw;
+    const int pixels = p.oh * p.ow;
     const int p0 = blockIdx.x * I8_TILE;
     const int co_tiles = (p.co_g + I8_TILE - 1) / I8_TILE;
     const int g = blockIdx.y / co_tiles, c0 = (blockIdx.y - g * co_tiles) * I8_TILE;
@@ -481,14 +499,8 @@ __device__ __forceinline__ void conv_int8(const Int8Args& p) {
 #pragma unroll
             for (int t4 = 0; t4 < 4; ++t4) {
                 const int t = k0 + word * 4 + t4;
-                int v = 0;  // past the taps (zero weights) or past the pixels: any value, 0
-                if (t < p.taps && pix < pixels) {
-                    const int c = t / taps_per_channel, r = t - c * taps_per_channel, ky = r / p.kw, kx = r - ky * p.kw;
-                    const int iy = oy * p.sh - p.ph + ky * p.dh, ix = ox * p.sw - p.pw + kx * p.dw;
-                    v = ((unsigned)iy < (unsigned)p.h && (unsigned)ix < (unsigned)p.w)
-                            ? x[((long long)c * p.h + iy) * p.w + ix]
-                            : p.zero_point;
-                }
+                // Past the taps (zero weights) or past the pixels: any value, 0.
+                const int v = t < p.taps && pix < pixels ? int8_tap(p, x, t, oy, ox) : 0;
                 packed |= (unsigned)(v & 0xFF) << (8 * t4);
             }
             xs[row][word] = (int)packed;
@@ -517,9 +529,52 @@ __device__ __forceinline__ void conv_int8(const Int8Args& p) {
         for (int j = 0; j < 4; ++j) {
             const int pix = p0 + tx + 16 * j;
             if (pix >= pixels) continue;
-            const float v = roundf(__fadd_rn(__fmul_rn(m, __int2float_rn(acc[i][j])), bias));
-            out[pix] = (signed char)fminf(fmaxf(v, (float)p.q_lo), (float)p.q_hi);
+            out[pix] = int8_output(acc[i][j], m, bias, p.q_lo, p.q_hi);
         }
+    }
+}
+
+// im2col for the GEMM route: one thread per 4 taps of one output pixel, one 32-bit store. The rows are padded to a
+// multiple of 16 with zeros (the host's `gemm_rows`).
+__device__ __forceinline__ void conv_int8_im2col(const Int8Args& p) {
+    const long long words = (long long)p.taps_pad / 4, pixels = (long long)p.oh * p.ow, rows = p.batch * pixels;
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (rows + 15) / 16 * 16 * words) return;
+    const long long m = i / words;
+    const int t0 = (int)(i - m * words) * 4;
+    unsigned packed = 0;
+    if (m < rows) {
+        const long long b = m / pixels;
+        const int pix = (int)(m - b * pixels), oy = pix / p.ow, ox = pix - oy * p.ow;
+        const signed char* x = p.x + b * p.ci * p.h * p.w;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int v = t0 + e < p.taps ? int8_tap(p, x, t0 + e, oy, ox) : 0;
+            packed |= (unsigned)(v & 0xFF) << (8 * e);
+        }
+    }
+    reinterpret_cast<unsigned*>(p.cols)[i] = packed;
+}
+
+// The GEMM route's epilogue: acc [B·OH·OW][Co] -> int8 NCHW, through a 32 x 32 shared-memory tile so that the reads
+// run along channels and the writes along pixels.
+__device__ __forceinline__ void conv_int8_epilogue(const Int8Args& p) {
+    __shared__ int tile[32][33];
+    const long long pixels = (long long)p.oh * p.ow, rows = p.batch * pixels;
+    const long long m0 = (long long)blockIdx.x * 32;
+    const int c0 = blockIdx.y * 32, tx = threadIdx.x, ty = threadIdx.y;  // 32 x 8 threads
+    for (int r = ty; r < 32; r += 8) {
+        const long long m = m0 + r;
+        const int co = c0 + tx;
+        tile[r][tx] = (m < rows && co < p.co) ? p.acc[m * p.co + co] : 0;
+    }
+    __syncthreads();
+    for (int r = ty; r < 32; r += 8) {
+        const int co = c0 + r;
+        const long long m = m0 + tx;
+        if (co >= p.co || m >= rows) continue;
+        const long long b = m / pixels, pix = m - b * pixels;
+        p.out[(b * p.co + co) * pixels + pix] = int8_output(tile[tx][r], p.m[co], p.bias[co], p.q_lo, p.q_hi);
     }
 }
 
@@ -563,4 +618,10 @@ extern "C" __global__ void __launch_bounds__(256) conv_direct_f32(const lowbit::
 }
 extern "C" __global__ void __launch_bounds__(256) conv_int8(const lowbit::conv::Int8Args p) {
     lowbit::conv::conv_int8(p);
+}
+extern "C" __global__ void __launch_bounds__(256) conv_int8_im2col(const lowbit::conv::Int8Args p) {
+    lowbit::conv::conv_int8_im2col(p);
+}
+extern "C" __global__ void __launch_bounds__(256) conv_int8_epilogue(const lowbit::conv::Int8Args p) {
+    lowbit::conv::conv_int8_epilogue(p);
 }

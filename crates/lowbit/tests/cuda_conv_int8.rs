@@ -1,6 +1,6 @@
-//! The full-int8 convolution on the GPU (`ConvInt8Cuda`) against the CPU kernel, which the f64 reference checks
-//! (`tests/conv_int8_cpu.rs`). Both compute the same exact int32 dot and the same f32 epilogue, so every output
-//! code must be equal, bit for bit:
+//! The full-int8 convolution on the GPU (`ConvInt8Cuda`, both routes: im2col + cuBLASLt int8 + epilogue, and the
+//! dp4a kernel) against the CPU kernel, which the f64 reference checks (`tests/conv_int8_cpu.rs`). All compute the
+//! same exact int32 dot and the same f32 epilogue, so every output code must be equal, bit for bit:
 //! - the convolution matrix (kernel sizes, stride, padding, dilation, groups and depthwise, none/relu/relu6, bias on
 //!   and off, zero points of both signs), plus channel counts that leave partial 64-channel and 64-pixel tiles and
 //!   taps that are not a multiple of 32;
@@ -102,25 +102,36 @@ fn equals_the_cpu_kernel_bit_for_bit() {
         let mut want = vec![0i8; n];
         cpu.forward(&x, c.input, &mut want).unwrap();
 
-        let gpu = ConvInt8Cuda::new(&dev, &w, bias.as_deref(), p).unwrap();
-        assert_eq!(gpu.output_shape(c.input).unwrap(), shape);
-        let x_dev = dev.upload(&x).unwrap();
-        let mut y_dev = dev.upload(&vec![0x5a_i8; n + GUARD]).unwrap();
-        gpu.run(dev.stream(), &x_dev, c.input, &mut y_dev).unwrap();
-        let got = dev.download(&y_dev).unwrap();
-        for (i, (&g, &r)) in got[..n].iter().zip(&want).enumerate() {
+        for direct in [false, true] {
+            let gpu = ConvInt8Cuda::with_route(&dev, &w, bias.as_deref(), p, direct).unwrap();
+            assert_eq!(gpu.output_shape(c.input).unwrap(), shape);
+            let route = if gpu.uses_gemm() { "GEMM" } else { "direct" };
+            let x_dev = dev.upload(&x).unwrap();
+            let mut y_dev = dev.upload(&vec![0x5a_i8; n + GUARD]).unwrap();
+            let mut ws = dev
+                .alloc_zeros::<u8>(gpu.workspace_bytes(c.input).unwrap().max(1))
+                .unwrap();
+            gpu.run(dev.stream(), &x_dev, c.input, &mut y_dev, &mut ws).unwrap();
+            let got = dev.download(&y_dev).unwrap();
+            for (i, (&g, &r)) in got[..n].iter().zip(&want).enumerate() {
+                assert_eq!(
+                    g, r,
+                    "{route}: output {i} of {:?} {:?} co={}: GPU {g}, CPU {r}",
+                    c.input, c.conv, c.co
+                );
+            }
+            assert!(
+                got[n..].iter().all(|&v| v == 0x5a),
+                "{route} {:?}: wrote past the output",
+                c.input
+            );
             assert_eq!(
-                g, r,
-                "output {i} of {:?} {:?} co={}: GPU {g}, CPU {r}",
-                c.input, c.conv, c.co
+                dev.download(&x_dev).unwrap(),
+                x,
+                "{route} {:?}: the input changed",
+                c.input
             );
         }
-        assert!(
-            got[n..].iter().all(|&v| v == 0x5a),
-            "{:?}: wrote past the output",
-            c.input
-        );
-        assert_eq!(dev.download(&x_dev).unwrap(), x, "{:?}: the input changed", c.input);
     }
 }
 
@@ -140,13 +151,21 @@ fn bad_inputs_are_typed_errors() {
     let mut y = dev.upload(&vec![0i8; 200]).unwrap();
     let mut short_y = dev.upload(&vec![0i8; 199]).unwrap();
     let message = |r: lowbit::Result<()>| r.unwrap_err().to_string();
-    let e = message(op.run(dev.stream(), &short_x, input, &mut y));
+    let mut ws = dev
+        .alloc_zeros::<u8>(op.workspace_bytes(input).unwrap().max(1))
+        .unwrap();
+    let e = message(op.run(dev.stream(), &short_x, input, &mut y, &mut ws));
     assert!(e.contains('x') && e.contains("99"), "{e}");
-    let e = message(op.run(dev.stream(), &x, input, &mut short_y));
+    let e = message(op.run(dev.stream(), &x, input, &mut short_y, &mut ws));
     assert!(e.contains('y') && e.contains("199"), "{e}");
+    if op.workspace_bytes(input).unwrap() > 0 {
+        let mut short_ws = dev.alloc_zeros::<u8>(op.workspace_bytes(input).unwrap() - 1).unwrap();
+        let e = message(op.run(dev.stream(), &x, input, &mut y, &mut short_ws));
+        assert!(e.contains("workspace"), "{e}");
+    }
     // Channels that do not match the weight.
     assert!(matches!(
-        op.run(dev.stream(), &x, [1, 5, 4, 5], &mut y),
+        op.run(dev.stream(), &x, [1, 5, 4, 5], &mut y, &mut ws),
         Err(Error::Invalid { .. })
     ));
     // An int4 weight is refused when the operator is made.

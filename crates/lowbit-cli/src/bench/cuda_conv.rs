@@ -25,7 +25,8 @@
 //! the stream capture, its graph record is left out with a line on stderr.
 //!
 //! The full-int8 convolution (`ConvInt8Cuda`: int8 input and output with zero points, the case's weight requantized
-//! to int8 per output channel) is timed on the same geometry as `lowbit_int8` / `lowbit_int8_graph` (dtype `i8`).
+//! to int8 per output channel) is timed on the same geometry as `lowbit_int8` / `lowbit_int8_graph` (dtype `i8`),
+//! and with its dp4a kernel forced as `lowbit_int8_direct`.
 //!
 //! `LOWBIT_BENCH_VARIANTS=1` adds a record per implicit-GEMM tile forced (`lowbit_128x128`, ...), for tuning the
 //! tile choice.
@@ -71,7 +72,7 @@ pub fn run(args: &BenchArgs, sink: &mut Sink) -> Result<()> {
     if !cudnn_ok {
         eprintln!("lowbit bench: libcudnn not found on the library path; no cudnn_fp16 baseline");
     }
-    let per_case = 2 * (dtypes.len() + usize::from(cudnn_ok) + 1) + if variants { Tile::ALL.len() } else { 0 };
+    let per_case = 2 * (dtypes.len() + usize::from(cudnn_ok)) + 3 + if variants { Tile::ALL.len() } else { 0 };
     sink.expect(cases.len() * per_case);
     for case in &cases {
         let problem = Problem::new(&dev, args, case)?;
@@ -117,11 +118,13 @@ pub fn run(args: &BenchArgs, sink: &mut Sink) -> Result<()> {
             }
         }
         sink.status(format!("conv lowbit_int8 {}", case.label));
-        let timing = problem.time_int8()?;
+        let timing = problem.time_int8(false)?;
         sink.push(problem.int8_record("lowbit_int8", timing.eager))?;
         if let Some(us) = timing.graph {
             sink.push(problem.int8_record("lowbit_int8_graph", us))?;
         }
+        let timing = problem.time_int8(true)?;
+        sink.push(problem.int8_record("lowbit_int8_direct", timing.eager))?;
         if variants {
             for tile in Tile::ALL {
                 sink.status(format!("conv lowbit {} {}", tile.name(), case.label));
@@ -337,8 +340,9 @@ impl<'a> Problem<'a> {
     }
 
     /// Times the full-int8 convolution (`ConvInt8Cuda`) on this geometry: int8 input and output with zero points,
-    /// the case's weight requantized to int8 symmetric per output channel.
-    fn time_int8(&self) -> Result<Timing> {
+    /// the case's weight requantized to int8 symmetric per output channel; `direct` forces the dp4a kernel (then
+    /// launched back to back only).
+    fn time_int8(&self, direct: bool) -> Result<Timing> {
         let shape = BlockShape::conv(
             self.case.co,
             self.case.input[1],
@@ -364,7 +368,10 @@ impl<'a> Problem<'a> {
                 zero_point: -2,
             },
         };
-        let conv = ConvInt8Cuda::new(self.dev, &weight, None, params)?;
+        let conv = ConvInt8Cuda::with_route(self.dev, &weight, None, params, direct)?;
+        let mut ws = self
+            .dev
+            .alloc_zeros::<u8>(conv.workspace_bytes(self.case.input)?.max(1))?;
         let x: Vec<i8> = self
             .x
             .iter()
@@ -380,10 +387,14 @@ impl<'a> Problem<'a> {
             .collect::<Result<_>>()?;
         let mut launch = |i: usize| {
             let (x, y) = &mut data[i];
-            conv.run(&self.stream, &*x, self.case.input, y)
+            conv.run(&self.stream, &*x, self.case.input, y, &mut ws)
         };
         let eager = self.median_us(&mut launch)?;
-        let graph = self.median_graph_us("lowbit_int8", &mut launch)?;
+        let graph = if direct {
+            None
+        } else {
+            self.median_graph_us("lowbit_int8", &mut launch)?
+        };
         Ok(Timing { eager, graph })
     }
 

@@ -113,6 +113,12 @@ pub fn cublas_present() -> bool {
     unsafe { cudarc::cublas::sys::is_culib_present() }
 }
 
+/// Whether cuBLASLt can be loaded.
+pub fn cublaslt_present() -> bool {
+    // SAFETY: as above.
+    unsafe { cudarc::cublaslt::sys::is_culib_present() }
+}
+
 /// Checks that the driver and NVRTC load and that a GPU is present; the error says which piece is missing.
 pub fn probe() -> Result<()> {
     if !driver_present() {

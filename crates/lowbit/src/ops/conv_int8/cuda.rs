@@ -1,5 +1,9 @@
-//! [`ConvInt8Cuda`]: the int8 convolution on the GPU (`conv_int8` in `kernels/conv.cu`). The same integer dot and
-//! the same f32 epilogue as [`super::ConvInt8Cpu`], so both give the same output codes bit for bit.
+//! [`ConvInt8Cuda`]: the int8 convolution on the GPU. The same integer dot and the same f32 epilogue as
+//! [`super::ConvInt8Cpu`], so both give the same output codes bit for bit. Two routes (`kernels/conv.cu`):
+//! - **GEMM** (one group, cuBLASLt present): `conv_int8_im2col` writes the `[B·OH·OW][taps]` int8 patches to the
+//!   workspace, cuBLASLt's int8 tensor-core GEMM forms every int32 dot, `conv_int8_epilogue` applies the epilogue
+//!   and writes NCHW. The integer dots are exact whoever computes them.
+//! - **Direct** (groups, depthwise, or no cuBLASLt): `conv_int8`, a dp4a implicit GEMM on the CUDA cores.
 
 use super::{prepare, ConvInt8Params};
 use crate::cuda::checked_buffer as buffer;
@@ -9,14 +13,21 @@ use crate::error::{Error, Result};
 use crate::formats::block::{BlockQuantWeight, BlockShape};
 use crate::ops::conv::cuda::{ConvShape, KERNEL};
 use crate::ops::conv::ConvGeometry;
+use crate::ops::w8a8::cuda::CublasLtInt8;
 use cudarc::driver::PushKernelArg;
+use std::sync::Mutex;
 
 /// Taps per step of the kernel (`I8_STEP`): each weight row is padded with zeros to a multiple of it.
 const STEP: usize = 32;
 /// Output channels and pixels per CTA (`I8_TILE`).
 const TILE: usize = 64;
 
-/// `lowbit::conv::Int8Args` in the kernel: a `ConvShape`, 5 pointers, then 5 ints.
+/// The GEMM route's rows: the output pixels rounded up to 16 (zero patches), which cuBLASLt's int8 kernels take.
+fn gemm_rows(pixels: usize) -> usize {
+    pixels.next_multiple_of(16)
+}
+
+/// `lowbit::conv::Int8Args` in the kernel: a `ConvShape`, 5 pointers, 5 ints, then 2 pointers.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 struct Int8Args {
@@ -31,6 +42,8 @@ struct Int8Args {
     zero_point: i32,
     q_lo: i32,
     q_hi: i32,
+    cols: u64,
+    acc: u64,
 }
 
 // SAFETY: plain-old-data `#[repr(C)]` struct laid out like `lowbit::conv::Int8Args` (i32/f32 fields, u64 pointers).
@@ -39,6 +52,9 @@ unsafe impl DeviceRepr for Int8Args {}
 /// An int8 convolution prepared once on the device (weight checked, epilogue folded, codes uploaded) for any input
 /// shape.
 pub struct ConvInt8Cuda {
+    context: std::sync::Arc<cudarc::driver::CudaContext>,
+    /// The device's stream: cuBLASLt plans allocate their workspace on it.
+    alloc_stream: std::sync::Arc<CudaStream>,
     shape: BlockShape,
     params: ConvInt8Params,
     /// `[Co][taps_pad]` weight codes, zero past the taps.
@@ -48,7 +64,15 @@ pub struct ConvInt8Cuda {
     q_lo: i32,
     q_hi: i32,
     taps_pad: usize,
-    function: CudaFunction,
+    direct: CudaFunction,
+    /// The GEMM route's kernels and its cuBLASLt plans, one per B·OH·OW met so far (`None`: the direct route).
+    gemm: Option<GemmRoute>,
+}
+
+struct GemmRoute {
+    im2col: CudaFunction,
+    epilogue: CudaFunction,
+    plans: Mutex<Vec<(usize, CublasLtInt8)>>,
 }
 
 impl ConvInt8Cuda {
@@ -59,6 +83,18 @@ impl ConvInt8Cuda {
         weight: &BlockQuantWeight,
         bias: Option<&[f32]>,
         params: ConvInt8Params,
+    ) -> Result<Self> {
+        Self::with_route(device, weight, bias, params, false)
+    }
+
+    /// As [`ConvInt8Cuda::new`], with `direct` forcing the dp4a kernel where the GEMM route applies (tests, bench).
+    #[doc(hidden)]
+    pub fn with_route(
+        device: &CudaDevice,
+        weight: &BlockQuantWeight,
+        bias: Option<&[f32]>,
+        params: ConvInt8Params,
+        direct: bool,
     ) -> Result<Self> {
         let epilogue = prepare(weight, bias, &params)?;
         let shape = *weight.shape();
@@ -86,7 +122,36 @@ impl ConvInt8Cuda {
             q_lo: epilogue.lo,
             q_hi: epilogue.hi,
             taps_pad,
-            function: device.function(&KERNEL, "conv_int8")?,
+            direct: device.function(&KERNEL, "conv_int8")?,
+            gemm: if !direct && params.conv.groups == 1 && crate::cuda::cublaslt_present() {
+                Some(GemmRoute {
+                    im2col: device.function(&KERNEL, "conv_int8_im2col")?,
+                    epilogue: device.function(&KERNEL, "conv_int8_epilogue")?,
+                    plans: Mutex::new(Vec::new()),
+                })
+            } else {
+                None
+            },
+            context: device.context().clone(),
+            alloc_stream: device.stream().clone(),
+        })
+    }
+
+    /// Whether calls take the GEMM route (im2col, cuBLASLt int8, epilogue) rather than the dp4a kernel.
+    pub fn uses_gemm(&self) -> bool {
+        self.gemm.is_some()
+    }
+
+    /// Bytes of workspace [`ConvInt8Cuda::run`] needs for `input`: the GEMM route's patches and int32 dots (0 for
+    /// the direct route).
+    pub fn workspace_bytes(&self, input: [usize; 4]) -> Result<usize> {
+        let geo = ConvGeometry::new(input, &self.shape, &self.params.conv)?;
+        Ok(match self.gemm {
+            Some(_) => {
+                let rows = gemm_rows(geo.output[0] * geo.output[2] * geo.output[3]);
+                (rows * self.taps_pad).next_multiple_of(256) + rows * self.shape.rows * 4
+            }
+            None => 0,
         })
     }
 
@@ -103,6 +168,7 @@ impl ConvInt8Cuda {
         x: &dyn DevicePtr<i8>,
         input: [usize; 4],
         y: &mut dyn DevicePtrMut<i8>,
+        workspace: &mut dyn DevicePtrMut<u8>,
     ) -> Result<()> {
         let geo = ConvGeometry::new(input, &self.shape, &self.params.conv)?;
         let [batch, _, _, _] = input;
@@ -133,7 +199,16 @@ impl ConvInt8Cuda {
         let x_ptr = buffer(x.device_ptr(stream).0, x.len(), input.iter().product(), "x", 1)?;
         let y_len = y.len();
         let y_ptr = buffer(y.device_ptr_mut(stream).0, y_len, geo.output.iter().product(), "y", 1)?;
-        let args = Int8Args {
+        let ws_len = workspace.len();
+        let ws_ptr = buffer(
+            workspace.device_ptr_mut(stream).0,
+            ws_len,
+            self.workspace_bytes(input)?,
+            "workspace",
+            256,
+        )?;
+        let rows = batch * oh * ow;
+        let mut args = Int8Args {
             shape: ConvShape::new(&geo, (0.0, 0.0)),
             weight: self.weight.device_ptr(stream).0,
             m: self.m.device_ptr(stream).0,
@@ -145,17 +220,72 @@ impl ConvInt8Cuda {
             zero_point: i32::from(self.params.input.zero_point),
             q_lo: self.q_lo,
             q_hi: self.q_hi,
+            cols: ws_ptr,
+            acc: ws_ptr + (gemm_rows(rows) * self.taps_pad).next_multiple_of(256) as u64,
         };
+        if let Some(gemm) = &self.gemm {
+            return self.run_gemm(stream, gemm, &mut args, rows);
+        }
         let cfg = LaunchConfig {
             grid_dim: ((oh * ow).div_ceil(TILE) as u32, groups as u32, batch as u32),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = stream.launch_builder(&self.function);
+        let mut b = stream.launch_builder(&self.direct);
         b.arg(&args);
         // SAFETY: x holds B·Ci·H·W codes and y B·Co·OH·OW (checked above); the kernel reads taps inside the image
         // only, weight rows of taps_pad codes for the Co channels, and writes each output element once.
         unsafe { b.launch(cfg) }.map_err(launch_error("conv_int8"))?;
+        Ok(())
+    }
+
+    /// The GEMM route: patches, cuBLASLt int8 (`[rows][taps_pad] · [Co][taps_pad]^T`), epilogue.
+    fn run_gemm(&self, stream: &CudaStream, gemm: &GemmRoute, args: &mut Int8Args, rows: usize) -> Result<()> {
+        let padded = gemm_rows(rows);
+        let words = padded * self.taps_pad / 4;
+        if rows > i32::MAX as usize || words.div_ceil(256) > i32::MAX as usize || rows.div_ceil(32) > i32::MAX as usize
+        {
+            return Err(Error::invalid(
+                "input",
+                format!("{rows} output pixels"),
+                "too large for one launch of the CUDA kernels",
+            ));
+        }
+        let mut b = stream.launch_builder(&gemm.im2col);
+        b.arg(&*args);
+        let cfg = LaunchConfig {
+            grid_dim: (words.div_ceil(256) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: one thread per 4-byte word of the rows x taps_pad patches in the workspace (checked by `run`); it
+        // reads x only inside the image.
+        unsafe { b.launch(cfg) }.map_err(launch_error("conv_int8_im2col"))?;
+        {
+            let mut plans = gemm.plans.lock().unwrap_or_else(|e| e.into_inner());
+            if !plans.iter().any(|(m, _)| *m == padded) {
+                let plan = CublasLtInt8::on(
+                    &self.context,
+                    &self.alloc_stream,
+                    padded,
+                    self.shape.rows,
+                    self.taps_pad,
+                )?;
+                plans.push((padded, plan));
+            }
+            let plan = &mut plans.iter_mut().find(|(m, _)| *m == padded).expect("inserted above").1;
+            plan.run_raw(stream, args.weight, args.cols, args.acc)?;
+        }
+        let mut b = stream.launch_builder(&gemm.epilogue);
+        b.arg(&*args);
+        let cfg = LaunchConfig {
+            grid_dim: (rows.div_ceil(32) as u32, self.shape.rows.div_ceil(32) as u32, 1),
+            block_dim: (32, 8, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: reads the rows x Co int32 dots in the workspace and writes each of y's B·Co·OH·OW codes once
+        // (checked by `run`).
+        unsafe { b.launch(cfg) }.map_err(launch_error("conv_int8_epilogue"))?;
         Ok(())
     }
 }

@@ -936,6 +936,17 @@ impl std::fmt::Debug for CublasLtInt8 {
 impl CublasLtInt8 {
     /// A cuBLASLt handle, descriptors and the heuristic's best algorithm for an `m × k` by `n × k` int8 product.
     pub fn new(device: &CudaDevice, m: usize, n: usize, k: usize) -> Result<Self> {
+        Self::on(device.context(), device.stream(), m, n, k)
+    }
+
+    /// As [`CublasLtInt8::new`] for a context and the stream its workspace is allocated on.
+    pub(crate) fn on(
+        context: &std::sync::Arc<cudarc::driver::CudaContext>,
+        stream: &std::sync::Arc<CudaStream>,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<Self> {
         use cudarc::cublaslt::{result as lt, sys as lts};
         // SAFETY: only tries to dlopen the library.
         if !unsafe { lts::is_culib_present() } {
@@ -947,8 +958,7 @@ impl CublasLtInt8 {
                 message: format!("{e:?}"),
             }
         };
-        device
-            .context()
+        context
             .bind_to_thread()
             .map_err(crate::cuda::driver_error("cuCtxSetCurrent"))?;
         let handle = lt::create_handle().map_err(err("cublasLtCreate"))?;
@@ -1001,30 +1011,23 @@ impl CublasLtInt8 {
             desc,
             layouts,
             algo,
-            workspace: device.alloc_zeros(workspace_bytes)?,
+            workspace: stream
+                .alloc_zeros(workspace_bytes)
+                .map_err(crate::cuda::driver_error("cuMemAlloc"))?,
             m,
             n,
             k,
         })
     }
 
-    /// `y = x · W^T` on `stream` (x `[M, K]`, w `[N, K]` row-major int8; y `[M, N]` int32).
-    pub fn run(
-        &mut self,
-        stream: &CudaStream,
-        w: &CudaSlice<i8>,
-        x: &CudaSlice<i8>,
-        y: &mut CudaSlice<i32>,
-    ) -> Result<()> {
-        ensure(w.len() >= self.n * self.k, "w", w.len(), "needs N · K elements")?;
-        ensure(x.len() >= self.m * self.k, "x", x.len(), "needs M · K elements")?;
-        ensure(y.len() >= self.m * self.n, "y", y.len(), "needs M · N elements")?;
+    /// `y = x · W^T` on `stream` from device addresses (x `[M, K]`, w `[N, K]` row-major int8; y `[M, N]` int32),
+    /// for callers that checked the buffers themselves (`ops::conv_int8::cuda`).
+    pub(crate) fn run_raw(&mut self, stream: &CudaStream, w: u64, x: u64, y: u64) -> Result<()> {
         let (alpha, beta) = (1i32, 0i32);
-        let (w, x) = (w.device_ptr(stream).0, x.device_ptr(stream).0);
-        let y = y.device_ptr_mut(stream).0;
         let ws_len = self.workspace.len();
         let ws = self.workspace.device_ptr_mut(stream).0;
-        // SAFETY: buffers checked above against the layouts; descriptors live for `self`'s life.
+        // SAFETY: the caller guarantees w, x and y hold N·K, M·K and M·N elements; descriptors live for `self`'s
+        // life.
         unsafe {
             cudarc::cublaslt::result::matmul(
                 self.handle,
@@ -1050,7 +1053,27 @@ impl CublasLtInt8 {
             message: format!("{e:?}"),
         })
     }
+
+    /// `y = x · W^T` on `stream` (x `[M, K]`, w `[N, K]` row-major int8; y `[M, N]` int32).
+    pub fn run(
+        &mut self,
+        stream: &CudaStream,
+        w: &CudaSlice<i8>,
+        x: &CudaSlice<i8>,
+        y: &mut CudaSlice<i32>,
+    ) -> Result<()> {
+        ensure(w.len() >= self.n * self.k, "w", w.len(), "needs N · K elements")?;
+        ensure(x.len() >= self.m * self.k, "x", x.len(), "needs M · K elements")?;
+        ensure(y.len() >= self.m * self.n, "y", y.len(), "needs M · N elements")?;
+        let (w, x) = (w.device_ptr(stream).0, x.device_ptr(stream).0);
+        let y = y.device_ptr_mut(stream).0;
+        self.run_raw(stream, w, x, y)
+    }
 }
+
+// SAFETY: the handle and descriptors are plain cuBLASLt objects with no thread affinity; `run` takes `&mut self`,
+// so one thread at a time uses them (the convolution keeps its plans behind a Mutex).
+unsafe impl Send for CublasLtInt8 {}
 
 impl Drop for CublasLtInt8 {
     fn drop(&mut self) {
