@@ -3,7 +3,9 @@
 # the cuda_conv GPU tests, `lowbit bench --op conv` on the four anchor convolutions (int4 with f16 and f32 input,
 # then int8; f16 int4 also times the mma.sync kernel as `lowbit_mmasync`), compute-sanitizer memcheck on the Hopper,
 # every-tile and MNN-bytes tests, and ncu kernel durations (pack vs GEMM) per case.
-# Binaries: `DEVBIN=.devbin TESTS=cuda_conv bash scripts/prepare-devbin.sh` from a clean, committed tree; carry .devbin.
+# With cuda_conv_int8 among the binaries it also runs that test (ConvInt8, both routes) under memcheck.
+# Binaries: `DEVBIN=.devbin TESTS="cuda_conv cuda_conv_int8" bash scripts/prepare-devbin.sh` from a clean, committed
+# tree; carry .devbin.
 # Writes to $OUT: test-conv.log, bench-conv.jsonl, bench-conv.err (cuDNN's chosen algorithm per case), memcheck.log.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT
@@ -17,6 +19,11 @@ export LD_LIBRARY_PATH=${cudnn_lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv | tee $OUT/gpu.txt
 echo "== cuda_conv tests"
 timeout 150 $BIN/tests/cuda_conv --test-threads=4 2>&1 | grep -E "^test |result|panicked|hopper=true" | cut -c1-250 | tee $OUT/test-conv.log
+if [ -x $BIN/tests/cuda_conv_int8 ]; then
+  echo "== cuda_conv_int8 tests (memcheck)"
+  timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 $BIN/tests/cuda_conv_int8 --test-threads=1 2>&1 |
+    grep -E "^test |result|panicked|ERROR SUMMARY" | tee $OUT/test-conv-int8.log
+fi
 echo "== bench conv int4 f16 f32"
 timeout 150 $BIN/lowbit bench --op conv --device cuda --json --wbits 4 --dtype f16 --dtype f32 > $OUT/bench-conv.jsonl 2>$OUT/bench-conv.err || tail -3 $OUT/bench-conv.err
 echo "== bench conv int8"
