@@ -343,9 +343,25 @@ struct Igemm {
 // ------------------------------------------------------------------------------------------------------------------
 __device__ __forceinline__ float to_f32(float v) { return v; }
 __device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f32(signed char v) { return (float)v; }
 
-template <class T>
-__device__ __forceinline__ void pack_nhwc(const T* x, __half* xt, int c, int h, int w, int ph, int pw) {
+// Channels cc, cc + 1 of one position (`both`: cc + 1 < C; `paired`: C even, so the pair is one aligned half2).
+__device__ __forceinline__ void store_channels(__half* dst, float a, float b, bool both, bool paired) {
+    if (both && paired) {
+        *reinterpret_cast<__half2*>(dst) = __floats2half2_rn(a, b);
+    } else {
+        dst[0] = __float2half_rn(a);
+        if (both) dst[1] = __float2half_rn(b);
+    }
+}
+__device__ __forceinline__ void store_channels(signed char* dst, float a, float b, bool both, bool) {
+    dst[0] = (signed char)a;
+    if (both) dst[1] = (signed char)b;
+}
+
+// The padding holds `pad` (0 for fp16; the int8 convolution's zero point Z_I, the code of a real 0).
+template <class T, class TOut>
+__device__ __forceinline__ void pack_nhwc(const T* x, TOut* xt, int c, int h, int w, int ph, int pw, float pad) {
     __shared__ float tile[64][65];  // [channel][position]; pitch 65: both passes are free of bank conflicts
     const int tid = threadIdx.x, wp = w + 2 * pw, grid = (h + 2 * ph) * wp;
     const int p0 = blockIdx.x * 64, c0 = blockIdx.y * 64;
@@ -358,25 +374,21 @@ __device__ __forceinline__ void pack_nhwc(const T* x, __half* xt, int c, int h, 
 #pragma unroll
         for (int k = 0; k < 16; ++k) {
             const int i = (tid >> 6) + 4 * k;
-            v[k] = inside && c0 + i < c ? to_f32(src[(long long)i * h * w]) : 0.0f;
+            v[k] = c0 + i >= c ? 0.0f : inside ? to_f32(src[(long long)i * h * w]) : pad;
         }
 #pragma unroll
         for (int k = 0; k < 16; ++k) tile[(tid >> 6) + 4 * k][tid & 63] = v[k];
     }
     __syncthreads();
     const int pair = tid & 31, cc = c0 + 2 * pair;  // the channel pair this thread writes
-    __half* out = xt + b * grid * (long long)c + cc;
+    TOut* out = xt + b * grid * (long long)c + cc;
 #pragma unroll
     for (int q = 0; q < 8; ++q) {
         const int p = (tid >> 5) + 8 * q;
         if (p0 + p >= grid) break;
-        __half* dst = out + (long long)(p0 + p) * c;
-        if (cc + 1 < c && (c & 1) == 0) {
-            *reinterpret_cast<__half2*>(dst) = __floats2half2_rn(tile[2 * pair][p], tile[2 * pair + 1][p]);
-        } else if (cc < c) {
-            dst[0] = __float2half_rn(tile[2 * pair][p]);
-            if (cc + 1 < c) dst[1] = __float2half_rn(tile[2 * pair + 1][p]);
-        }
+        if (cc < c)
+            store_channels(out + (long long)(p0 + p) * c, tile[2 * pair][p], tile[2 * pair + 1][p], cc + 1 < c,
+                           (c & 1) == 0);
     }
 }
 
@@ -556,6 +568,27 @@ __device__ __forceinline__ void conv_int8_im2col(const Int8Args& p) {
     reinterpret_cast<unsigned*>(p.cols)[i] = packed;
 }
 
+// im2col from the padded NHWC copy (conv_pack_nhwc_i8) when Ci is a multiple of 16: taps in (ky, kx, channel)
+// order, so 16 taps are 16 channels of one input position, always inside the padded image: one 16-byte load and
+// one 16-byte store per thread, no bounds checks. Rows padded to 16 and taps past Kh·Kw·Ci are zeros.
+__device__ __forceinline__ void conv_int8_im2col_nhwc(const Int8Args& p, const signed char* xp) {
+    const long long chunks = (long long)p.taps_pad / 16, pixels = (long long)p.oh * p.ow, rows = p.batch * pixels;
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (rows + 15) / 16 * 16 * chunks) return;
+    const long long m = i / chunks;
+    const int t0 = (int)(i - m * chunks) * 16;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (m < rows && t0 < p.taps) {
+        const long long b = m / pixels;
+        const int pix = (int)(m - b * pixels), oy = pix / p.ow, ox = pix - oy * p.ow;
+        const int tap = t0 / p.ci, c = t0 - tap * p.ci, ky = tap / p.kw, kx = tap - ky * p.kw;
+        const int hp = p.h + 2 * p.ph, wp = p.w + 2 * p.pw;
+        const int y = oy * p.sh + ky * p.dh, x = ox * p.sw + kx * p.dw;  // padded coordinates
+        v = *reinterpret_cast<const uint4*>(xp + ((b * hp + y) * wp + x) * p.ci + c);
+    }
+    reinterpret_cast<uint4*>(p.cols)[i] = v;
+}
+
 // The GEMM route's epilogue: acc [B·OH·OW][Co] -> int8 NCHW, through a 32 x 32 shared-memory tile so that the reads
 // run along channels and the writes along pixels.
 __device__ __forceinline__ void conv_int8_epilogue(const Int8Args& p) {
@@ -604,11 +637,15 @@ LB_CONV_IGEMM(conv_igemm_w8_s, 8, 1, 2, 32)
 extern "C" __global__ void __launch_bounds__(256) conv_pack_nhwc_f16(const __half* x, __half* xt, int c, int h, int w,
                                                                       int ph, int pw) {
     lowbit::allow_dependent_launch();
-    lowbit::conv::pack_nhwc(x, xt, c, h, w, ph, pw);
+    lowbit::conv::pack_nhwc(x, xt, c, h, w, ph, pw, 0.0f);
 }
 extern "C" __global__ void __launch_bounds__(256) conv_pack_nhwc_f32(const float* x, __half* xt, int c, int h, int w,
                                                                       int ph, int pw) {
-    lowbit::conv::pack_nhwc(x, xt, c, h, w, ph, pw);
+    lowbit::conv::pack_nhwc(x, xt, c, h, w, ph, pw, 0.0f);
+}
+extern "C" __global__ void __launch_bounds__(256) conv_pack_nhwc_i8(const signed char* x, signed char* xt, int c,
+                                                                     int h, int w, int ph, int pw, int zero_point) {
+    lowbit::conv::pack_nhwc(x, xt, c, h, w, ph, pw, (float)zero_point);
 }
 extern "C" __global__ void __launch_bounds__(256) conv_direct_f16(const lowbit::conv::DirectArgs p) {
     lowbit::conv::direct<__half>(p);
@@ -624,4 +661,8 @@ extern "C" __global__ void __launch_bounds__(256) conv_int8_im2col(const lowbit:
 }
 extern "C" __global__ void __launch_bounds__(256) conv_int8_epilogue(const lowbit::conv::Int8Args p) {
     lowbit::conv::conv_int8_epilogue(p);
+}
+extern "C" __global__ void __launch_bounds__(256) conv_int8_im2col_nhwc(const lowbit::conv::Int8Args p,
+                                                                         const signed char* xp) {
+    lowbit::conv::conv_int8_im2col_nhwc(p, xp);
 }

@@ -3,7 +3,7 @@
 //! same exact int32 dot and the same f32 epilogue, so every output code must be equal, bit for bit:
 //! - the convolution matrix (kernel sizes, stride, padding, dilation, groups and depthwise, none/relu/relu6, bias on
 //!   and off, zero points of both signs), plus channel counts that leave partial 64-channel and 64-pixel tiles and
-//!   taps that are not a multiple of 32;
+//!   taps that are not a multiple of 32; input channels of a multiple of 16 (the GEMM route's NHWC patches) and not;
 //! - nothing past the output is written (guard bytes); the input is not modified;
 //! - short buffers and bad inputs give typed errors.
 //!
@@ -54,6 +54,8 @@ fn cases() -> Vec<Case> {
         case([1, 6, 17, 9], 10, (5, 3), params(1, 2, 1, 2, Activation::None), false),
         // Several 64 x 64 tiles, partial in both channels (150) and pixels (23 x 19 = 437).
         case([2, 48, 23, 19], 150, (3, 3), params(1, 1, 1, 1, Activation::Relu), true),
+        // Ci a multiple of 16 (the GEMM route's NHWC patches) with stride 2, padding 2 and dilation 2.
+        case([1, 32, 15, 13], 40, (3, 3), params(2, 2, 2, 1, Activation::Relu6), true),
         // A 7 x 7 stride-2 stem: 3 · 49 = 147 taps, not a multiple of 32.
         case([1, 3, 40, 36], 70, (7, 7), params(2, 3, 1, 1, Activation::None), true),
     ]

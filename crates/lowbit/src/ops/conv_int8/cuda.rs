@@ -22,6 +22,12 @@ const STEP: usize = 32;
 /// Output channels and pixels per CTA (`I8_TILE`).
 const TILE: usize = 64;
 
+/// Bytes of the padded NHWC int8 copy of the input (the GEMM route's NHWC patches), 256-byte rounded.
+fn padded_image_bytes(geo: &ConvGeometry) -> usize {
+    let [batch, ci, h, w] = geo.input;
+    (batch * (h + 2 * geo.padding.0) * (w + 2 * geo.padding.1) * ci).next_multiple_of(256)
+}
+
 /// The GEMM route's rows: the output pixels rounded up to 16 (zero patches), which cuBLASLt's int8 kernels take.
 fn gemm_rows(pixels: usize) -> usize {
     pixels.next_multiple_of(16)
@@ -73,6 +79,16 @@ struct GemmRoute {
     im2col: CudaFunction,
     epilogue: CudaFunction,
     plans: Mutex<Vec<(usize, CublasLtInt8)>>,
+    /// Ci a multiple of 16: the patches come from a padded NHWC copy, 16 channels per load, with the weight's taps
+    /// in (ky, kx, channel) order to match.
+    nhwc: Option<NhwcPatches>,
+}
+
+struct NhwcPatches {
+    pack: CudaFunction,
+    im2col: CudaFunction,
+    /// `[Co][taps_pad]` codes in (ky, kx, channel) order.
+    weight: CudaSlice<i8>,
 }
 
 impl ConvInt8Cuda {
@@ -124,10 +140,30 @@ impl ConvInt8Cuda {
             taps_pad,
             direct: device.function(&KERNEL, "conv_int8")?,
             gemm: if !direct && params.conv.groups == 1 && crate::cuda::cublaslt_present() {
+                let nhwc = if shape.channels % 16 == 0 {
+                    // (channel, ky, kx) -> (ky, kx, channel) within each padded row.
+                    let (ci, kk) = (shape.channels, shape.kernel.0 * shape.kernel.1);
+                    let mut reordered = vec![0i8; codes.len()];
+                    for (dst, src) in reordered.chunks_exact_mut(taps_pad).zip(codes.chunks_exact(taps_pad)) {
+                        for c in 0..ci {
+                            for k in 0..kk {
+                                dst[k * ci + c] = src[c * kk + k];
+                            }
+                        }
+                    }
+                    Some(NhwcPatches {
+                        pack: device.function(&KERNEL, "conv_pack_nhwc_i8")?,
+                        im2col: device.function(&KERNEL, "conv_int8_im2col_nhwc")?,
+                        weight: stream.clone_htod(&reordered).map_err(upload_err)?,
+                    })
+                } else {
+                    None
+                };
                 Some(GemmRoute {
                     im2col: device.function(&KERNEL, "conv_int8_im2col")?,
                     epilogue: device.function(&KERNEL, "conv_int8_epilogue")?,
                     plans: Mutex::new(Vec::new()),
+                    nhwc,
                 })
             } else {
                 None
@@ -146,10 +182,17 @@ impl ConvInt8Cuda {
     /// the direct route).
     pub fn workspace_bytes(&self, input: [usize; 4]) -> Result<usize> {
         let geo = ConvGeometry::new(input, &self.shape, &self.params.conv)?;
-        Ok(match self.gemm {
-            Some(_) => {
+        Ok(match &self.gemm {
+            Some(gemm) => {
                 let rows = gemm_rows(geo.output[0] * geo.output[2] * geo.output[3]);
-                (rows * self.taps_pad).next_multiple_of(256) + rows * self.shape.rows * 4
+                let image = if gemm.nhwc.is_some() {
+                    padded_image_bytes(&geo)
+                } else {
+                    0
+                };
+                (rows * self.taps_pad).next_multiple_of(256)
+                    + (rows * self.shape.rows * 4).next_multiple_of(256)
+                    + image
             }
             None => 0,
         })
@@ -224,7 +267,7 @@ impl ConvInt8Cuda {
             acc: ws_ptr + (gemm_rows(rows) * self.taps_pad).next_multiple_of(256) as u64,
         };
         if let Some(gemm) = &self.gemm {
-            return self.run_gemm(stream, gemm, &mut args, rows);
+            return self.run_gemm(stream, gemm, &mut args, &geo);
         }
         let cfg = LaunchConfig {
             grid_dim: ((oh * ow).div_ceil(TILE) as u32, groups as u32, batch as u32),
@@ -240,10 +283,16 @@ impl ConvInt8Cuda {
     }
 
     /// The GEMM route: patches, cuBLASLt int8 (`[rows][taps_pad] · [Co][taps_pad]^T`), epilogue.
-    fn run_gemm(&self, stream: &CudaStream, gemm: &GemmRoute, args: &mut Int8Args, rows: usize) -> Result<()> {
+    fn run_gemm(&self, stream: &CudaStream, gemm: &GemmRoute, args: &mut Int8Args, geo: &ConvGeometry) -> Result<()> {
+        let [batch, ci, h, w] = geo.input;
+        let rows = batch * geo.output[2] * geo.output[3];
         let padded = gemm_rows(rows);
         let words = padded * self.taps_pad / 4;
-        if rows > i32::MAX as usize || words.div_ceil(256) > i32::MAX as usize || rows.div_ceil(32) > i32::MAX as usize
+        let (hp, wp) = (h + 2 * geo.padding.0, w + 2 * geo.padding.1);
+        if rows > i32::MAX as usize
+            || words.div_ceil(256) > i32::MAX as usize
+            || rows.div_ceil(32) > i32::MAX as usize
+            || (hp * wp).div_ceil(64) > i32::MAX as usize
         {
             return Err(Error::invalid(
                 "input",
@@ -251,16 +300,56 @@ impl ConvInt8Cuda {
                 "too large for one launch of the CUDA kernels",
             ));
         }
-        let mut b = stream.launch_builder(&gemm.im2col);
-        b.arg(&*args);
-        let cfg = LaunchConfig {
-            grid_dim: (words.div_ceil(256) as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: one thread per 4-byte word of the rows x taps_pad patches in the workspace (checked by `run`); it
-        // reads x only inside the image.
-        unsafe { b.launch(cfg) }.map_err(launch_error("conv_int8_im2col"))?;
+        let mut weight = args.weight;
+        if let Some(nhwc) = &gemm.nhwc {
+            // The padded NHWC copy sits after the patches and the dots in the workspace.
+            let image = args.acc + (padded * self.shape.rows * 4).next_multiple_of(256) as u64;
+            let (c_arg, h_arg, w_arg) = (ci as i32, h as i32, w as i32);
+            let (ph, pw, zero) = (
+                geo.padding.0 as i32,
+                geo.padding.1 as i32,
+                i32::from(self.params.input.zero_point),
+            );
+            let mut b = stream.launch_builder(&nhwc.pack);
+            b.arg(&args.x)
+                .arg(&image)
+                .arg(&c_arg)
+                .arg(&h_arg)
+                .arg(&w_arg)
+                .arg(&ph)
+                .arg(&pw)
+                .arg(&zero);
+            let cfg = LaunchConfig {
+                grid_dim: ((hp * wp).div_ceil(64) as u32, ci.div_ceil(64) as u32, batch as u32),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: reads the B·Ci·H·W codes of x and writes B·Hp·Wp·Ci codes into the workspace (both checked by
+            // `run`).
+            unsafe { b.launch(cfg) }.map_err(launch_error("conv_pack_nhwc_i8"))?;
+            let mut b = stream.launch_builder(&nhwc.im2col);
+            b.arg(&*args).arg(&image);
+            let cfg = LaunchConfig {
+                grid_dim: (words.div_ceil(4 * 256) as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: one thread per 16 bytes of the rows x taps_pad patches (checked by `run`); every load is inside
+            // the padded copy (output positions map inside it by construction).
+            unsafe { b.launch(cfg) }.map_err(launch_error("conv_int8_im2col_nhwc"))?;
+            weight = nhwc.weight.device_ptr(stream).0;
+        } else {
+            let mut b = stream.launch_builder(&gemm.im2col);
+            b.arg(&*args);
+            let cfg = LaunchConfig {
+                grid_dim: (words.div_ceil(256) as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: one thread per 4-byte word of the rows x taps_pad patches in the workspace (checked by `run`);
+            // it reads x only inside the image.
+            unsafe { b.launch(cfg) }.map_err(launch_error("conv_int8_im2col"))?;
+        }
         {
             let mut plans = gemm.plans.lock().unwrap_or_else(|e| e.into_inner());
             if !plans.iter().any(|(m, _)| *m == padded) {
@@ -274,7 +363,7 @@ impl ConvInt8Cuda {
                 plans.push((padded, plan));
             }
             let plan = &mut plans.iter_mut().find(|(m, _)| *m == padded).expect("inserted above").1;
-            plan.run_raw(stream, args.weight, args.cols, args.acc)?;
+            plan.run_raw(stream, weight, args.cols, args.acc)?;
         }
         let mut b = stream.launch_builder(&gemm.epilogue);
         b.arg(&*args);
