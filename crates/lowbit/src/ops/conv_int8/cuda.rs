@@ -1,8 +1,10 @@
 //! [`ConvInt8Cuda`]: the int8 convolution on the GPU. The same integer dot and the same f32 epilogue as
 //! [`super::ConvInt8Cpu`], so both give the same output codes bit for bit. Two routes (`kernels/conv.cu`):
-//! - **GEMM** (one group, cuBLASLt present): `conv_int8_im2col` writes the `[B·OH·OW][taps]` int8 patches to the
-//!   workspace, cuBLASLt's int8 tensor-core GEMM forms every int32 dot, `conv_int8_epilogue` applies the epilogue
-//!   and writes NCHW. The integer dots are exact whoever computes them.
+//! - **GEMM** (one group, cuBLASLt present): the `[B·OH·OW][taps]` int8 patches go to the workspace, cuBLASLt's
+//!   int8 tensor-core GEMM forms every int32 dot, `conv_int8_epilogue` applies the epilogue and writes NCHW. With
+//!   Ci a multiple of 16 the patches come from a padded NHWC copy (`conv_pack_nhwc_i8`, then
+//!   `conv_int8_im2col_nhwc`: taps in (ky, kx, channel) order, 16 bytes per load); otherwise `conv_int8_im2col`
+//!   gathers each code from NCHW. The integer dots are exact whoever computes them.
 //! - **Direct** (groups, depthwise, or no cuBLASLt): `conv_int8`, a dp4a implicit GEMM on the CUDA cores.
 
 use super::{prepare, ConvInt8Params};
