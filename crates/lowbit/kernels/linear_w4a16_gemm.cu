@@ -91,6 +91,7 @@ struct Shape {
     int grid_w;       // Wp
     int out_h, out_w; // Ho, Wo: the positions of the padded grid that are outputs
     int batch;        // B
+    int planes;       // weight planes: 2 for int8 weights, K then runs (plane, tap, channel) and reads x twice
     long long out_plane;  // Ho * Wo: y is [B][N][Ho][Wo]
 };
 
@@ -215,10 +216,11 @@ struct Gemm {
                     const int k = k0 + box * X_BOX_K;
                     int col = k, row = w.mt * BM;
                     if (CONV) {  // tap (r, q) and channel c of k; a padding tap reads rows past the end (zeros)
-                        const int tap = k / s.channels, r = tap / s.kernel_w;
-                        col = k - tap * s.channels;
-                        row += tap < s.taps ? r * s.tap_row + (tap - r * s.kernel_w) * s.tap_col
-                                            : s.batch * s.grid_tokens;
+                        const int slot = k / s.channels;  // plane * taps + tap
+                        const int tap = slot >= s.taps ? slot - s.taps : slot, r = tap / s.kernel_w;
+                        col = k - slot * s.channels;
+                        row += slot < s.planes * s.taps ? r * s.tap_row + (tap - r * s.kernel_w) * s.tap_col
+                                                        : s.batch * s.grid_tokens;
                     }
                     tma_load_2d(stage + box * (BM * 128), xmap, col, row, full);
                 }

@@ -356,10 +356,10 @@ fn exact_integer_mode_is_bit_exact() {
     }
 }
 
-/// The Hopper wgmma path (sm_90; f16 activations, int4, one group, stride 1, `Ci % 64 == 0`): 3×3/5×5/1×1, with
-/// and without padding, dilation 2, 128- and 256-column weight tiles, split-K and multi-tile grids, every clamp;
-/// random data within the tensor-core tolerance, then exact-integer data bit for bit. On other GPUs the same cases
-/// run on the older kernels.
+/// The Hopper wgmma path (sm_90; f16 activations, int4 or int8 (two int4 planes), one group, stride 1,
+/// `Ci % 64 == 0`): 3×3/5×5/1×1, with and without padding, dilation 2, 128- and 256-column weight tiles, split-K and
+/// multi-tile grids, every clamp; random data within the tensor-core tolerance, then exact-integer data bit for bit.
+/// On other GPUs the same cases run on the older kernels.
 #[test]
 fn hopper_path_matches_reference() {
     let Some(dev) = device() else { return };
@@ -431,7 +431,16 @@ fn hopper_path_matches_reference() {
             ..base
         },
     ];
-    for case in &cases {
+    let both_widths = cases.iter().flat_map(|c| {
+        [
+            *c,
+            Case {
+                bits: BlockBits::Int8,
+                ..*c
+            },
+        ]
+    });
+    for case in &both_widths.collect::<Vec<_>>() {
         let weight = make_weight(&mut rng, case, Data::Random);
         let bias = rng.vec(case.co, -1.0, 1.0);
         let conv = Conv2dCuda::new(&dev, &weight, Some(&bias), case.params).unwrap();

@@ -1,5 +1,6 @@
-//! The Hopper path of [`super::Conv2dCuda`]: an ungrouped, stride-1 int4 convolution computed by the W4A16 wgmma
-//! GEMM (`kernels/linear_w4a16_gemm.cu`, section CONVOLUTION) instead of the mma.sync implicit GEMM.
+//! The Hopper path of [`super::Conv2dCuda`]: an ungrouped, stride-1 int4 or int8 convolution computed by the W4A16
+//! wgmma GEMM (`kernels/linear_w4a16_gemm.cu`, section CONVOLUTION) instead of the mma.sync implicit GEMM. int8
+//! codes run as two int4 planes over the same taps (`as_linear`), at twice the tensor-core work.
 //!
 //! The input is first written as a zero-padded NHWC fp16 image `[B][H + 2ph][W + 2pw][Ci]` (one transpose kernel).
 //! Tokens are the positions of that padded grid, so the activations of kernel tap `(r, s)` for tokens `m..m + BM`
@@ -35,15 +36,16 @@ pub(super) struct HopperConv {
     offsets: CudaSlice<u16>,
     /// `[Co]` fp16.
     bias: CudaSlice<u16>,
+    /// Weight planes of the GEMM form: 1 (int4) or 2 (int8, see `as_linear`).
+    planes: usize,
 }
 
-/// Whether the Hopper path can run this convolution: an sm_90 GPU, int4 codes, one group, unit stride, `Ci` a
-/// multiple of 64, blocks of a multiple of 16 channels. (The weight's scales and offsets must also be fp16
+/// Whether the Hopper path can run this convolution: an sm_90 GPU, int4 or int8 codes, one group, unit stride, `Ci`
+/// a multiple of 64, blocks of a multiple of 16 channels. (The weight's scales and offsets must also be fp16
 /// numbers: [`HopperConv::new`] checks them.)
 pub(super) fn applies(device: &CudaDevice, weight: &BlockQuantWeight, groups: usize, stride: (usize, usize)) -> bool {
     let shape = weight.shape();
     device.info().compute_capability.0 == 9
-        && weight.bits() == BlockBits::Int4
         && groups == 1
         && stride == (1, 1)
         && shape.channels % BOX_CHANNELS == 0
@@ -55,28 +57,55 @@ fn fp16_normal(v: f32) -> bool {
     v == 0.0 || (v.abs() >= f16::MIN_POSITIVE.to_f32() && v.abs() <= f16::MAX.to_f32())
 }
 
-/// The convolution weight as a linear `[Co, taps·Ci]` weight with K in (tap, channel) order: codes `q + 8`
-/// (symmetric, zero 8), the block scales repeated for every tap; and the offsets `[Co][taps·blocks]` likewise.
+/// Weight planes of the GEMM form of `weight`: one for int4 codes, two for int8 (see [`as_linear`]).
+fn planes(weight: &BlockQuantWeight) -> usize {
+    if weight.bits() == BlockBits::Int8 {
+        2
+    } else {
+        1
+    }
+}
+
+/// The convolution weight as a linear `[Co, planes·taps·Ci]` int4 weight with K in (plane, tap, channel) order:
+/// codes `q + 8` (symmetric, zero 8), the block scales repeated for every tap; and the offsets `[Co][groups]`
+/// likewise. An int8 code is two int4 planes, `q = 16 (hi − 8) + (lo − 8) + 8` with `hi, lo` the nibbles of
+/// `q + 128`, so `q s + o = (hi − 8)·16s + (lo − 8)·s + (8s + o)`: plane 0 has scales 16s and offsets 0, plane 1
+/// scales s and offsets 8s + o, and the kernel reads x once per plane.
 fn as_linear(weight: &BlockQuantWeight) -> (QuantMatrix, Vec<f32>) {
     let shape = weight.shape();
     let (co, ci, taps, blocks) = (shape.rows, shape.channels, shape.taps(), shape.blocks());
-    let k = taps * ci;
+    let planes = planes(weight);
+    let k = planes * taps * ci;
     let mut codes = vec![0u8; co * k];
     for (n, row) in codes.chunks_exact_mut(k).enumerate() {
         for c in 0..ci {
             for tap in 0..taps {
-                row[tap * ci + c] = (weight.codes()[(n * ci + c) * taps + tap] + 8) as u8;
+                let q = weight.codes()[(n * ci + c) * taps + tap] as i32;
+                if planes == 1 {
+                    row[tap * ci + c] = (q + 8) as u8;
+                } else {
+                    let u = (q + 128) as u8;
+                    row[tap * ci + c] = u >> 4;
+                    row[(taps + tap) * ci + c] = u & 15;
+                }
             }
         }
     }
-    let groups = taps * blocks;
+    let groups = planes * taps * blocks;
     let mut scales = vec![0f32; co * groups];
     let mut offsets = vec![0f32; co * groups];
     for n in 0..co {
-        for tap in 0..taps {
-            for b in 0..blocks {
-                scales[n * groups + tap * blocks + b] = weight.scales()[n * blocks + b];
-                offsets[n * groups + tap * blocks + b] = weight.offsets()[n * blocks + b];
+        for plane in 0..planes {
+            for tap in 0..taps {
+                for b in 0..blocks {
+                    let (s, o) = (weight.scales()[n * blocks + b], weight.offsets()[n * blocks + b]);
+                    let g = n * groups + (plane * taps + tap) * blocks + b;
+                    (scales[g], offsets[g]) = match (planes, plane) {
+                        (1, _) => (s, o),
+                        (_, 0) => (16.0 * s, 0.0),
+                        _ => (s, 8.0 * s + o),
+                    };
+                }
             }
         }
     }
@@ -98,16 +127,16 @@ impl HopperConv {
     /// Repacks and uploads `weight` for the GEMM, or `None` when its scales or offsets are not fp16 numbers (the
     /// mma.sync path keeps any magnitude exact with a per-channel power of two) or its tiles do not suit the GEMM.
     pub(super) fn new(device: &CudaDevice, weight: &BlockQuantWeight, bias: &[f32]) -> Result<Option<Self>> {
-        if !weight
-            .scales()
+        let (matrix, offsets) = as_linear(weight);
+        if !matrix
+            .scales
             .iter()
-            .chain(weight.offsets())
+            .chain(&offsets)
             .chain(bias)
             .all(|&v| fp16_normal(v))
         {
             return Ok(None);
         }
-        let (matrix, offsets) = as_linear(weight);
         let packed = repack(&matrix, DType::F16)?;
         let plan = &packed.plan;
         if !matches!(plan.n_cta, 128 | 256) {
@@ -135,6 +164,7 @@ impl HopperConv {
             pack,
             offsets,
             bias,
+            planes: planes(weight),
         }))
     }
 
@@ -205,6 +235,7 @@ impl HopperConv {
             out_h: oh as i32,
             out_w: ow as i32,
             batch: batch as i32,
+            planes: self.planes as i32,
             out_plane: (oh * ow) as i64,
         };
         let launch = ConvLaunch {

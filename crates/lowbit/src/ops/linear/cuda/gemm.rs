@@ -220,6 +220,9 @@ pub(crate) struct ConvFields {
     pub out_h: i32,
     pub out_w: i32,
     pub batch: i32,
+    /// Weight planes: 1 for int4 weights; 2 for int8 weights as two int4 planes, K running (plane, tap, channel)
+    /// so that x is read once per plane.
+    pub planes: i32,
     /// `out_h · out_w`.
     pub out_plane: i64,
 }
