@@ -9,39 +9,17 @@
 //! - Bad weights and quantization parameters give typed errors naming the tensor.
 
 use lowbit::formats::block::{BlockBits, BlockQuantWeight, BlockShape};
-use lowbit::ops::conv::{Activation, Conv2dParams};
+use lowbit::ops::conv::Conv2dParams;
 use lowbit::ops::conv_int8::{reference, ConvInt8Cpu, ConvInt8Params, Int8Quant};
 use lowbit::testing::SplitMix64 as Rng;
 
-struct Case {
-    input: [usize; 4],
-    co: usize,
-    kernel: (usize, usize),
-    conv: Conv2dParams,
-    bias: bool,
-}
-
-fn weight(rng: &mut Rng, co: usize, ci_g: usize, kernel: (usize, usize), exact: bool) -> BlockQuantWeight {
-    let shape = BlockShape::conv(co, ci_g, kernel, 1).unwrap();
-    let codes = (0..co * shape.cols())
-        .map(|_| (rng.below(255) as i32 - 127) as i8)
-        .collect();
-    let scales = (0..co)
-        .map(|_| {
-            if exact {
-                2f32.powi(-5 - rng.below(3) as i32)
-            } else {
-                rng.uniform(0.002, 0.02)
-            }
-        })
-        .collect();
-    BlockQuantWeight::from_parts(shape, BlockBits::Int8, codes, scales, vec![0.0; co]).unwrap()
-}
+mod common;
+use common::{int8_conv_cases, int8_conv_weight, random_int8_params, Int8ConvCase};
 
 /// Runs one case; returns (outputs, outputs equal to the rounded reference).
-fn run(rng: &mut Rng, c: &Case, exact: bool) -> (usize, usize) {
+fn run(rng: &mut Rng, c: &Int8ConvCase, exact: bool) -> (usize, usize) {
     let ci_g = c.input[1] / c.conv.groups;
-    let w = weight(rng, c.co, ci_g, c.kernel, exact);
+    let w = int8_conv_weight(rng, c.co, ci_g, c.kernel, exact);
     let params = if exact {
         ConvInt8Params {
             conv: c.conv,
@@ -55,17 +33,7 @@ fn run(rng: &mut Rng, c: &Case, exact: bool) -> (usize, usize) {
             },
         }
     } else {
-        ConvInt8Params {
-            conv: c.conv,
-            input: Int8Quant {
-                scale: rng.uniform(0.01, 0.05),
-                zero_point: rng.below(41) as i8 - 20,
-            },
-            output: Int8Quant {
-                scale: rng.uniform(0.05, 0.3),
-                zero_point: rng.below(41) as i8 - 20,
-            },
-        }
+        random_int8_params(rng, c.conv)
     };
     // Exact mode: bias values on the output grid (multiples of S_O), so B / S_O is an integer.
     let bias: Option<Vec<f32>> = c.bias.then(|| {
@@ -105,65 +73,11 @@ fn run(rng: &mut Rng, c: &Case, exact: bool) -> (usize, usize) {
     (out.len(), equal)
 }
 
-fn cases() -> Vec<Case> {
-    let p = |stride, padding, dilation, groups, activation| Conv2dParams {
-        stride,
-        padding,
-        dilation,
-        groups,
-        activation,
-    };
-    vec![
-        Case {
-            input: [1, 16, 9, 11],
-            co: 24,
-            kernel: (3, 3),
-            conv: p((1, 1), (1, 1), (1, 1), 1, Activation::None),
-            bias: true,
-        },
-        Case {
-            input: [2, 8, 12, 10],
-            co: 8,
-            kernel: (3, 3),
-            conv: p((2, 2), (1, 1), (1, 1), 1, Activation::Relu),
-            bias: false,
-        },
-        Case {
-            input: [1, 12, 13, 13],
-            co: 12,
-            kernel: (3, 3),
-            conv: p((1, 1), (2, 2), (2, 2), 3, Activation::Relu6),
-            bias: true,
-        },
-        Case {
-            input: [2, 32, 7, 7],
-            co: 32,
-            kernel: (3, 3),
-            conv: p((1, 1), (1, 1), (1, 1), 32, Activation::None),
-            bias: true,
-        },
-        Case {
-            input: [1, 64, 6, 5],
-            co: 40,
-            kernel: (1, 1),
-            conv: p((1, 1), (0, 0), (1, 1), 1, Activation::Relu),
-            bias: true,
-        },
-        Case {
-            input: [1, 6, 17, 9],
-            co: 10,
-            kernel: (5, 3),
-            conv: p((2, 1), (2, 1), (1, 1), 2, Activation::None),
-            bias: false,
-        },
-    ]
-}
-
 #[test]
 fn matches_the_f64_reference_within_one_code() {
     let mut rng = Rng(0xc0a7);
     let (mut total, mut equal) = (0, 0);
-    for c in cases() {
+    for c in int8_conv_cases() {
         let (t, e) = run(&mut rng, &c, false);
         total += t;
         equal += e;
@@ -175,7 +89,7 @@ fn matches_the_f64_reference_within_one_code() {
 #[test]
 fn exact_mode_is_bit_exact() {
     let mut rng = Rng(0xe8ac7);
-    for c in cases() {
+    for c in int8_conv_cases() {
         run(&mut rng, &c, true);
     }
 }
@@ -194,7 +108,7 @@ fn bad_weights_and_quantization_are_typed_errors() {
             zero_point: 0,
         },
     };
-    let w = weight(&mut rng, 4, 8, (3, 3), false);
+    let w = int8_conv_weight(&mut rng, 4, 8, (3, 3), false);
     let err = |r: lowbit::Result<ConvInt8Cpu>| r.unwrap_err().to_string();
     // Per-block scales, offsets, int4 codes.
     let shape = BlockShape::conv(4, 8, (3, 3), 2).unwrap();
@@ -236,7 +150,7 @@ fn bad_weights_and_quantization_are_typed_errors() {
 
 #[test]
 fn non_clamp_activations_are_refused() {
-    let w = weight(&mut Rng(9), 4, 8, (1, 1), false);
+    let w = int8_conv_weight(&mut Rng(9), 4, 8, (1, 1), false);
     let params = ConvInt8Params {
         conv: Conv2dParams {
             activation: lowbit::ops::Activation::Gelu,

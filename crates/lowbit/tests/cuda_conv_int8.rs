@@ -11,21 +11,16 @@
 
 use lowbit::formats::block::{BlockBits, BlockQuantWeight, BlockShape};
 use lowbit::ops::conv::{Activation, Conv2dParams};
-use lowbit::ops::conv_int8::{ConvInt8Cpu, ConvInt8Cuda, ConvInt8Params, Int8Quant};
+use lowbit::ops::conv_int8::{ConvInt8Cpu, ConvInt8Cuda};
 use lowbit::testing::cuda_device as device;
 use lowbit::testing::SplitMix64 as Rng;
 use lowbit::Error;
 
+mod common;
+use common::{int8_conv_cases, int8_conv_weight, random_int8_params, Int8ConvCase};
+
 /// Bytes after the output that must stay untouched.
 const GUARD: usize = 256;
-
-struct Case {
-    input: [usize; 4],
-    co: usize,
-    kernel: (usize, usize),
-    conv: Conv2dParams,
-    bias: bool,
-}
 
 fn params(stride: usize, padding: usize, dilation: usize, groups: usize, activation: Activation) -> Conv2dParams {
     Conv2dParams {
@@ -37,51 +32,25 @@ fn params(stride: usize, padding: usize, dilation: usize, groups: usize, activat
     }
 }
 
-fn cases() -> Vec<Case> {
-    let case = |input, co, kernel, conv, bias| Case {
+/// The CPU suite's convolution matrix, plus tile and tap edges of the GPU kernels.
+fn cases() -> Vec<Int8ConvCase> {
+    let case = |input, co, kernel, conv, bias| Int8ConvCase {
         input,
         co,
         kernel,
         conv,
         bias,
     };
-    vec![
-        case([1, 16, 9, 11], 24, (3, 3), params(1, 1, 1, 1, Activation::None), true),
-        case([2, 8, 12, 10], 8, (3, 3), params(2, 1, 1, 1, Activation::Relu), false),
-        case([1, 12, 13, 13], 12, (3, 3), params(1, 2, 2, 3, Activation::Relu6), true),
-        case([2, 32, 7, 7], 32, (3, 3), params(1, 1, 1, 32, Activation::None), true),
-        case([1, 64, 6, 5], 40, (1, 1), params(1, 0, 1, 1, Activation::Relu), true),
-        case([1, 6, 17, 9], 10, (5, 3), params(1, 2, 1, 2, Activation::None), false),
+    let mut cases = int8_conv_cases();
+    cases.extend([
         // Several 64 x 64 tiles, partial in both channels (150) and pixels (23 x 19 = 437).
         case([2, 48, 23, 19], 150, (3, 3), params(1, 1, 1, 1, Activation::Relu), true),
         // Ci a multiple of 16 (the GEMM route's NHWC patches) with stride 2, padding 2 and dilation 2.
         case([1, 32, 15, 13], 40, (3, 3), params(2, 2, 2, 1, Activation::Relu6), true),
         // A 7 x 7 stride-2 stem: 3 · 49 = 147 taps, not a multiple of 32.
         case([1, 3, 40, 36], 70, (7, 7), params(2, 3, 1, 1, Activation::None), true),
-    ]
-}
-
-fn weight(rng: &mut Rng, co: usize, ci_g: usize, kernel: (usize, usize)) -> BlockQuantWeight {
-    let shape = BlockShape::conv(co, ci_g, kernel, 1).unwrap();
-    let codes = (0..co * shape.cols())
-        .map(|_| (rng.below(255) as i32 - 127) as i8)
-        .collect();
-    let scales = (0..co).map(|_| rng.uniform(0.002, 0.02)).collect();
-    BlockQuantWeight::from_parts(shape, BlockBits::Int8, codes, scales, vec![0.0; co]).unwrap()
-}
-
-fn quant(rng: &mut Rng) -> ConvInt8Params {
-    ConvInt8Params {
-        conv: Conv2dParams::default(),
-        input: Int8Quant {
-            scale: rng.uniform(0.01, 0.05),
-            zero_point: rng.below(41) as i8 - 20,
-        },
-        output: Int8Quant {
-            scale: rng.uniform(0.05, 0.3),
-            zero_point: rng.below(41) as i8 - 20,
-        },
-    }
+    ]);
+    cases
 }
 
 #[test]
@@ -89,11 +58,8 @@ fn equals_the_cpu_kernel_bit_for_bit() {
     let Some(dev) = device() else { return };
     let mut rng = Rng(0x1a78);
     for c in cases() {
-        let w = weight(&mut rng, c.co, c.input[1] / c.conv.groups, c.kernel);
-        let p = ConvInt8Params {
-            conv: c.conv,
-            ..quant(&mut rng)
-        };
+        let w = int8_conv_weight(&mut rng, c.co, c.input[1] / c.conv.groups, c.kernel, false);
+        let p = random_int8_params(&mut rng, c.conv);
         let bias: Option<Vec<f32>> = c.bias.then(|| (0..c.co).map(|_| rng.uniform(-3.0, 3.0)).collect());
         let x: Vec<i8> = (0..c.input.iter().product::<usize>())
             .map(|_| (rng.below(256) as i32 - 128) as i8)
@@ -141,11 +107,8 @@ fn equals_the_cpu_kernel_bit_for_bit() {
 fn bad_inputs_are_typed_errors() {
     let Some(dev) = device() else { return };
     let mut rng = Rng(7);
-    let w = weight(&mut rng, 8, 4, (3, 3));
-    let p = ConvInt8Params {
-        conv: params(1, 1, 1, 1, Activation::None),
-        ..quant(&mut rng)
-    };
+    let w = int8_conv_weight(&mut rng, 8, 4, (3, 3), false);
+    let p = random_int8_params(&mut rng, params(1, 1, 1, 1, Activation::None));
     let op = ConvInt8Cuda::new(&dev, &w, None, p).unwrap();
     let input = [1, 4, 5, 5];
     let x = dev.upload(&vec![0i8; 100]).unwrap();

@@ -210,3 +210,115 @@ impl Fixture {
         self.file().tensor(name).is_ok()
     }
 }
+
+// ---- The int8 convolution (ConvInt8) suites, CPU and GPU ------------------------------------------------------------
+
+use lowbit::formats::block::{BlockBits, BlockQuantWeight, BlockShape};
+use lowbit::ops::conv::{Activation, Conv2dParams};
+use lowbit::ops::conv_int8::{ConvInt8Params, Int8Quant};
+use lowbit::testing::SplitMix64;
+
+/// One int8 convolution problem of the test matrix.
+pub struct Int8ConvCase {
+    pub input: [usize; 4],
+    pub co: usize,
+    pub kernel: (usize, usize),
+    pub conv: Conv2dParams,
+    pub bias: bool,
+}
+
+/// The convolution matrix both int8 suites run: kernel sizes, stride, padding, dilation, groups and depthwise,
+/// none/relu/relu6, bias on and off.
+pub fn int8_conv_cases() -> Vec<Int8ConvCase> {
+    let p = |stride, padding, dilation, groups, activation| Conv2dParams {
+        stride,
+        padding,
+        dilation,
+        groups,
+        activation,
+    };
+    vec![
+        Int8ConvCase {
+            input: [1, 16, 9, 11],
+            co: 24,
+            kernel: (3, 3),
+            conv: p((1, 1), (1, 1), (1, 1), 1, Activation::None),
+            bias: true,
+        },
+        Int8ConvCase {
+            input: [2, 8, 12, 10],
+            co: 8,
+            kernel: (3, 3),
+            conv: p((2, 2), (1, 1), (1, 1), 1, Activation::Relu),
+            bias: false,
+        },
+        Int8ConvCase {
+            input: [1, 12, 13, 13],
+            co: 12,
+            kernel: (3, 3),
+            conv: p((1, 1), (2, 2), (2, 2), 3, Activation::Relu6),
+            bias: true,
+        },
+        Int8ConvCase {
+            input: [2, 32, 7, 7],
+            co: 32,
+            kernel: (3, 3),
+            conv: p((1, 1), (1, 1), (1, 1), 32, Activation::None),
+            bias: true,
+        },
+        Int8ConvCase {
+            input: [1, 64, 6, 5],
+            co: 40,
+            kernel: (1, 1),
+            conv: p((1, 1), (0, 0), (1, 1), 1, Activation::Relu),
+            bias: true,
+        },
+        Int8ConvCase {
+            input: [1, 6, 17, 9],
+            co: 10,
+            kernel: (5, 3),
+            conv: p((2, 1), (2, 1), (1, 1), 2, Activation::None),
+            bias: false,
+        },
+    ]
+}
+
+/// A symmetric int8 weight with one scale per output channel: codes over ±127, scales in [0.002, 0.02) or, `exact`,
+/// powers of two.
+pub fn int8_conv_weight(
+    rng: &mut SplitMix64,
+    co: usize,
+    ci_g: usize,
+    kernel: (usize, usize),
+    exact: bool,
+) -> BlockQuantWeight {
+    let shape = BlockShape::conv(co, ci_g, kernel, 1).unwrap();
+    let codes = (0..co * shape.cols())
+        .map(|_| (rng.below(255) as i32 - 127) as i8)
+        .collect();
+    let scales = (0..co)
+        .map(|_| {
+            if exact {
+                2f32.powi(-5 - rng.below(3) as i32)
+            } else {
+                rng.uniform(0.002, 0.02)
+            }
+        })
+        .collect();
+    BlockQuantWeight::from_parts(shape, BlockBits::Int8, codes, scales, vec![0.0; co]).unwrap()
+}
+
+/// Random input and output quantizations (scales and zero points of both signs) for `conv`.
+pub fn random_int8_params(rng: &mut SplitMix64, conv: Conv2dParams) -> ConvInt8Params {
+    ConvInt8Params {
+        conv,
+        input: Int8Quant {
+            scale: rng.uniform(0.01, 0.05),
+            zero_point: rng.below(41) as i8 - 20,
+        },
+        output: Int8Quant {
+            scale: rng.uniform(0.05, 0.3),
+            zero_point: rng.below(41) as i8 - 20,
+        },
+    }
+}

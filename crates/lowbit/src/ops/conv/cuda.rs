@@ -324,8 +324,31 @@ pub(crate) struct ConvShape {
 }
 
 impl ConvShape {
-    /// The kernels' view of `geo` (every value checked to fit in i32 by the caller) with the clamp `[lo, hi]`.
-    pub(crate) fn new(geo: &ConvGeometry, (lo, hi): (f32, f32)) -> Self {
+    /// The kernels' view of `geo` with the clamp `[lo, hi]`, or the error naming the input when a dimension, a
+    /// parameter or B·OH·OW does not fit the kernels' i32 fields.
+    pub(crate) fn for_launch(geo: &ConvGeometry, bounds: (f32, f32)) -> Result<Self> {
+        let [batch, _, oh, ow] = geo.output;
+        let (pad, stride, dilation) = (geo.padding, geo.stride, geo.dilation);
+        let params = [pad.0, pad.1, stride.0, stride.1, dilation.0, dilation.1];
+        if geo
+            .input
+            .iter()
+            .chain(&geo.output)
+            .chain(&params)
+            .chain(&[batch * oh * ow])
+            .any(|&v| v > i32::MAX as usize)
+        {
+            return Err(Error::invalid(
+                "input",
+                format!("shape {:?}", geo.input),
+                "dimensions, parameters and B·OH·OW must fit in i32 for the CUDA kernels",
+            ));
+        }
+        Ok(Self::new(geo, bounds))
+    }
+
+    /// The kernels' view of `geo` (every value checked to fit in i32) with the clamp `[lo, hi]`.
+    fn new(geo: &ConvGeometry, (lo, hi): (f32, f32)) -> Self {
         let [batch, ci, h, w] = geo.input;
         let [_, co, oh, ow] = geo.output;
         let i = |v: usize| v as i32;
@@ -656,38 +679,13 @@ impl Conv2dCuda {
             return Err(Error::invalid("x", T::DTYPE, "dtype must be f16 or f32"));
         }
         let geo = ConvGeometry::new(input, &self.shape, &self.params)?;
+        let shape = ConvShape::for_launch(&geo, self.params.activation.bounds())?;
         let [batch, ci, h, w] = input;
         let [_, co, oh, ow] = geo.output;
         let pixels = batch * oh * ow;
-        let i32_limit = i32::MAX as usize;
-        if [
-            batch,
-            ci,
-            h,
-            w,
-            co,
-            oh,
-            ow,
-            pixels,
-            geo.padding.0,
-            geo.padding.1,
-            geo.stride.0,
-            geo.stride.1,
-        ]
-        .iter()
-        .chain([geo.dilation.0, geo.dilation.1].iter())
-        .any(|&v| v > i32_limit)
-        {
-            return Err(Error::invalid(
-                "input",
-                format!("shape {input:?}"),
-                "dimensions, parameters and B·OH·OW must fit in i32 for the CUDA kernels",
-            ));
-        }
         let x_ptr = buffer(x.device_ptr(stream).0, x.len(), input.iter().product(), "x", 1)?;
         let y_len = y.len();
         let y_ptr = buffer(y.device_ptr_mut(stream).0, y_len, geo.output.iter().product(), "y", 1)?;
-        let shape = ConvShape::new(&geo, self.params.activation.bounds());
         let bias = self.bias.device_ptr(stream).0;
         let s = &geo;
         let ws_len = workspace.len();
@@ -721,7 +719,12 @@ impl Conv2dCuda {
                     m_panels.div_ceil(tile.panels()),
                     s.groups,
                 );
-                if pack_grid.1 > 65535 || pack_grid.2 > 65535 || grid.1 > 65535 || grid.2 > 65535 || hw > i32_limit {
+                if pack_grid.1 > 65535
+                    || pack_grid.2 > 65535
+                    || grid.1 > 65535
+                    || grid.2 > 65535
+                    || hw > i32::MAX as usize
+                {
                     return Err(Error::invalid(
                         "input",
                         format!("shape {input:?}"),

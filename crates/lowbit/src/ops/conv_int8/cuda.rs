@@ -216,29 +216,15 @@ impl ConvInt8Cuda {
         workspace: &mut dyn DevicePtrMut<u8>,
     ) -> Result<()> {
         let geo = ConvGeometry::new(input, &self.shape, &self.params.conv)?;
+        let shape = ConvShape::for_launch(&geo, (0.0, 0.0))?;
         let [batch, _, _, _] = input;
         let [_, _, oh, ow] = geo.output;
-        let limit = i32::MAX as usize;
         let groups = geo.groups * geo.out_channels_per_group().div_ceil(TILE);
-        if input.iter().chain(&geo.output).any(|&v| v > limit)
-            || oh * ow > limit
-            || batch > 65535
-            || groups > 65535
-            || [
-                geo.padding.0,
-                geo.padding.1,
-                geo.stride.0,
-                geo.stride.1,
-                geo.dilation.0,
-                geo.dilation.1,
-            ]
-            .iter()
-            .any(|&v| v > limit)
-        {
+        if batch > 65535 || groups > 65535 {
             return Err(Error::invalid(
                 "input",
                 format!("shape {input:?}"),
-                "too large for one launch of the CUDA kernel (dimensions in i32, batch and channel tiles ≤ 65535)",
+                "too large for one launch of the CUDA kernel (batch and channel tiles ≤ 65535)",
             ));
         }
         let x_ptr = buffer(x.device_ptr(stream).0, x.len(), input.iter().product(), "x", 1)?;
@@ -254,7 +240,7 @@ impl ConvInt8Cuda {
         )?;
         let rows = batch * oh * ow;
         let mut args = Int8Args {
-            shape: ConvShape::new(&geo, (0.0, 0.0)),
+            shape,
             weight: self.weight.device_ptr(stream).0,
             m: self.m.device_ptr(stream).0,
             bias: self.bias.device_ptr(stream).0,
