@@ -4,8 +4,10 @@
 //! ```text
 //! cargo run --release --example gemm_trace -- 256x4096x4096 64x4096x4096 [--splits 1] [--small-batch 0] [--tokens 64|128] [--look64 2|3]
 //! ```
-//! Each shape is `MxKxN` (f16, group 128, zero points), or `conv:BxCxHxWxRxCo` for the convolution's Hopper path
-//! (int4 blocks of 128 channels, stride 1, padding R / 2; the timeline covers the GEMM, the timing also the pack).
+//! Each shape is `MxKxN` (f16, group 128, zero points), `decode:MxKxN` for the decode kernel (the same weight; the
+//! stream-K fix-up's partials and counter show as `partials_seen`), or `conv:BxCxHxWxRxCo` for the convolution's
+//! Hopper path (int4 blocks of 128 channels, stride 1, padding R / 2; the timeline covers the GEMM, the timing also
+//! the pack).
 //! Output: one summary block per shape; with `LOWBIT_TRACE_CSV=dir` also the raw per-CTA timeline as
 //! `dir/<shape>.csv`.
 
@@ -15,7 +17,7 @@ use lowbit::formats::block::{BlockBits, BlockQuantWeight, BlockShape};
 use lowbit::ops::conv::cuda::Conv2dCuda;
 use lowbit::ops::conv::Conv2dParams;
 use lowbit::ops::linear::cuda::gemm::LinearW4A16Gemm;
-use lowbit::ops::linear::cuda::{repack, DeviceW4};
+use lowbit::ops::linear::cuda::{repack, DeviceW4, LinearW4A16Cuda, Tuning};
 use lowbit::testing::{random_quant, QuantSpec, SplitMix64};
 use lowbit::DType;
 use std::sync::Arc;
@@ -36,6 +38,7 @@ const MIN_ROTATION_BYTES: usize = 160 << 20;
 fn main() -> lowbit::Result<()> {
     let mut shapes = Vec::new();
     let mut convs = Vec::new();
+    let mut decodes = Vec::new();
     let mut splits = None;
     let mut small_batch = None;
     let mut tokens = None;
@@ -49,9 +52,13 @@ fn main() -> lowbit::Result<()> {
             "--look64" => look64 = args.next().and_then(|v| v.parse().ok()),
             s if s.starts_with("conv:") => convs.push(s.to_string()),
             s => {
-                let d: Vec<usize> = s.split('x').filter_map(|v| v.parse().ok()).collect();
-                assert_eq!(d.len(), 3, "shapes are MxKxN, got {s}");
-                shapes.push((d[0], d[1], d[2]));
+                let (list, dims) = match s.strip_prefix("decode:") {
+                    Some(dims) => (&mut decodes, dims),
+                    None => (&mut shapes, s),
+                };
+                let d: Vec<usize> = dims.split('x').filter_map(|v| v.parse().ok()).collect();
+                assert_eq!(d.len(), 3, "shapes are MxKxN or decode:MxKxN, got {s}");
+                list.push((d[0], d[1], d[2]));
             }
         }
     }
@@ -94,6 +101,30 @@ fn main() -> lowbit::Result<()> {
             v.lookahead
         );
         summarise(&t, &format!("{m}x{k}x{n}"));
+    }
+    for (m, k, n) in decodes {
+        let mut rng = SplitMix64(7);
+        let w = random_quant(&mut rng, &QuantSpec::new(n, k, 4, 128));
+        let packed = repack(&w, DType::F16)?;
+        let copies = (MIN_ROTATION_BYTES / (n * k / 2)).clamp(1, 64);
+        let mut ops = Vec::new();
+        for _ in 0..copies {
+            let weight: Arc<DeviceW4> = DeviceW4::upload(&dev, &packed)?;
+            ops.push(LinearW4A16Cuda::with_weight(&dev, weight, m, Tuning::default())?);
+        }
+        let x: Vec<f16> = (0..m * k).map(|_| f16::from_f32(rng.signed_unit())).collect();
+        let x = dev.upload(&x)?;
+        let mut y = dev.alloc_zeros::<f16>(m * n)?;
+        let mut ws = dev.alloc_zeros::<u8>(ops[0].workspace_bytes().max(1))?;
+        let stream = dev.stream().clone();
+        let launch = |op: &LinearW4A16Cuda| op.run(&stream, &x, m, None, &mut y, &mut ws);
+        let (us, t) = time_and_trace(&dev, &mut ops, launch, LinearW4A16Cuda::set_trace)?;
+        println!(
+            "== decode M={m} K={k} N={n}: {us:.1} us/launch ({copies} weights rotated), {} CTAs, tile width {}",
+            ops[0].ctas(),
+            ops[0].plan().n_cta
+        );
+        summarise(&t, &format!("decode-{m}x{k}x{n}"));
     }
     for spec in convs {
         let d: Vec<usize> = spec[5..].split('x').filter_map(|v| v.parse().ok()).collect();
@@ -146,7 +177,8 @@ fn time_and_trace<O>(
         launch(op)?;
     }
     let us = timer.stop_ms(&stream)? * 1e3 / reps as f64;
-    let trace = dev.alloc_zeros::<u64>(SLOTS * dev.info().sm_count as usize)?;
+    // Room for two CTAs per SM (the decode kernel's largest grid).
+    let trace = dev.alloc_zeros::<u64>(SLOTS * 2 * dev.info().sm_count as usize)?;
     let (address, _sync) = lowbit::cuda::DevicePtr::device_ptr(&trace, &stream);
     set_trace(&mut ops[0], address);
     for op in &ops[1..] {
@@ -187,6 +219,7 @@ fn summarise(t: &[u64], name: &str) {
     println!("  wait first     {}", stat(&span(0, 1)));
     println!("  mainloop       {}", stat(&span(1, 2)));
     println!("  epilogue       {}", stat(&span(2, 4)));
+    println!("  exit after     {}", stat(&span(4, 5)));
     println!("  items/CTA      {}", stat(&|c: &[u64]| Some(c[6] as f64)));
     if let Ok(dir) = std::env::var("LOWBIT_TRACE_CSV") {
         let mut csv = String::from("cta,sm,items");

@@ -601,6 +601,28 @@ __device__ __forceinline__ float small_int_to_f32(int v) {
     return __fsub_rn(__int_as_float(0x4B400000 + v), 12582912.0f);
 }
 
+// A CTA's timeline for diagnosing fixed costs (the host's trace hook; null in every normal launch): %globaltimer
+// nanoseconds at each event, written by thread 0 (a consumer in every kernel that traces: the W4A16 GEMM and the
+// decode kernel; examples/gemm_trace reads it).
+enum Trace {
+    TRACE_ENTRY,          // the CTA starts
+    TRACE_FIRST_FULL,     // its first stage has landed
+    TRACE_MAINLOOP_END,   // first item (decode: first segment): its main loop done
+    TRACE_PARTIALS_SEEN,  // first item, split-K: every split's partial published (decode: this CTA's counted)
+    TRACE_ITEM_END,       // first item: y (or its share of the reduction) written
+    TRACE_EXIT,           // last item done
+    TRACE_ITEMS,          // items (decode: units) taken (a count)
+    TRACE_SM,             // %smid (a count)
+    TRACE_SLOTS
+};
+
+__device__ __forceinline__ void trace_stamp(u64* trace, int slot) {
+    if (trace == nullptr || threadIdx.x != 0) return;
+    u64 now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    trace[blockIdx.x * TRACE_SLOTS + slot] = now;
+}
+
 // Programmatic dependent launch (sm_90; no-ops before, and when the launch did not ask for it). The first kernel
 // lets its dependent start early; the dependent waits, before its first read of the first kernel's output, until
 // that grid has completed and its writes are visible.

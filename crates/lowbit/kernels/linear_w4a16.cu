@@ -118,6 +118,7 @@ struct Linear {
         u16* y;                // [M][y_stride] bits of T
         float* partials;       // [2 * ctas][SLOT_FLOATS]
         u32* counters;         // [NT], zero between launches (the last CTA of a tile resets its counter)
+        u64* trace;            // diagnostics, normally null: TRACE_SLOTS timestamps per CTA (common.cuh, Trace)
     };
 
     // CTA c streams units [unit_begin(c), unit_begin(c + 1)).
@@ -324,6 +325,7 @@ struct Linear {
         consumer_sync(THREADS);
         if (tid == 0) s_last = atomicAdd(a.counters + nt, 1u) == (u32)(c_last - c_first);
         consumer_sync(THREADS);
+        if (first_segment) trace_stamp(a.trace, TRACE_PARTIALS_SEEN);
         if (!s_last) return;
         asm volatile("fence.acq_rel.gpu;\n" ::: "memory");  // acquire: every partial of the tile is visible
         // Sum from the slots only (this CTA's own partial too, just written), in CTA order, so `acc` can hold the
@@ -402,6 +404,7 @@ struct Linear {
         const int u_begin = unit_begin(blockIdx.x, units, s.ctas);
         const int count = unit_begin(blockIdx.x + 1, units, s.ctas) - u_begin;
         const u32 bars = smem_addr(smem + STAGES * STAGE_BYTES);
+        trace_stamp(a.trace, TRACE_ENTRY);
 
         // x rows M..M_ROWS-1 are never loaded: zero them once so the unused mma columns see finite values.
         if (s.M < M_ROWS) {
@@ -459,6 +462,7 @@ struct Linear {
         for (int left = count; left > 0; --left) {
             if constexpr (TMA) {
                 mbar_wait(bars + buf * 8, phase);
+                if (left == count) trace_stamp(a.trace, TRACE_FIRST_FULL);
             } else {
                 cp_async_wait<STAGES - 2>();
                 __syncthreads();  // this stage visible to all; every warp is done with the buffer refilled next
@@ -475,11 +479,13 @@ struct Linear {
             if (++buf == STAGES) buf = 0, phase ^= 1;
 
             if (kt == s.KT - 1 || left == 1) {  // segment end (CTA-uniform)
+                if (seg_start >= 0) trace_stamp(a.trace, TRACE_MAINLOOP_END);
                 if (seg_start <= 0 && kt == s.KT - 1) {
                     store_output(a, s, nt, warp, lane, acc);
                 } else {
                     fixup(a, s, nt, seg_start >= 0, warp, lane, tid, acc);
                 }
+                if (seg_start >= 0) trace_stamp(a.trace, TRACE_ITEM_END);
 #pragma unroll
                 for (int t = 0; t < 2; ++t)
 #pragma unroll
@@ -491,6 +497,13 @@ struct Linear {
             if (++kt == s.KT) kt = 0, ++nt;
         }
         if constexpr (!TMA) cp_async_wait<0>();
+        trace_stamp(a.trace, TRACE_EXIT);
+        if (a.trace && tid == 0) {
+            u32 sm;
+            asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+            a.trace[blockIdx.x * TRACE_SLOTS + TRACE_ITEMS] = count;
+            a.trace[blockIdx.x * TRACE_SLOTS + TRACE_SM] = sm;
+        }
     }
 };
 

@@ -109,27 +109,6 @@ struct Args {
     u64* trace;            // diagnostics, normally null: TRACE_SLOTS timestamps per CTA (see Trace)
 };
 
-// A CTA's timeline for diagnosing fixed costs (the host's trace hook; null in every normal launch): %globaltimer
-// nanoseconds at each event, written by consumer thread 0.
-enum Trace {
-    TRACE_ENTRY,          // the CTA starts
-    TRACE_FIRST_FULL,     // its first stage has landed
-    TRACE_MAINLOOP_END,   // first item: every wgmma done
-    TRACE_PARTIALS_SEEN,  // first item, split-K: every split's partial published
-    TRACE_ITEM_END,       // first item: y (or its share of the reduction) written
-    TRACE_EXIT,           // last item done
-    TRACE_ITEMS,          // items taken (a count)
-    TRACE_SM,             // %smid (a count)
-    TRACE_SLOTS
-};
-
-__device__ __forceinline__ void trace_stamp(u64* trace, int slot) {
-    if (trace == nullptr || threadIdx.x != 0) return;
-    u64 now;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-    trace[blockIdx.x * TRACE_SLOTS + slot] = now;
-}
-
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 
 // WG_TOKENS: the wgmma N, tokens per consumer warpgroup (64 for small batches, 128 otherwise).

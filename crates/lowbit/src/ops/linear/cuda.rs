@@ -697,6 +697,7 @@ struct KernelArgs {
     y: u64,
     partials: u64,
     counters: u64,
+    trace: u64,
 }
 
 /// `lowbit::w4a16::Shape` in the kernel, in field order (9 ints, padding, then 2 int64).
@@ -863,6 +864,8 @@ pub struct LinearW4A16Cuda {
     kernels: Vec<(Variant, CudaFunction)>,
     /// The x gather/realign kernel (same module as the first variant).
     stage_x: CudaFunction,
+    /// Diagnostics: device address of a per-CTA timeline buffer, or 0 ([`LinearW4A16Cuda::set_trace`]).
+    trace: u64,
 }
 
 impl std::fmt::Debug for LinearW4A16Cuda {
@@ -956,7 +959,16 @@ impl LinearW4A16Cuda {
             plan,
             act,
             max_m,
+            trace: 0,
         })
+    }
+
+    /// Diagnostics: every later launch writes its CTAs' timelines (8 `u64` per CTA, the kernels' `Trace` in
+    /// `common.cuh`) to the device buffer at `address`, which must hold 8 x [`LinearW4A16Cuda::ctas`] values; 0
+    /// turns tracing off.
+    #[doc(hidden)]
+    pub fn set_trace(&mut self, address: u64) {
+        self.trace = address;
     }
 
     /// The shape decisions.
@@ -1064,6 +1076,7 @@ impl LinearW4A16Cuda {
             y: y_ptr,
             partials: ws + self.staged_x_bytes() as u64,
             counters: self.counters.device_ptr(stream).0,
+            trace: self.trace,
         };
         let shape = KernelShape {
             m: m as i32,
