@@ -2,7 +2,7 @@
 //! traced launch and summarises its timeline (the kernel's `Trace` events, %globaltimer) over the CTAs.
 //!
 //! ```text
-//! cargo run --release --example gemm_trace -- 256x4096x4096 64x4096x4096 [--splits 1] [--small-batch 0] [--tokens 64|128] [--look64 2|3]
+//! cargo run --release --example gemm_trace -- 256x4096x4096 64x4096x4096 [--splits 1] [--small-batch 0] [--tokens 64|128] [--look64 2|3] [--decode-splits 1|2|4|8]
 //! ```
 //! Each shape is `MxKxN` (f16, group 128, zero points), `decode:MxKxN` for the decode kernel (the same weight; the
 //! stream-K fix-up's partials and counter show as `partials_seen`), or `conv:BxCxHxWxRxCo` for the convolution's
@@ -43,6 +43,7 @@ fn main() -> lowbit::Result<()> {
     let mut small_batch = None;
     let mut tokens = None;
     let mut look64 = None;
+    let mut decode_splits = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -50,6 +51,7 @@ fn main() -> lowbit::Result<()> {
             "--small-batch" => small_batch = args.next().and_then(|v| v.parse().ok()),
             "--tokens" => tokens = args.next().and_then(|v| v.parse().ok()),
             "--look64" => look64 = args.next().and_then(|v| v.parse().ok()),
+            "--decode-splits" => decode_splits = args.next().and_then(|v| v.parse().ok()),
             s if s.starts_with("conv:") => convs.push(s.to_string()),
             s => {
                 let (list, dims) = match s.strip_prefix("decode:") {
@@ -110,7 +112,11 @@ fn main() -> lowbit::Result<()> {
         let mut ops = Vec::new();
         for _ in 0..copies {
             let weight: Arc<DeviceW4> = DeviceW4::upload(&dev, &packed)?;
-            ops.push(LinearW4A16Cuda::with_weight(&dev, weight, m, Tuning::default())?);
+            let tuning = Tuning {
+                splits: decode_splits,
+                ..Tuning::default()
+            };
+            ops.push(LinearW4A16Cuda::with_weight(&dev, weight, m, tuning)?);
         }
         let x: Vec<f16> = (0..m * k).map(|_| f16::from_f32(rng.signed_unit())).collect();
         let x = dev.upload(&x)?;
@@ -120,9 +126,11 @@ fn main() -> lowbit::Result<()> {
         let launch = |op: &LinearW4A16Cuda| op.run(&stream, &x, m, None, &mut y, &mut ws);
         let (us, t) = time_and_trace(&dev, &mut ops, launch, LinearW4A16Cuda::set_trace)?;
         println!(
-            "== decode M={m} K={k} N={n}: {us:.1} us/launch ({copies} weights rotated), {} CTAs, tile width {}",
+            "== decode M={m} K={k} N={n}: {us:.1} us/launch ({copies} weights rotated), {} CTAs, tile width {}, \
+             splits {}",
             ops[0].ctas(),
-            ops[0].plan().n_cta
+            ops[0].plan().n_cta,
+            ops[0].splits()
         );
         summarise(&t, &format!("decode-{m}x{k}x{n}"));
     }

@@ -410,6 +410,13 @@ __device__ __forceinline__ void st_cluster_f32x4(u32 addr, float4 v) {
                  "f"(v.w)
                  : "memory");
 }
+#else
+// Clusters exist from sm_90 on; the host launches none before (the decode kernel's shared code calls these).
+__device__ __forceinline__ void cluster_sync() { __trap(); }
+__device__ __forceinline__ u32 cluster_map(u32, int) { __trap(); return 0; }
+__device__ __forceinline__ void st_cluster_f32x4(u32, float4) { __trap(); }
+#endif
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 
 // Four 8x8 b16 matrices: register i of lane (g, t) holds row g, columns 2t and 2t + 1 of matrix i (the mma C/D
 // fragment layout); lanes 8i..8i+7 address the 8 rows of matrix i (16 bytes each). TRANS stores each matrix
@@ -621,6 +628,15 @@ __device__ __forceinline__ void trace_stamp(u64* trace, int slot) {
     u64 now;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
     trace[blockIdx.x * TRACE_SLOTS + slot] = now;
+}
+
+// atomicAdd with acquire-release semantics at GPU scope: publishes this thread's earlier writes (and those ordered
+// before them by a barrier) and acquires the writes published by earlier adds to the same counter. One instruction
+// where a fence plus a relaxed atomicAdd would wait twice.
+__device__ __forceinline__ u32 atomic_add_acq_rel_gpu(u32* counter, u32 value) {
+    u32 old;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;\n" : "=r"(old) : "l"(counter), "r"(value) : "memory");
+    return old;
 }
 
 // Programmatic dependent launch (sm_90; no-ops before, and when the launch did not ask for it). The first kernel

@@ -20,10 +20,17 @@
 // * UNITS AND STREAM-K. The weight is cut into units of N_CTA columns x 128 k (16 KB at N_CTA = 256), stored
 //   unit after unit in (n_tile, k_tile) order. CTA c of C (C = #SMs, one CTA per SM) streams the contiguous units
 //   [c U / C, (c+1) U / C): every SM moves the same number of bytes whatever N is, so a 4096-wide layer fills all
-//   132 SMs. A tile whose k range is split between CTAs is finished by a fix-up: each CTA writes its fp32 partial
-//   to a workspace slot, bumps the tile's counter, and the last to arrive sums the partials in CTA order (lowest k
-//   first) -- the same order whoever arrives last, so repeated runs are byte-identical. The partition depends
-//   only on the shape and the SM count, never on M, so row 0 of an M-row batch is bit-identical to M = 1.
+//   132 SMs. A tile whose k range is split between CTAs is finished by a fix-up, warp by warp (a warp's 32 columns
+//   are its own): each writes its fp32 partial to a workspace slot and bumps its (tile, warp) counter, and the last
+//   to arrive sums the partials in CTA order (lowest k first) -- the same order whoever arrives last, so repeated
+//   runs are byte-identical. The partition depends only on the shape and the SM count, never on M, so row 0 of an
+//   M-row batch is bit-identical to M = 1.
+//
+// * CLUSTER SPLIT-K. The global fix-up costs GPU-scope round trips: a release behind the partial's stores, the
+//   counter, then the last warp's loads of every partial (~5 us of a 10 us launch at 4096 x 4096, where each tile
+//   is split 8 ways; examples/gemm_trace). When the tiles times a split count fill the GPU (the host decides:
+//   `splits` > 1), CTA c takes split c % splits of tile c / splits, the equal k ranges of a tile are one thread-
+//   block cluster, and the partials meet in shared memory (cluster_reduce): no global traffic but y.
 //
 // * PIPELINE. Each unit is one shared-memory stage (weights, the x rows, the scale and zero rows it touches).
 //   M <= 32 on sm_90 (LB_TMA): a ninth "producer" warp fills stages with TMA bulk copies (one cp.async.bulk for the
@@ -85,6 +92,7 @@ struct Shape {
     int GP;          // scale/zero rows per n tile
     int ctas;        // grid size C
     int group_shift; // log2(group) when it is a power of two, else -1
+    int splits;      // > 1: split-K by clusters (see CLUSTER SPLIT-K), ctas = NT * splits; 1: stream-K
     long long x_stride;  // elements between rows of x
     long long y_stride;  // elements between rows of y
 };
@@ -117,7 +125,7 @@ struct Linear {
         const u16* bias;       // [N] bits of T, or null
         u16* y;                // [M][y_stride] bits of T
         float* partials;       // [2 * ctas][SLOT_FLOATS]
-        u32* counters;         // [NT], zero between launches (the last CTA of a tile resets its counter)
+        u32* counters;         // [NT][WARPS], zero between launches (a tile's last warp resets its counter)
         u64* trace;            // diagnostics, normally null: TRACE_SLOTS timestamps per CTA (common.cuh, Trace)
     };
 
@@ -303,11 +311,14 @@ struct Linear {
                ((warp * 2 + t) * MT + mt) * 32 + lane;
     }
 
-    // End of a segment that does not cover its whole tile: publish the partial, and if this CTA is the last of the
-    // tile to arrive, sum all partials in CTA order and write y.
+    // End of a segment that does not cover its whole tile, per warp (its 32 columns are independent of the other
+    // warps'): publish the partial; the warp that arrives last among the tile's CTAs sums all partials of those
+    // columns in CTA order and writes them to y. Per warp, not per CTA: no CTA barrier, so a warp that is done
+    // never waits for the slowest of its CTA, and the last warp's loads of every slot are in flight together.
+    // (The timeline of examples/gemm_trace put the per-CTA version at ~1.3 us to publish and ~3.6 us to reduce,
+    // half of a 4096 x 4096 launch.)
     __device__ static void fixup(const Args& a, const Shape& s, int nt, bool first_segment, int warp, int lane,
-                                 int tid, float (&acc)[2][MT][4]) {
-        __shared__ int s_last;
+                                 float (&acc)[2][MT][4]) {
         const int c = blockIdx.x, units = s.NT * s.KT;
         const int c_first = cta_of(nt * s.KT, units, s.ctas);
         const int c_last = cta_of(nt * s.KT + s.KT - 1, units, s.ctas);
@@ -319,18 +330,20 @@ struct Linear {
             for (int mt = 0; mt < MT; ++mt)
                 __stcg(slot_ptr(a, my_slot, warp, lane, t, mt),
                        make_float4(acc[t][mt][0], acc[t][mt][1], acc[t][mt][2], acc[t][mt][3]));
-        // Release: this thread's partial is visible GPU-wide before the counter bump (acq_rel is enough; the
-        // default __threadfence is a sequentially consistent fence, several times slower).
-        asm volatile("fence.acq_rel.gpu;\n" ::: "memory");
-        consumer_sync(THREADS);
-        if (tid == 0) s_last = atomicAdd(a.counters + nt, 1u) == (u32)(c_last - c_first);
-        consumer_sync(THREADS);
-        if (first_segment) trace_stamp(a.trace, TRACE_PARTIALS_SEEN);
-        if (!s_last) return;
-        asm volatile("fence.acq_rel.gpu;\n" ::: "memory");  // acquire: every partial of the tile is visible
-        // Sum from the slots only (this CTA's own partial too, just written), in CTA order, so `acc` can hold the
-        // sum. The slots are read SLOT_BATCH at a time so their L2 round trips overlap; the adds stay in order.
-        constexpr int SLOT_BATCH = MT == 1 ? 4 : 1;  // at most 8 float4 of registers in flight per thread
+        // bar.warp.sync orders the lanes' stores before lane 0's release; the acq_rel add both publishes them
+        // and, for the last arriver, acquires every other warp's.
+        __syncwarp();
+        u32* counter = a.counters + nt * WARPS + warp;
+        u32 arrived = 0;
+        if (lane == 0) arrived = atomic_add_acq_rel_gpu(counter, 1u);
+        arrived = __shfl_sync(0xFFFFFFFFu, arrived, 0);
+        if (first_segment) trace_stamp(a.trace, TRACE_PARTIALS_SEEN);  // warp 0's partial counted
+        if (arrived != (u32)(c_last - c_first)) return;
+        __syncwarp();
+        // Sum from the slots only (this CTA's own partial too), in CTA order, so `acc` can hold the sum. SLOT_BATCH
+        // slots' loads are in flight at once: four at M <= 8 (8 float4 per lane), one above, what the two-CTA
+        // variants' 96 registers leave (the main loop's state stays live across the fix-up).
+        constexpr int SLOT_BATCH = MT == 1 ? 4 : 1;
         for (int c0 = c_first; c0 <= c_last; c0 += SLOT_BATCH) {
             float4 p[SLOT_BATCH][2][MT];
 #pragma unroll
@@ -362,7 +375,50 @@ struct Linear {
             }
         }
         store_output(a, s, nt, warp, lane, acc);
-        if (tid == 0) a.counters[nt] = 0;  // ready for the next launch (graph replays included)
+        if (lane == 0) *counter = 0;  // ready for the next launch (graph replays included)
+    }
+
+    // CLUSTER SPLIT-K's reduction (every consumer thread; the producer warp takes part in both barriers). The
+    // tile's partial is F4 float4 (fragment (warp, t, mt) of lane l is float4 ((warp * 2 + t) * MT + mt) * 32 + l);
+    // split r owns float4 [r F4 / S, (r + 1) F4 / S). Once every CTA of the cluster is past its main loop (first
+    // barrier: the stages are free), each pushes its fragments into their owners' stage memory, slab = its own
+    // split, with 16-byte st.shared::cluster (a remote store needs no reply); after the second barrier each CTA
+    // sums its float4 over the slabs in split order (deterministic) and writes y.
+    __device__ static void cluster_reduce(const Args& a, const Shape& s, u32 base, int nt, int split, int warp,
+                                          int lane, int tid, const float (&acc)[2][MT][4]) {
+        constexpr int F4 = SLOT_FLOATS / 4;
+        const int share = F4 / s.splits;  // splits is 2, 4 or 8: it divides F4 = 64 * WARPS * MT
+        cluster_sync();
+#pragma unroll
+        for (int t = 0; t < 2; ++t)
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                const int i = ((warp * 2 + t) * MT + mt) * 32 + lane, owner = i / share;
+                st_cluster_f32x4(cluster_map(base + (split * share + i - owner * share) * 16, owner),
+                                 make_float4(acc[t][mt][0], acc[t][mt][1], acc[t][mt][2], acc[t][mt][3]));
+            }
+        cluster_sync();
+        trace_stamp(a.trace, TRACE_PARTIALS_SEEN);
+        for (int j = tid; j < share; j += THREADS) {
+            float4 sum = lds128f(base + j * 16);
+            for (int r = 1; r < s.splits; ++r) {
+                const float4 q = lds128f(base + (r * share + j) * 16);
+                sum.x += q.x, sum.y += q.y, sum.z += q.z, sum.w += q.w;
+            }
+            // Back from the float4 index to its fragment: C element e of (warp, t, mt) at lane l is column
+            // warp*32 + t*16 + l/4 + 8*(e/2), token mt*8 + 2*(l%4) + e%2 (store_output's mapping).
+            const int i = split * share + j, l = i & 31, f = i >> 5, mt = f % MT, wt = f / MT;
+            const int n = nt * N_CTA + (wt >> 1) * WARP_N + (wt & 1) * 16 + (l >> 2);
+            const float v[4] = {sum.x, sum.y, sum.z, sum.w};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int m = mt * 8 + (l & 3) * 2 + (e & 1), col = n + 8 * (e >> 1);
+                if (m < s.M && col < s.N) {
+                    const float b = a.bias ? FragmentOps<T>::to_f32(a.bias[col]) : 0.0f;
+                    a.y[(size_t)m * s.y_stride + col] = FragmentOps<T>::from_f32(v[e] + b);
+                }
+            }
+        }
     }
 
     // TMA producer (one warp): for each unit, wait until its buffer is free, announce the bytes, issue the copies:
@@ -401,8 +457,16 @@ struct Linear {
         extern __shared__ __align__(128) char smem[];
         const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
         const int units = s.NT * s.KT;
-        const int u_begin = unit_begin(blockIdx.x, units, s.ctas);
-        const int count = unit_begin(blockIdx.x + 1, units, s.ctas) - u_begin;
+        int u_begin, count;
+        if (s.splits > 1) {  // split c % splits of tile c / splits: k tiles [r KT / S, (r + 1) KT / S)
+            const int nt = blockIdx.x / s.splits, r = blockIdx.x - nt * s.splits;
+            const int k0 = r * s.KT / s.splits;
+            u_begin = nt * s.KT + k0;
+            count = (r + 1) * s.KT / s.splits - k0;
+        } else {
+            u_begin = unit_begin(blockIdx.x, units, s.ctas);
+            count = unit_begin(blockIdx.x + 1, units, s.ctas) - u_begin;
+        }
         const u32 bars = smem_addr(smem + STAGES * STAGE_BYTES);
         trace_stamp(a.trace, TRACE_ENTRY);
 
@@ -420,6 +484,7 @@ struct Linear {
             __syncthreads();
             if (warp == WARPS) {
                 produce(a, s, smem, bars, u_begin, count, lane);
+                if (s.splits > 1) cluster_sync(), cluster_sync();  // cluster_reduce's two barriers
                 return;
             }
         }
@@ -480,10 +545,12 @@ struct Linear {
 
             if (kt == s.KT - 1 || left == 1) {  // segment end (CTA-uniform)
                 if (seg_start >= 0) trace_stamp(a.trace, TRACE_MAINLOOP_END);
-                if (seg_start <= 0 && kt == s.KT - 1) {
+                if (s.splits > 1) {  // the CTA's one segment, a split of its cluster's tile
+                    cluster_reduce(a, s, smem_addr(smem), nt, blockIdx.x % s.splits, warp, lane, tid, acc);
+                } else if (seg_start <= 0 && kt == s.KT - 1) {
                     store_output(a, s, nt, warp, lane, acc);
                 } else {
-                    fixup(a, s, nt, seg_start >= 0, warp, lane, tid, acc);
+                    fixup(a, s, nt, seg_start >= 0, warp, lane, acc);
                 }
                 if (seg_start >= 0) trace_stamp(a.trace, TRACE_ITEM_END);
 #pragma unroll

@@ -111,10 +111,10 @@ fn bad_inputs_are_typed_errors() {
     let p = random_int8_params(&mut rng, params(1, 1, 1, 1, Activation::None));
     let op = ConvInt8Cuda::new(&dev, &w, None, p).unwrap();
     let input = [1, 4, 5, 5];
-    let x = dev.upload(&vec![0i8; 100]).unwrap();
-    let short_x = dev.upload(&vec![0i8; 99]).unwrap();
-    let mut y = dev.upload(&vec![0i8; 200]).unwrap();
-    let mut short_y = dev.upload(&vec![0i8; 199]).unwrap();
+    let x = dev.upload(&[0i8; 100]).unwrap();
+    let short_x = dev.upload(&[0i8; 99]).unwrap();
+    let mut y = dev.upload(&[0i8; 200]).unwrap();
+    let mut short_y = dev.upload(&[0i8; 199]).unwrap();
     let message = |r: lowbit::Result<()>| r.unwrap_err().to_string();
     let mut ws = dev
         .alloc_zeros::<u8>(op.workspace_bytes(input).unwrap().max(1))

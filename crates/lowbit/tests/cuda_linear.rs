@@ -48,6 +48,8 @@ struct Case {
     stages: Option<usize>,
     /// Grid size override (CTAs); `None` = `ctas_per_sm` times the SM count.
     ctas: Option<usize>,
+    /// Cluster split-K's split count override (1 = stream-K); `None` = the per-shape default.
+    splits: Option<usize>,
 }
 
 fn quant(rng: &mut Rng, c: &Case) -> QuantMatrix {
@@ -217,11 +219,12 @@ fn check_case<T: Float + DeviceRepr>(dev: &CudaDevice, rng: &mut Rng, c: &Case) 
         ctas_per_sm: c.ctas_per_sm,
         stages: c.stages,
         ctas: c.ctas,
+        splits: c.splits,
         ..Tuning::default()
     };
     let op = LinearW4A16Cuda::with_tuning(dev, &repack(&w, c.act).unwrap(), 64, tuning).unwrap();
     let label = format!(
-        "N={} K={} G={} {} zeros={} act_order={} bias={} {:?} stages={:?} (n_cta {}, {} CTAs)",
+        "N={} K={} G={} {} zeros={} act_order={} bias={} {:?} stages={:?} (n_cta {}, {} CTAs, splits {})",
         c.n,
         c.k,
         c.group,
@@ -232,7 +235,8 @@ fn check_case<T: Float + DeviceRepr>(dev: &CudaDevice, rng: &mut Rng, c: &Case) 
         c.data,
         c.stages,
         op.plan().n_cta,
-        op.ctas()
+        op.ctas(),
+        op.splits()
     );
     let full = run::<T>(dev, &op, &x, 64, bias.as_deref());
     let again = run::<T>(dev, &op, &x, 64, bias.as_deref());
@@ -318,6 +322,7 @@ fn matches_reference_across_shapes_and_batches() {
                     ctas_per_sm: (index % 2 == 1).then_some(2),
                     stages: None,
                     ctas: None,
+                    splits: None,
                 };
                 dispatch(&dev, &mut rng, &case);
             }
@@ -347,6 +352,7 @@ fn exact_integer_mode_is_bit_exact() {
             ctas_per_sm: (n == 4096).then_some(2),
             stages: None,
             ctas: None,
+            splits: None,
         };
         dispatch(&dev, &mut rng, &case);
     }
@@ -378,6 +384,7 @@ fn groups_not_aligned_to_units() {
             ctas_per_sm: (n == 192).then_some(2),
             stages: None,
             ctas: None,
+            splits: None,
         };
         dispatch(&dev, &mut rng, &case);
     }
@@ -406,9 +413,112 @@ fn pipeline_depths() {
                 ctas_per_sm,
                 stages: Some(stages),
                 ctas: Some(7),
+                splits: None,
             };
             dispatch(&dev, &mut rng, &case);
         }
+    }
+}
+
+/// Cluster split-K (the partials meet in the cluster's shared memory) at every split count, on the default
+/// shapes that pick it (4096 x 4096: 16 tiles x 8 splits on 132 SMs) and forced on odd ones: narrow tiles, K not
+/// a multiple of the split count's units, groups inside units, act-order, bias. check_case also checks batch
+/// invariance (every M against the 64-row call) and byte-identical repeats; exact-integer data checks the sum.
+#[test]
+fn cluster_split_k() {
+    let Some(dev) = device() else { return };
+    if dev.info().compute_capability.0 < 9 {
+        println!(
+            "skipped: cluster split-K needs sm_90 (this GPU is sm_{}{})",
+            dev.info().compute_capability.0,
+            dev.info().compute_capability.1
+        );
+        return;
+    }
+    let mut rng = Rng(0xc105_7e25);
+    for (n, k, group, act, zeros, act_order, bias, data, splits) in [
+        (
+            4096,
+            4096,
+            128,
+            DType::F16,
+            true,
+            false,
+            true,
+            Data::Random { x_scale: 1.0 },
+            None,
+        ),
+        (
+            4096,
+            4096,
+            128,
+            DType::Bf16,
+            true,
+            false,
+            false,
+            Data::ExactInteger,
+            None,
+        ),
+        (
+            192,
+            4160,
+            64,
+            DType::F16,
+            true,
+            false,
+            true,
+            Data::Random { x_scale: 100.0 },
+            Some(8),
+        ),
+        (
+            576,
+            1280,
+            32,
+            DType::Bf16,
+            false,
+            true,
+            false,
+            Data::Random { x_scale: 1.0 },
+            Some(4),
+        ),
+        (
+            4096,
+            384,
+            128,
+            DType::F16,
+            true,
+            true,
+            false,
+            Data::ExactInteger,
+            Some(2),
+        ),
+        (
+            64,
+            4096,
+            4096,
+            DType::F16,
+            false,
+            false,
+            true,
+            Data::Random { x_scale: 1.0 },
+            Some(8),
+        ),
+    ] {
+        let case = Case {
+            n,
+            k,
+            group,
+            act,
+            zeros,
+            act_order,
+            bias,
+            data,
+            ctas_per_sm: None,
+            stages: None,
+            ctas: None,
+            splits,
+        };
+        dispatch(&dev, &mut rng, &case);
     }
 }
 
@@ -428,6 +538,7 @@ fn strided_and_unaligned_activation_rows() {
         ctas_per_sm: None,
         stages: None,
         ctas: None,
+        splits: None,
     };
     let w = quant(&mut rng, &c);
     let op = LinearW4A16Cuda::new(&dev, &w, DType::F16, 16).unwrap();
@@ -490,6 +601,7 @@ fn bad_inputs_give_typed_errors() {
         ctas_per_sm: None,
         stages: None,
         ctas: None,
+        splits: None,
     };
     let mut w = quant(&mut rng, &c);
     assert!(matches!(repack(&w, DType::F32), Err(Error::Invalid { .. })));

@@ -15,7 +15,8 @@
 //!
 //! `LOWBIT_BENCH_VARIANTS=1` adds decode-kernel records with the grid forced to one (`lowbit_1sm`) or two
 //! (`lowbit_2sm`) CTAs per SM; `LOWBIT_BENCH_CTAS=66,88` with exactly that many CTAs (`lowbit_c66`, ...),
-//! `LOWBIT_BENCH_STAGES=3,4` with that pipeline depth (`lowbit_s3`, ...). Each also gets a graph record (`_graph`).
+//! `LOWBIT_BENCH_STAGES=3,4` with that pipeline depth (`lowbit_s3`, ...), `LOWBIT_BENCH_SPLITS=1,8` with cluster
+//! split-K forced to that split count, 1 being stream-K (`lowbit_k1`, ...). Each also gets a graph record (`_graph`).
 
 use super::{graph_replay_us, median_of_batches, BenchArgs, BenchRecord, Shape, Sink};
 use half::{bf16, f16};
@@ -55,7 +56,11 @@ pub fn run(args: &BenchArgs, sink: &mut Sink) -> Result<()> {
             variants.push((format!("lowbit_{per_sm}sm"), tuning));
         }
     }
-    for (var, prefix) in [("LOWBIT_BENCH_CTAS", "c"), ("LOWBIT_BENCH_STAGES", "s")] {
+    for (var, prefix) in [
+        ("LOWBIT_BENCH_CTAS", "c"),
+        ("LOWBIT_BENCH_STAGES", "s"),
+        ("LOWBIT_BENCH_SPLITS", "k"),
+    ] {
         let Ok(list) = std::env::var(var) else { continue };
         for item in list.split(',').filter(|s| !s.trim().is_empty()) {
             let value: usize = item
@@ -65,6 +70,10 @@ pub fn run(args: &BenchArgs, sink: &mut Sink) -> Result<()> {
             let tuning = match prefix {
                 "c" => Tuning {
                     ctas: Some(value),
+                    ..Tuning::default()
+                },
+                "k" => Tuning {
+                    splits: Some(value),
                     ..Tuning::default()
                 },
                 _ => Tuning {

@@ -700,7 +700,7 @@ struct KernelArgs {
     trace: u64,
 }
 
-/// `lowbit::w4a16::Shape` in the kernel, in field order (9 ints, padding, then 2 int64).
+/// `lowbit::w4a16::Shape` in the kernel, in field order (10 ints, then 2 int64).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 struct KernelShape {
@@ -713,6 +713,7 @@ struct KernelShape {
     gp: i32,
     ctas: i32,
     group_shift: i32,
+    splits: i32,
     x_stride: i64,
     y_stride: i64,
 }
@@ -738,6 +739,20 @@ pub struct Tuning {
     /// Grid = exactly this many CTAs (fewer, longer stream-K pieces than one per SM, say), with the kernels of
     /// `ctas_per_sm`; overrides its grid size.
     pub ctas: Option<usize>,
+    /// Split-K by clusters of this many CTAs (2, 4 or 8; 1 = stream-K) instead of [`cluster_splits`]'s choice.
+    /// Overrides the grid options (the grid is then tiles x splits).
+    pub splits: Option<usize>,
+}
+
+/// The split count of cluster split-K for a weight of `n_tiles` x `k_tiles` units on `sms` SMs (the decode
+/// kernel's CLUSTER SPLIT-K), or 1 for stream-K: the largest of 8, 4, 2 whose tiles x splits CTAs fit on the SMs
+/// one each and fill at least 90% of them, with at least two units per split. Small layers (4096 x 4096: 16 tiles
+/// x 8) get it; wide ones stay on stream-K, whose balance no split count matches. Shape only (batch invariance).
+pub fn cluster_splits(n_tiles: usize, k_tiles: usize, sms: usize) -> usize {
+    [8, 4, 2]
+        .into_iter()
+        .find(|&s| n_tiles * s <= sms && n_tiles * s * 10 >= sms * 9 && k_tiles >= 2 * s)
+        .unwrap_or(1)
 }
 
 /// CTAs per SM for a weight of `units` (128-k x tile-width pieces) on `sms` SMs: two when each CTA still gets at
@@ -864,6 +879,8 @@ pub struct LinearW4A16Cuda {
     kernels: Vec<(Variant, CudaFunction)>,
     /// The x gather/realign kernel (same module as the first variant).
     stage_x: CudaFunction,
+    /// Cluster split-K's split count (CTAs per tile), or 1: stream-K over `ctas` CTAs.
+    splits: usize,
     /// Diagnostics: device address of a per-CTA timeline buffer, or 0 ([`LinearW4A16Cuda::set_trace`]).
     trace: u64,
 }
@@ -921,15 +938,32 @@ impl LinearW4A16Cuda {
         let units = plan.n_tiles() * plan.k_tiles();
         // The grid (hence the split of K) is the same for every M: batch invariance.
         let sms = device.info().sm_count as usize;
-        let ctas_per_sm = tuning
-            .ctas_per_sm
-            .unwrap_or_else(|| default_ctas_per_sm(units, sms))
-            .max(1);
-        let ctas = tuning.ctas.unwrap_or(ctas_per_sm * sms).clamp(1, units);
-        let zeros = weight.zeros.is_some();
-        // TMA bulk copies and mbarrier transaction counts are sm_90 features.
+        // TMA bulk copies, mbarrier transaction counts and clusters are sm_90 features.
         let cc = device.info().compute_capability;
         let (tma_supported, limits) = (cc.0 >= 9, smem_limits(cc));
+        let mut splits = match tuning.splits {
+            Some(s @ (1 | 2 | 4 | 8)) if s <= plan.k_tiles() && (s == 1 || tma_supported) => s,
+            Some(s) => {
+                return Err(Error::invalid(
+                    "splits",
+                    s,
+                    format!(
+                        "must be 1, or 2, 4 or 8 and at most the {} k tiles, on sm_90+",
+                        plan.k_tiles()
+                    ),
+                ))
+            }
+            None if tma_supported => cluster_splits(plan.n_tiles(), plan.k_tiles(), sms),
+            None => 1,
+        };
+        let ctas_per_sm = match splits {
+            1 => tuning
+                .ctas_per_sm
+                .unwrap_or_else(|| default_ctas_per_sm(units, sms))
+                .max(1),
+            _ => 1,
+        };
+        let zeros = weight.zeros.is_some();
         let unit_groups = plan.group % K_TILE == 0;
         let mut kernels = Vec::new();
         for mt in [1, 2, 4, 8].into_iter().filter(|&mt| mt == 1 || 8 * mt / 2 < max_m) {
@@ -945,10 +979,24 @@ impl LinearW4A16Cuda {
                 device.function_with_shared_memory(variant.source(), "w4a16_linear", variant.smem_bytes())?;
             kernels.push((variant, function));
         }
+        // Every tile's cluster must be resident at once, for every M's kernel (the partition may not depend on
+        // M): otherwise stream-K.
+        if splits > 1
+            && tuning.splits.is_none()
+            && kernels.iter().any(|(v, f)| {
+                gemm::resident_cluster_count(f, v.block_threads() as u32, v.smem_bytes(), splits) < plan.n_tiles()
+            })
+        {
+            splits = 1;
+        }
+        let ctas = match splits {
+            1 => tuning.ctas.unwrap_or(ctas_per_sm * sms).clamp(1, units),
+            _ => plan.n_tiles() * splits,
+        };
         let stage_x = device.function(kernels[0].0.source(), "w4a16_stage_x")?;
         let counters = device
             .stream()
-            .alloc_zeros(plan.n_tiles())
+            .alloc_zeros(plan.n_tiles() * plan.warps)
             .map_err(|e| crate::cuda::cuda_error("split-tile counters", e))?;
         Ok(Self {
             ctas,
@@ -959,6 +1007,7 @@ impl LinearW4A16Cuda {
             plan,
             act,
             max_m,
+            splits,
             trace: 0,
         })
     }
@@ -994,6 +1043,11 @@ impl LinearW4A16Cuda {
     /// CTAs per launch (one per SM, fewer for tiny weights).
     pub fn ctas(&self) -> usize {
         self.ctas
+    }
+
+    /// CTAs per tile with cluster split-K, or 1 with stream-K (see [`cluster_splits`]).
+    pub fn splits(&self) -> usize {
+        self.splits
     }
 
     /// Bytes of x staged in the workspace (act-order gather / realignment), 256-byte rounded.
@@ -1092,9 +1146,50 @@ impl LinearW4A16Cuda {
             } else {
                 -1
             },
+            splits: self.splits as i32,
             x_stride: x_stride as i64,
             y_stride: y_stride as i64,
         };
+        // SAFETY (both launches): every pointer was checked above to cover what the kernel touches for this shape
+        // and m: x rows (K valid columns; the kernel zero-fills past K without reading), y rows (N columns), bias
+        // (N), the workspace (partials of 2 * ctas slots), and the operator's own weight buffers and counters.
+        if self.splits > 1 {
+            // Clusters: cudarc's launch builder has no attributes, hence cuLaunchKernelEx.
+            let mut cluster = gemm::cluster_attribute(self.splits);
+            let config = cudarc::driver::sys::CUlaunchConfig {
+                gridDimX: self.ctas as u32,
+                gridDimY: 1,
+                gridDimZ: 1,
+                blockDimX: variant.block_threads() as u32,
+                blockDimY: 1,
+                blockDimZ: 1,
+                sharedMemBytes: variant.smem_bytes() as u32,
+                hStream: stream.cu_stream(),
+                attrs: &mut cluster,
+                numAttrs: 1,
+            };
+            let mut params: [*mut std::ffi::c_void; 2] = [
+                &args as *const KernelArgs as *mut _,
+                &shape as *const KernelShape as *mut _,
+            ];
+            // `params` points at the two kernel parameters, in order, alive across the call (the driver copies
+            // them at launch).
+            let rc = unsafe {
+                cudarc::driver::sys::cuLaunchKernelEx(
+                    &config,
+                    function.cu_function(),
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            };
+            if rc != cudarc::driver::sys::CUresult::CUDA_SUCCESS {
+                return Err(Error::Cuda {
+                    context: format!("launching w4a16_linear (clusters of {})", self.splits),
+                    message: format!("{rc:?}"),
+                });
+            }
+            return Ok(());
+        }
         let cfg = LaunchConfig {
             grid_dim: (self.ctas as u32, 1, 1),
             block_dim: (variant.block_threads() as u32, 1, 1),
@@ -1102,9 +1197,6 @@ impl LinearW4A16Cuda {
         };
         let mut b = stream.launch_builder(function);
         b.arg(&args).arg(&shape);
-        // SAFETY: every pointer was checked above to cover what the kernel touches for this shape and m: x rows
-        // (K valid columns; the kernel zero-fills past K without reading), y rows (N columns), bias (N), the
-        // workspace (partials of 2 * ctas slots), and the operator's own weight buffers and counters.
         unsafe { b.launch(cfg) }.map_err(launch_error("w4a16_linear"))?;
         Ok(())
     }

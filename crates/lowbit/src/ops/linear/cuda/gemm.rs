@@ -656,8 +656,35 @@ struct GemmKernel {
     resident_clusters: [usize; MAX_SPLITS + 1],
 }
 
+/// How many clusters of `ctas` CTAs (along x) of `function`, launched with `block` threads and `smem` bytes of
+/// dynamic shared memory per CTA, the GPU keeps resident at once; 0 when it cannot schedule that size at all.
+pub(super) fn resident_cluster_count(function: &CudaFunction, block: u32, smem: usize, ctas: usize) -> usize {
+    let mut cluster = cluster_attribute(ctas);
+    let config = sys::CUlaunchConfig {
+        gridDimX: ctas as u32,
+        gridDimY: 1,
+        gridDimZ: 1,
+        blockDimX: block,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: smem as u32,
+        hStream: std::ptr::null_mut(),
+        attrs: &mut cluster,
+        numAttrs: 1,
+    };
+    let mut count = 0i32;
+    // SAFETY: `config` and `cluster` are live locals; `count` receives one int. A size the GPU cannot schedule is
+    // an error or 0: either way no cluster of that size.
+    let rc = unsafe { sys::cuOccupancyMaxActiveClusters(&mut count, function.cu_function(), &config) };
+    if rc == sys::CUresult::CUDA_SUCCESS {
+        count.max(0) as usize
+    } else {
+        0
+    }
+}
+
 /// The launch attribute for clusters of `ctas` CTAs along x.
-fn cluster_attribute(ctas: usize) -> sys::CUlaunchAttribute {
+pub(super) fn cluster_attribute(ctas: usize) -> sys::CUlaunchAttribute {
     // SAFETY: CUlaunchAttribute is plain old data; all-zero is a valid value to fill in.
     let mut attribute: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
     attribute.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
@@ -699,28 +726,7 @@ fn load_variant(device: &CudaDevice, mut variant: GemmVariant) -> Result<GemmKer
     let function = device.function_with_shared_memory(variant.source(), "w4a16_gemm", variant.smem_bytes())?;
     let mut resident_clusters = [0; MAX_SPLITS + 1];
     for (ctas, resident) in resident_clusters.iter_mut().enumerate().skip(2) {
-        let mut cluster = cluster_attribute(ctas);
-        let config = sys::CUlaunchConfig {
-            gridDimX: ctas as u32,
-            gridDimY: 1,
-            gridDimZ: 1,
-            blockDimX: BLOCK,
-            blockDimY: 1,
-            blockDimZ: 1,
-            sharedMemBytes: variant.smem_bytes() as u32,
-            hStream: std::ptr::null_mut(),
-            attrs: &mut cluster,
-            numAttrs: 1,
-        };
-        let mut count = 0i32;
-        // SAFETY: `config` and `cluster` are live locals; `count` receives one int. A size the GPU cannot
-        // schedule is an error or 0: either way no split-K of that size.
-        let rc = unsafe { sys::cuOccupancyMaxActiveClusters(&mut count, function.cu_function(), &config) };
-        *resident = if rc == sys::CUresult::CUDA_SUCCESS {
-            count.max(0) as usize
-        } else {
-            0
-        };
+        *resident = resident_cluster_count(&function, BLOCK, variant.smem_bytes(), ctas);
     }
     Ok(GemmKernel {
         variant,
