@@ -132,6 +132,9 @@ fn main() -> lowbit::Result<()> {
             ops[0].plan().n_cta,
             ops[0].splits()
         );
+        for (name, resident) in ops[0].cluster_residency() {
+            println!("  {name}: resident clusters of 2 / 4 / 8 CTAs: {resident:?}");
+        }
         summarise(&t, &format!("decode-{m}x{k}x{n}"));
     }
     for spec in convs {

@@ -1050,6 +1050,19 @@ impl LinearW4A16Cuda {
         self.splits
     }
 
+    /// Diagnostics: per loaded kernel variant, its name and how many clusters of 2, 4 and 8 CTAs the GPU keeps
+    /// resident at once (cluster split-K needs one per tile).
+    #[doc(hidden)]
+    pub fn cluster_residency(&self) -> Vec<(String, [usize; 3])> {
+        self.kernels
+            .iter()
+            .map(|(v, f)| {
+                let count = |s| gemm::resident_cluster_count(f, v.block_threads() as u32, v.smem_bytes(), s);
+                (v.name(), [count(2), count(4), count(8)])
+            })
+            .collect()
+    }
+
     /// Bytes of x staged in the workspace (act-order gather / realignment), 256-byte rounded.
     fn staged_x_bytes(&self) -> usize {
         (self.max_m * self.plan.k_pad * 2).next_multiple_of(256)
