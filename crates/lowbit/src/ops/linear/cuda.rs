@@ -956,12 +956,15 @@ impl LinearW4A16Cuda {
             None if tma_supported => cluster_splits(plan.n_tiles(), plan.k_tiles(), sms),
             None => 1,
         };
+        // Cluster split-K takes the two-CTAs-per-SM variants (less shared memory each) even though its grid is at
+        // most one CTA per SM: a GPC must hold whole clusters, and on an H200 fewer than 16 clusters of 8 one-per-SM
+        // CTAs fit at once. Two CTAs sharing an SM cost little: the kernel is bound by DRAM, not by one SM's share.
         let ctas_per_sm = match splits {
             1 => tuning
                 .ctas_per_sm
                 .unwrap_or_else(|| default_ctas_per_sm(units, sms))
                 .max(1),
-            _ => 1,
+            _ => tuning.ctas_per_sm.unwrap_or(2).max(1),
         };
         let zeros = weight.zeros.is_some();
         let unit_groups = plan.group % K_TILE == 0;
