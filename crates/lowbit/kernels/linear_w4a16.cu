@@ -30,7 +30,9 @@
 //   counter, then the last warp's loads of every partial (~5 us of a 10 us launch at 4096 x 4096, where each tile
 //   is split 8 ways; examples/gemm_trace). When the tiles times a split count fill the GPU (the host decides:
 //   `splits` > 1), CTA c takes split c % splits of tile c / splits, the equal k ranges of a tile are one thread-
-//   block cluster, and the partials meet in shared memory (cluster_reduce): no global traffic but y.
+//   block cluster, and the partials meet in shared memory (cluster_reduce): no global traffic but y. A variant
+//   whose clusters cannot all be resident at once (M > 16 on an H200: one CTA per SM) keeps the same partition
+//   and reduces through the global fix-up, in the same order: every M gives the same bits.
 //
 // * PIPELINE. Each unit is one shared-memory stage (weights, the x rows, the scale and zero rows it touches).
 //   M <= 32 on sm_90 (LB_TMA): a ninth "producer" warp fills stages with TMA bulk copies (one cp.async.bulk for the
@@ -92,7 +94,9 @@ struct Shape {
     int GP;          // scale/zero rows per n tile
     int ctas;        // grid size C
     int group_shift; // log2(group) when it is a power of two, else -1
-    int splits;      // > 1: split-K by clusters (see CLUSTER SPLIT-K), ctas = NT * splits; 1: stream-K
+    int splits;      // > 1: equal k splits per tile (see CLUSTER SPLIT-K), ctas = NT * splits; 1: stream-K
+    int cluster;     // with splits > 1: 1 = launched as clusters of `splits`, reduced in shared memory; 0 = the
+                     // global fix-up, same partition and summation order (the variants whose clusters do not fit)
     long long x_stride;  // elements between rows of x
     long long y_stride;  // elements between rows of y
 };
@@ -320,8 +324,8 @@ struct Linear {
     __device__ static void fixup(const Args& a, const Shape& s, int nt, bool first_segment, int warp, int lane,
                                  float (&acc)[2][MT][4]) {
         const int c = blockIdx.x, units = s.NT * s.KT;
-        const int c_first = cta_of(nt * s.KT, units, s.ctas);
-        const int c_last = cta_of(nt * s.KT + s.KT - 1, units, s.ctas);
+        const int c_first = s.splits > 1 ? nt * s.splits : cta_of(nt * s.KT, units, s.ctas);
+        const int c_last = s.splits > 1 ? c_first + s.splits - 1 : cta_of(nt * s.KT + s.KT - 1, units, s.ctas);
         // A CTA's first segment uses slot 2c, a later one slot 2c + 1 (a CTA has at most two split segments).
         const int my_slot = first_segment ? 2 * c : 2 * c + 1;
 #pragma unroll
@@ -350,7 +354,8 @@ struct Linear {
             for (int b = 0; b < SLOT_BATCH; ++b) {
                 const int cc = c0 + b;
                 if (cc <= c_last) {
-                    const int slot = (unit_begin(cc, units, s.ctas) / s.KT == nt) ? 2 * cc : 2 * cc + 1;
+                    const int slot =
+                        (s.splits > 1 || unit_begin(cc, units, s.ctas) / s.KT == nt) ? 2 * cc : 2 * cc + 1;
 #pragma unroll
                     for (int t = 0; t < 2; ++t)
 #pragma unroll
@@ -484,7 +489,7 @@ struct Linear {
             __syncthreads();
             if (warp == WARPS) {
                 produce(a, s, smem, bars, u_begin, count, lane);
-                if (s.splits > 1) cluster_sync(), cluster_sync();  // cluster_reduce's two barriers
+                if (s.cluster) cluster_sync(), cluster_sync();  // cluster_reduce's two barriers
                 return;
             }
         }
@@ -545,7 +550,7 @@ struct Linear {
 
             if (kt == s.KT - 1 || left == 1) {  // segment end (CTA-uniform)
                 if (seg_start >= 0) trace_stamp(a.trace, TRACE_MAINLOOP_END);
-                if (s.splits > 1) {  // the CTA's one segment, a split of its cluster's tile
+                if (s.cluster) {  // the CTA's one segment, a split of its cluster's tile
                     cluster_reduce(a, s, smem_addr(smem), nt, blockIdx.x % s.splits, warp, lane, tid, acc);
                 } else if (seg_start <= 0 && kt == s.KT - 1) {
                     store_output(a, s, nt, warp, lane, acc);

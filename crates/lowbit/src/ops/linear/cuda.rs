@@ -700,7 +700,7 @@ struct KernelArgs {
     trace: u64,
 }
 
-/// `lowbit::w4a16::Shape` in the kernel, in field order (10 ints, then 2 int64).
+/// `lowbit::w4a16::Shape` in the kernel, in field order (11 ints, padding, then 2 int64).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 struct KernelShape {
@@ -714,6 +714,7 @@ struct KernelShape {
     ctas: i32,
     group_shift: i32,
     splits: i32,
+    cluster: i32,
     x_stride: i64,
     y_stride: i64,
 }
@@ -875,8 +876,9 @@ pub struct LinearW4A16Cuda {
     ctas: usize,
     weight: Arc<DeviceW4>,
     counters: CudaSlice<u32>,
-    /// Loaded kernels by token tiles.
-    kernels: Vec<(Variant, CudaFunction)>,
+    /// Loaded kernels by token tiles, each with whether it runs as clusters (split-K only: all of a launch's
+    /// clusters fit on the GPU at once) or reduces the same splits through global memory.
+    kernels: Vec<(Variant, CudaFunction, bool)>,
     /// The x gather/realign kernel (same module as the first variant).
     stage_x: CudaFunction,
     /// Cluster split-K's split count (CTAs per tile), or 1: stream-K over `ctas` CTAs.
@@ -941,7 +943,7 @@ impl LinearW4A16Cuda {
         // TMA bulk copies, mbarrier transaction counts and clusters are sm_90 features.
         let cc = device.info().compute_capability;
         let (tma_supported, limits) = (cc.0 >= 9, smem_limits(cc));
-        let mut splits = match tuning.splits {
+        let splits = match tuning.splits {
             Some(s @ (1 | 2 | 4 | 8)) if s <= plan.k_tiles() && (s == 1 || tma_supported) => s,
             Some(s) => {
                 return Err(Error::invalid(
@@ -980,17 +982,13 @@ impl LinearW4A16Cuda {
             variant.fit_stages(limits);
             let function =
                 device.function_with_shared_memory(variant.source(), "w4a16_linear", variant.smem_bytes())?;
-            kernels.push((variant, function));
+            kernels.push((variant, function, false));
         }
-        // Every tile's cluster must be resident at once, for every M's kernel (the partition may not depend on
-        // M): otherwise stream-K.
-        if splits > 1
-            && tuning.splits.is_none()
-            && kernels.iter().any(|(v, f)| {
-                gemm::resident_cluster_count(f, v.block_threads() as u32, v.smem_bytes(), splits) < plan.n_tiles()
-            })
-        {
-            splits = 1;
+        // A variant runs as clusters when all the tiles' clusters fit on the GPU at once; the others (on an H200,
+        // the one-CTA-per-SM variants of M > 16) reduce the same splits in the same order through global memory.
+        for (v, f, cluster) in &mut kernels {
+            *cluster = splits > 1
+                && gemm::resident_cluster_count(f, v.block_threads() as u32, v.smem_bytes(), splits) >= plan.n_tiles();
         }
         let ctas = match splits {
             1 => tuning.ctas.unwrap_or(ctas_per_sm * sms).clamp(1, units),
@@ -1059,7 +1057,7 @@ impl LinearW4A16Cuda {
     pub fn cluster_residency(&self) -> Vec<(String, [usize; 3])> {
         self.kernels
             .iter()
-            .map(|(v, f)| {
+            .map(|(v, f, _)| {
                 let count = |s| gemm::resident_cluster_count(f, v.block_threads() as u32, v.smem_bytes(), s);
                 (v.name(), [count(2), count(4), count(8)])
             })
@@ -1073,7 +1071,7 @@ impl LinearW4A16Cuda {
 
     /// Device scratch `run` needs for batches of up to `max_m` rows: split-tile partial sums and room to stage x.
     pub fn workspace_bytes(&self) -> usize {
-        let widest = self.kernels.last().map_or(0, |(v, _)| v.slot_floats());
+        let widest = self.kernels.last().map_or(0, |(v, _, _)| v.slot_floats());
         self.staged_x_bytes() + 2 * self.ctas * widest * 4
     }
 
@@ -1118,10 +1116,10 @@ impl LinearW4A16Cuda {
         };
 
         let mt = token_tiles(m);
-        let (variant, function) = self
+        let (variant, function, cluster) = self
             .kernels
             .iter()
-            .find(|(v, _)| v.mt == mt)
+            .find(|(v, _, _)| v.mt == mt)
             .ok_or_else(|| Error::invalid("x", format!("{m} rows"), "exceeds the operator's max_m"))?;
 
         // x goes through the workspace when the kernel cannot read it in place: act-order gather, or rows that are
@@ -1163,13 +1161,14 @@ impl LinearW4A16Cuda {
                 -1
             },
             splits: self.splits as i32,
+            cluster: i32::from(*cluster),
             x_stride: x_stride as i64,
             y_stride: y_stride as i64,
         };
         // SAFETY (both launches): every pointer was checked above to cover what the kernel touches for this shape
         // and m: x rows (K valid columns; the kernel zero-fills past K without reading), y rows (N columns), bias
         // (N), the workspace (partials of 2 * ctas slots), and the operator's own weight buffers and counters.
-        if self.splits > 1 {
+        if *cluster {
             // Clusters: cudarc's launch builder has no attributes, hence cuLaunchKernelEx.
             let mut cluster = gemm::cluster_attribute(self.splits);
             let config = cudarc::driver::sys::CUlaunchConfig {
