@@ -975,11 +975,6 @@ impl LinearW4A16Cuda {
             let mut variant = Variant::default_for(act, mt, zeros, unit_groups, plan.warps, ctas_per_sm);
             // M = 64 has no TMA variant (registers); nothing before sm_90 has.
             variant.tma = variant.tma && tma_supported && tuning.tma.unwrap_or(true);
-            // Split-K CTAs stream a few units each (4 at 4096 x 4096): as many stages as two CTAs per SM allow,
-            // so that every unit's copy is in flight from the start rather than waiting for a stage to drain.
-            if splits > 1 {
-                variant.stages = variant.stages.max(8);
-            }
             if let Some(stages) = tuning.stages {
                 variant.stages = stages.max(2);
             }
