@@ -64,7 +64,7 @@
 //   ld.shared and its four zero codes with one 16-bit ld.shared, and forms all its zero terms with ~8 ALU ops.
 //
 // The host prepends the #defines selecting one variant (LB_DTYPE, LB_MT, LB_ZEROS, LB_WARPS, LB_STAGES, LB_TMA,
-// LB_MIN_BLOCKS, LB_UNIT_GROUPS) and launches the extern "C" kernels at the bottom.
+// LB_MIN_BLOCKS, LB_UNIT_GROUPS, LB_RECEIVE) and launches the extern "C" kernels at the bottom.
 #include "common.cuh"
 
 namespace lowbit {
@@ -103,7 +103,7 @@ struct Shape {
 
 // UNIT_GROUPS: the group size is a multiple of 128 (g128, per channel, ...), so each unit lies in one group: a
 // stage holds one scale/zero row instead of MAX_GROUP_ROWS (more stages fit) and no group boundary is checked.
-template <class T, int MT, bool HAS_ZEROS, int WARPS, int STAGES, bool TMA, bool UNIT_GROUPS>
+template <class T, int MT, bool HAS_ZEROS, int WARPS, int STAGES, bool TMA, bool UNIT_GROUPS, bool RECEIVE>
 struct Linear {
     static constexpr int THREADS = WARPS * 32;           // consumer (mma) threads
     static constexpr int BLOCK = THREADS + (TMA ? 32 : 0);  // + one producer warp issuing the TMA copies
@@ -116,10 +116,11 @@ struct Linear {
     static constexpr int S_BYTES = GROUP_ROWS * N_CTA * 2;
     static constexpr int Z_BYTES = HAS_ZEROS ? GROUP_ROWS * N_CTA / 2 : 0;
     static constexpr int STAGE_BYTES = W_BYTES + X_BYTES + S_BYTES + Z_BYTES;
-    // Stages, then (TMA) one full and one empty mbarrier per stage.
-    static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES + (TMA ? STAGES * 16 : 0);
     // fp32 partial sums of one split tile, in accumulator-fragment order (see write_partial).
     static constexpr int SLOT_FLOATS = N_CTA * M_ROWS;
+    // Stages, then (TMA) one full and one empty mbarrier per stage, then (RECEIVE) cluster_reduce's area.
+    static constexpr int RECEIVE_OFFSET = STAGES * STAGE_BYTES + (TMA ? STAGES * 16 : 0);
+    static constexpr int SMEM_BYTES = RECEIVE_OFFSET + (RECEIVE ? SLOT_FLOATS * 4 : 0);
 
     struct Args {
         const uint4* qweight;  // repacked codes, N_CTA * 4 uint4 per unit, units in (n_tile, k_tile) order
@@ -385,15 +386,16 @@ struct Linear {
 
     // CLUSTER SPLIT-K's reduction (every consumer thread; the producer warp takes part in both barriers). The
     // tile's partial is F4 float4 (fragment (warp, t, mt) of lane l is float4 ((warp * 2 + t) * MT + mt) * 32 + l);
-    // split r owns float4 [r F4 / S, (r + 1) F4 / S). Once every CTA of the cluster is past its main loop (first
-    // barrier: the stages are free), each pushes its fragments into their owners' stage memory, slab = its own
-    // split, with 16-byte st.shared::cluster (a remote store needs no reply); after the second barrier each CTA
-    // sums its float4 over the slabs in split order (deterministic) and writes y.
+    // split r owns float4 [r F4 / S, (r + 1) F4 / S). Each CTA pushes its fragments into their owners' shared
+    // memory, slab = its own split, with 16-byte st.shared::cluster (a remote store needs no reply); after a
+    // cluster barrier each CTA sums its float4 over the slabs in split order (deterministic) and writes y.
+    // RECEIVE: the slabs have an area of their own, so a CTA may push while the owner is still computing (one
+    // barrier); otherwise they overwrite the owner's stages, which a first barrier must free.
     __device__ static void cluster_reduce(const Args& a, const Shape& s, u32 base, int nt, int split, int warp,
                                           int lane, int tid, const float (&acc)[2][MT][4]) {
         constexpr int F4 = SLOT_FLOATS / 4;
         const int share = F4 / s.splits;  // splits is 2, 4 or 8: it divides F4 = 64 * WARPS * MT
-        cluster_sync();
+        if (!RECEIVE) cluster_sync();
 #pragma unroll
         for (int t = 0; t < 2; ++t)
 #pragma unroll
@@ -489,7 +491,10 @@ struct Linear {
             __syncthreads();
             if (warp == WARPS) {
                 produce(a, s, smem, bars, u_begin, count, lane);
-                if (s.cluster) cluster_sync(), cluster_sync();  // cluster_reduce's two barriers
+                if (s.cluster) {  // cluster_reduce's barriers
+                    cluster_sync();
+                    if (!RECEIVE) cluster_sync();
+                }
                 return;
             }
         }
@@ -551,7 +556,8 @@ struct Linear {
             if (kt == s.KT - 1 || left == 1) {  // segment end (CTA-uniform)
                 if (seg_start >= 0) trace_stamp(a.trace, TRACE_MAINLOOP_END);
                 if (s.cluster) {  // the CTA's one segment, a split of its cluster's tile
-                    cluster_reduce(a, s, smem_addr(smem), nt, blockIdx.x % s.splits, warp, lane, tid, acc);
+                    cluster_reduce(a, s, smem_addr(smem) + (RECEIVE ? RECEIVE_OFFSET : 0), nt, blockIdx.x % s.splits,
+                                   warp, lane, tid, acc);
                 } else if (seg_start <= 0 && kt == s.KT - 1) {
                     store_output(a, s, nt, warp, lane, acc);
                 } else {
@@ -594,13 +600,14 @@ struct Linear {
 #define LB_TMA (__CUDA_ARCH__ >= 900)
 #define LB_MIN_BLOCKS 2
 #define LB_UNIT_GROUPS 1
+#define LB_RECEIVE 0
 #endif
 #if LB_TMA && __CUDA_ARCH__ < 900
 #error "the TMA pipeline (LB_TMA) needs sm_90: select LB_TMA 0 for older GPUs"
 #endif
 
 typedef lowbit::w4a16::Linear<lowbit::LB_DTYPE, LB_MT, LB_ZEROS != 0, LB_WARPS, LB_STAGES, LB_TMA != 0,
-                              LB_UNIT_GROUPS != 0>
+                              LB_UNIT_GROUPS != 0, LB_RECEIVE != 0>
     LinearVariant;
 
 extern "C" __global__ void __launch_bounds__(LinearVariant::BLOCK, LB_MIN_BLOCKS)

@@ -571,6 +571,10 @@ pub struct Variant {
     /// The group size is a multiple of 128: a stage holds one scale/zero row (not 8) and no group boundary is
     /// checked inside a unit.
     pub unit_groups: bool,
+    /// A shared-memory area of its own for cluster split-K's partials (split-K operators only): the CTAs of a
+    /// cluster push into it while the owner may still be reading its stages, so the reduction needs one cluster
+    /// barrier, not two.
+    pub receive: bool,
 }
 
 impl Variant {
@@ -603,6 +607,7 @@ impl Variant {
             tma,
             min_blocks,
             unit_groups,
+            receive: false,
         }
     }
 
@@ -630,7 +635,9 @@ impl Variant {
             + self.mt * 8 * X_PITCH * 2
             + group_rows * n_cta * 2
             + if self.zeros { group_rows * n_cta / 2 } else { 0 };
-        self.stages * stage + if self.tma { self.stages * 16 } else { 0 }
+        self.stages * stage
+            + if self.tma { self.stages * 16 } else { 0 }
+            + if self.receive { self.slot_floats() * 4 } else { 0 }
     }
 
     /// fp32 elements of one split-tile partial (`Linear::SLOT_FLOATS`).
@@ -640,7 +647,7 @@ impl Variant {
 
     fn name(&self) -> String {
         format!(
-            "linear_w4a16_{}_m{}_z{}_g{}_w{}_s{}_{}{}",
+            "linear_w4a16_{}_m{}_z{}_g{}_w{}_s{}_{}{}{}",
             self.act.name(),
             self.mt,
             u8::from(self.zeros),
@@ -648,7 +655,8 @@ impl Variant {
             self.warps,
             self.stages,
             if self.tma { "tma" } else { "cpasync" },
-            self.min_blocks
+            self.min_blocks,
+            if self.receive { "_recv" } else { "" }
         )
     }
 
@@ -659,7 +667,7 @@ impl Variant {
             || {
                 format!(
                 "#define LB_DTYPE {}\n#define LB_MT {}\n#define LB_ZEROS {}\n#define LB_WARPS {}\n#define LB_STAGES {}\n\
-                 #define LB_TMA {}\n#define LB_MIN_BLOCKS {}\n#define LB_UNIT_GROUPS {}\n",
+                 #define LB_TMA {}\n#define LB_MIN_BLOCKS {}\n#define LB_UNIT_GROUPS {}\n#define LB_RECEIVE {}\n",
                 if self.act == DType::Bf16 { "BF16" } else { "F16" },
                 self.mt,
                 u8::from(self.zeros),
@@ -667,7 +675,8 @@ impl Variant {
                 self.stages,
                 u8::from(self.tma),
                 self.min_blocks,
-                u8::from(self.unit_groups)
+                u8::from(self.unit_groups),
+                u8::from(self.receive)
             )
             },
             SOURCE,
@@ -975,6 +984,7 @@ impl LinearW4A16Cuda {
             let mut variant = Variant::default_for(act, mt, zeros, unit_groups, plan.warps, ctas_per_sm);
             // M = 64 has no TMA variant (registers); nothing before sm_90 has.
             variant.tma = variant.tma && tma_supported && tuning.tma.unwrap_or(true);
+            variant.receive = splits > 1;
             if let Some(stages) = tuning.stages {
                 variant.stages = stages.max(2);
             }
@@ -1608,6 +1618,9 @@ mod tests {
                 for (zeros, unit_groups, warps, ctas_per_sm) in [(true, true, 8, 2), (false, false, 2, 1)] {
                     let v = Variant::default_for(act, mt, zeros, unit_groups, warps, ctas_per_sm);
                     cases.push((v, "sm_90a"));
+                    if ctas_per_sm == 2 && v.tma {
+                        cases.push((Variant { receive: true, ..v }, "sm_90a")); // cluster split-K
+                    }
                     if mt == 1 || mt == 8 {
                         for arch in ["sm_80", "sm_89"] {
                             cases.push((Variant { tma: false, ..v }, arch));
