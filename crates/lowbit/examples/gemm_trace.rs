@@ -12,7 +12,7 @@
 //! `dir/<shape>.csv`.
 
 use half::f16;
-use lowbit::cuda::{CudaDevice, StreamTimer};
+use lowbit::cuda::{CudaDevice, CudaSlice, StreamTimer};
 use lowbit::formats::block::{BlockBits, BlockQuantWeight, BlockShape};
 use lowbit::ops::conv::cuda::Conv2dCuda;
 use lowbit::ops::conv::Conv2dParams;
@@ -66,13 +66,7 @@ fn main() -> lowbit::Result<()> {
     }
     let dev = CudaDevice::new(0)?;
     for (m, k, n) in shapes {
-        let mut rng = SplitMix64(7);
-        let w = random_quant(&mut rng, &QuantSpec::new(n, k, 4, 128));
-        let packed = repack(&w, DType::F16)?;
-        let copies = (MIN_ROTATION_BYTES / (n * k / 2)).clamp(1, 64);
-        let mut ops = Vec::new();
-        for _ in 0..copies {
-            let weight: Arc<DeviceW4> = DeviceW4::upload(&dev, &packed)?;
+        let (mut ops, x, mut y) = linear_problem(&dev, m, k, n, |weight| {
             let mut op = LinearW4A16Gemm::with_weight(&dev, weight, m, splits)?;
             if let Some(rows) = small_batch {
                 op.set_small_batch(rows);
@@ -81,11 +75,9 @@ fn main() -> lowbit::Result<()> {
             if let Some(steps) = look64 {
                 op.set_lookahead(&dev, 64, steps)?;
             }
-            ops.push(op);
-        }
-        let x: Vec<f16> = (0..m * k).map(|_| f16::from_f32(rng.signed_unit())).collect();
-        let x = dev.upload(&x)?;
-        let mut y = dev.alloc_zeros::<f16>(m * n)?;
+            Ok(op)
+        })?;
+        let copies = ops.len();
         let mut ws = dev.alloc_zeros::<u8>(ops[0].workspace_bytes().max(1))?;
         let stream = dev.stream().clone();
         let launch = |op: &LinearW4A16Gemm| op.run(&stream, &x, m, None, &mut y, &mut ws);
@@ -105,22 +97,14 @@ fn main() -> lowbit::Result<()> {
         summarise(&t, &format!("{m}x{k}x{n}"));
     }
     for (m, k, n) in decodes {
-        let mut rng = SplitMix64(7);
-        let w = random_quant(&mut rng, &QuantSpec::new(n, k, 4, 128));
-        let packed = repack(&w, DType::F16)?;
-        let copies = (MIN_ROTATION_BYTES / (n * k / 2)).clamp(1, 64);
-        let mut ops = Vec::new();
-        for _ in 0..copies {
-            let weight: Arc<DeviceW4> = DeviceW4::upload(&dev, &packed)?;
-            let tuning = Tuning {
-                splits: decode_splits,
-                ..Tuning::default()
-            };
-            ops.push(LinearW4A16Cuda::with_weight(&dev, weight, m, tuning)?);
-        }
-        let x: Vec<f16> = (0..m * k).map(|_| f16::from_f32(rng.signed_unit())).collect();
-        let x = dev.upload(&x)?;
-        let mut y = dev.alloc_zeros::<f16>(m * n)?;
+        let tuning = Tuning {
+            splits: decode_splits,
+            ..Tuning::default()
+        };
+        let (mut ops, x, mut y) = linear_problem(&dev, m, k, n, |weight| {
+            LinearW4A16Cuda::with_weight(&dev, weight, m, tuning)
+        })?;
+        let copies = ops.len();
         let mut ws = dev.alloc_zeros::<u8>(ops[0].workspace_bytes().max(1))?;
         let stream = dev.stream().clone();
         let launch = |op: &LinearW4A16Cuda| op.run(&stream, &x, m, None, &mut y, &mut ws);
@@ -167,6 +151,26 @@ fn main() -> lowbit::Result<()> {
         summarise(&t, &spec[5..]);
     }
     Ok(())
+}
+
+/// An `m x k x n` linear problem (f16, int4 group 128 with zero points): one operator per weight copy (`make`),
+/// enough copies to exceed L2, and the x and y buffers.
+fn linear_problem<O>(
+    dev: &CudaDevice,
+    m: usize,
+    k: usize,
+    n: usize,
+    make: impl Fn(Arc<DeviceW4>) -> lowbit::Result<O>,
+) -> lowbit::Result<(Vec<O>, CudaSlice<f16>, CudaSlice<f16>)> {
+    let mut rng = SplitMix64(7);
+    let w = random_quant(&mut rng, &QuantSpec::new(n, k, 4, 128));
+    let packed = repack(&w, DType::F16)?;
+    let copies = (MIN_ROTATION_BYTES / (n * k / 2)).clamp(1, 64);
+    let ops = (0..copies)
+        .map(|_| make(DeviceW4::upload(dev, &packed)?))
+        .collect::<lowbit::Result<Vec<O>>>()?;
+    let x: Vec<f16> = (0..m * k).map(|_| f16::from_f32(rng.signed_unit())).collect();
+    Ok((ops, dev.upload(&x)?, dev.alloc_zeros::<f16>(m * n)?))
 }
 
 /// Times `launch` over the rotated operators (a warm-up, then 20 rounds), then traces one launch of `ops[0]` after

@@ -629,6 +629,15 @@ __device__ __forceinline__ void trace_stamp(u64* trace, int slot) {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
     trace[blockIdx.x * TRACE_SLOTS + slot] = now;
 }
+// The CTA's last stamp: its exit, how many items it took and the SM it ran on.
+__device__ __forceinline__ void trace_exit(u64* trace, u32 items) {
+    trace_stamp(trace, TRACE_EXIT);
+    if (trace == nullptr || threadIdx.x != 0) return;
+    u32 sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    trace[blockIdx.x * TRACE_SLOTS + TRACE_ITEMS] = items;
+    trace[blockIdx.x * TRACE_SLOTS + TRACE_SM] = sm;
+}
 
 // atomicAdd with acquire-release semantics at GPU scope: publishes this thread's earlier writes (and those ordered
 // before them by a barrier) and acquires the writes published by earlier adds to the same counter. One instruction

@@ -575,13 +575,7 @@ struct Linear {
             if (++kt == s.KT) kt = 0, ++nt;
         }
         if constexpr (!TMA) cp_async_wait<0>();
-        trace_stamp(a.trace, TRACE_EXIT);
-        if (a.trace && tid == 0) {
-            u32 sm;
-            asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-            a.trace[blockIdx.x * TRACE_SLOTS + TRACE_ITEMS] = count;
-            a.trace[blockIdx.x * TRACE_SLOTS + TRACE_SM] = sm;
-        }
+        trace_exit(a.trace, count);
     }
 };
 

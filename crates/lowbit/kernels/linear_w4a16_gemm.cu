@@ -641,13 +641,7 @@ struct Gemm {
             }
             if (taken++ == 0) trace_stamp(a.trace, TRACE_ITEM_END);
         }
-        trace_stamp(a.trace, TRACE_EXIT);
-        if (a.trace && tid == 0) {
-            u32 sm;
-            asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-            a.trace[blockIdx.x * TRACE_SLOTS + TRACE_ITEMS] = taken;
-            a.trace[blockIdx.x * TRACE_SLOTS + TRACE_SM] = sm;
-        }
+        trace_exit(a.trace, taken);
     }
 };
 

@@ -1179,40 +1179,18 @@ impl LinearW4A16Cuda {
         // and m: x rows (K valid columns; the kernel zero-fills past K without reading), y rows (N columns), bias
         // (N), the workspace (partials of 2 * ctas slots), and the operator's own weight buffers and counters.
         if *cluster {
-            // Clusters: cudarc's launch builder has no attributes, hence cuLaunchKernelEx.
-            let mut cluster = gemm::cluster_attribute(self.splits);
-            let config = cudarc::driver::sys::CUlaunchConfig {
-                gridDimX: self.ctas as u32,
-                gridDimY: 1,
-                gridDimZ: 1,
-                blockDimX: variant.block_threads() as u32,
-                blockDimY: 1,
-                blockDimZ: 1,
-                sharedMemBytes: variant.smem_bytes() as u32,
-                hStream: stream.cu_stream(),
-                attrs: &mut cluster,
-                numAttrs: 1,
-            };
+            // SAFETY: `params` points at the two kernel parameters, in order.
             let mut params: [*mut std::ffi::c_void; 2] = [
                 &args as *const KernelArgs as *mut _,
                 &shape as *const KernelShape as *mut _,
             ];
-            // `params` points at the two kernel parameters, in order, alive across the call (the driver copies
-            // them at launch).
-            let rc = unsafe {
-                cudarc::driver::sys::cuLaunchKernelEx(
-                    &config,
-                    function.cu_function(),
-                    params.as_mut_ptr(),
-                    std::ptr::null_mut(),
-                )
-            };
-            if rc != cudarc::driver::sys::CUresult::CUDA_SUCCESS {
-                return Err(Error::Cuda {
+            let (grid, block, smem) = (self.ctas as u32, variant.block_threads() as u32, variant.smem_bytes());
+            let mut attributes = [gemm::cluster_attribute(self.splits)];
+            unsafe { gemm::launch_with_attributes(function, stream, grid, block, smem, &mut attributes, &mut params) }
+                .map_err(|rc| Error::Cuda {
                     context: format!("launching w4a16_linear (clusters of {})", self.splits),
                     message: format!("{rc:?}"),
-                });
-            }
+                })?;
             return Ok(());
         }
         let cfg = LaunchConfig {

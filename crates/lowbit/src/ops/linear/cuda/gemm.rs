@@ -610,18 +610,6 @@ impl LinearW4A16Gemm {
             attrs[used] = dependent_launch_attribute();
             used += 1;
         }
-        let config = sys::CUlaunchConfig {
-            gridDimX: grid,
-            gridDimY: 1,
-            gridDimZ: 1,
-            blockDimX: BLOCK,
-            blockDimY: 1,
-            blockDimZ: 1,
-            sharedMemBytes: kernel.variant.smem_bytes() as u32,
-            hStream: stream.cu_stream(),
-            attrs: attrs.as_mut_ptr(),
-            numAttrs: used as u32,
-        };
         let mut params: [*mut std::ffi::c_void; 3] = [
             &xmap as *const TensorMap as *mut _,
             &args as *const GemmArgs as *mut _,
@@ -629,22 +617,23 @@ impl LinearW4A16Gemm {
         ];
         // SAFETY: x is read through the tensor map (zeros outside its bounds); y, bias and (conv) offsets were
         // checked by the caller for this m; the weight buffers are the operator's own. `params` points at the three
-        // kernel parameters, in order, and `attrs` at `numAttrs` attributes, all alive across the call (the driver
-        // copies them at launch).
-        let rc = unsafe {
-            sys::cuLaunchKernelEx(
-                &config,
-                kernel.function.cu_function(),
-                params.as_mut_ptr(),
-                std::ptr::null_mut(),
+        // kernel parameters, in order.
+        let smem = kernel.variant.smem_bytes();
+        unsafe {
+            launch_with_attributes(
+                &kernel.function,
+                stream,
+                grid,
+                BLOCK,
+                smem,
+                &mut attrs[..used],
+                &mut params,
             )
-        };
-        if rc != sys::CUresult::CUDA_SUCCESS {
-            return Err(Error::Cuda {
-                context: format!("launching w4a16_gemm (splits {splits}, convolution {})", conv.taps > 0),
-                message: format!("{rc:?}"),
-            });
         }
+        .map_err(|rc| Error::Cuda {
+            context: format!("launching w4a16_gemm (splits {splits}, convolution {})", conv.taps > 0),
+            message: format!("{rc:?}"),
+        })?;
         Ok(())
     }
 }
@@ -680,6 +669,48 @@ pub(super) fn resident_cluster_count(function: &CudaFunction, block: u32, smem: 
         count.max(0) as usize
     } else {
         0
+    }
+}
+
+/// Launches `function` on a grid of `grid` CTAs along x with launch `attributes` (clusters, programmatic dependent
+/// launch), which cudarc's launch builder does not express, hence cuLaunchKernelEx. The driver copies `attributes`
+/// and the parameters at launch.
+///
+/// # Safety
+/// `params` must point at the kernel's parameters, in order, each valid for everything the kernel does with it.
+pub(super) unsafe fn launch_with_attributes(
+    function: &CudaFunction,
+    stream: &CudaStream,
+    grid: u32,
+    block: u32,
+    smem: usize,
+    attributes: &mut [sys::CUlaunchAttribute],
+    params: &mut [*mut std::ffi::c_void],
+) -> std::result::Result<(), sys::CUresult> {
+    let config = sys::CUlaunchConfig {
+        gridDimX: grid,
+        gridDimY: 1,
+        gridDimZ: 1,
+        blockDimX: block,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: smem as u32,
+        hStream: stream.cu_stream(),
+        attrs: attributes.as_mut_ptr(),
+        numAttrs: attributes.len() as u32,
+    };
+    // SAFETY: `config` and `attributes` are alive across the call; the caller vouches for `params`.
+    let rc = unsafe {
+        sys::cuLaunchKernelEx(
+            &config,
+            function.cu_function(),
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    };
+    match rc {
+        sys::CUresult::CUDA_SUCCESS => Ok(()),
+        rc => Err(rc),
     }
 }
 
