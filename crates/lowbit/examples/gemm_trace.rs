@@ -86,11 +86,11 @@ fn main() -> lowbit::Result<()> {
         let v = ops[0].variant(m);
         println!(
             "== M={m} K={k} N={n}: {:.1} us/launch ({copies} weights rotated), tile {}x{} tokens x cols, \
-             splits {}, stages {}, lookahead {}",
+             split {:?}, stages {}, lookahead {}",
             us,
             v.bm(),
             v.n_cta(),
-            ops[0].splits(m),
+            ops[0].split_plan(m),
             v.stages,
             v.lookahead
         );

@@ -339,6 +339,13 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
 // Barrier among the first `threads` threads of the CTA only (the consumer warps; the producer warp never joins).
 __device__ __forceinline__ void consumer_sync(int threads) { named_barrier_sync(1, threads); }
 
+// threadIdx.x read where it is used: an epilogue's addresses derived from it cannot be hoisted above the main loop
+// and held (or spilled) in registers across it.
+__device__ __forceinline__ int thread_index() {
+    int tid;
+    asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(tid));
+    return tid;
+}
 __device__ __forceinline__ int lane_id() {
     int lane;
     asm volatile("mov.u32 %0, %%laneid;\n" : "=r"(lane));
@@ -373,6 +380,9 @@ __device__ __forceinline__ u32 lds32(u32 addr) {
     u32 v;
     asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr));
     return v;
+}
+__device__ __forceinline__ void sts32(u32 addr, u32 v) {
+    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
 __device__ __forceinline__ u32 lds16(u32 addr) {
     unsigned short v;

@@ -30,8 +30,11 @@
 //   products and sums are fp32 inside wgmma; bias and the activation are applied in fp32; y is rounded once.
 //
 // * SPLIT-K. When tiles are too few to fill the GPU (M = 256 on a 4096-wide layer: 32 tiles for 132 SMs), each
-//   tile is `splits` CTAs over disjoint k ranges, launched as one thread-block cluster, and they reduce their fp32
+//   tile is `splits` CTAs over disjoint k ranges, launched as thread-block clusters, and they reduce their fp32
 //   partials through distributed shared memory, always summing in split order (deterministic; epilogue_split).
+//   A GPC holds whole clusters: on an H200 only 30 clusters of 4 one-CTA-per-SM CTAs are resident, so 32 tiles
+//   could not split 4 ways in one cluster each. They split as `groups` clusters per tile instead (4 = 2 x 2):
+//   each cluster reduces in shared memory, then the clusters add their sums through global memory.
 //
 // * PERSISTENT. The grid is at most one CTA per SM; CTA c takes work items (tile x split) c, c + grid, ... and the
 //   producer runs ahead across items, so the next tile's stages fill while the consumers run an epilogue: K = 4096
@@ -75,8 +78,10 @@ struct Shape {
     int group;        // k per scale group in the repacked k space, a multiple of 16
     int GP;           // scale/zero rows per column tile
     int group_shift;  // log2(group) when a power of two, else -1
-    int splits;       // CTAs per output tile (split-K), at most 8
-    int split_pairs;  // split-K epilogue: row pairs per split, ceil(BM / 2 / splits)
+    int splits;       // CTAs per output tile (split-K), at most 8: `groups` clusters of `cluster` CTAs
+    int cluster;      // CTAs per thread-block cluster (split-K; 1 without)
+    int groups;       // clusters per tile: 1, or more when clusters of `splits` do not all fit (SPLIT-K)
+    int split_pairs;  // split-K epilogue: row pairs per CTA of a cluster, ceil(BM / 2 / cluster)
     int split_pairs_recip;  // ceil(2^16 / split_pairs): pair / split_pairs = (pair * recip) >> 16 (exact, pair < 128)
     int activation;   // Activation code (common.cuh)
     int y_vector;     // y rows are 16-byte aligned: 16-byte stores
@@ -107,7 +112,11 @@ struct Args {
     const u16* bias;       // [N] bits of T, or null
     u16* y;                // [M][y_stride] bits of T
     u64* trace;            // diagnostics, normally null: TRACE_SLOTS timestamps per CTA (see Trace)
+    float* partials;       // split-K with groups > 1: [tiles][cluster][groups][2 split_pairs][N_CTA] fp32
+    u32* counters;         // split-K with groups > 1: [tiles][MAX_CLUSTER] arrivals, zero between launches
 };
+
+constexpr int MAX_CLUSTER = 8;  // counters per tile
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 
@@ -366,15 +375,16 @@ struct Gemm {
         }
     }
 
-    // Split-K epilogue. The splits of a tile are one thread-block cluster (CTA rank = split); CTA r finishes the
-    // tile's row pairs [r P, (r + 1) P), P = ceil(BM / 2 / splits) (the last CTA fewer; a pair's owner is one
-    // multiply by the host's reciprocal, no division). Once every CTA of the cluster is past its main loop
-    // (first barrier: nobody reads its stages any more), each PUSHES its fp32 partial of those rows into CTA r's
-    // shared memory, slab `split` of r's array, with st.shared::cluster. After the second barrier every CTA sums its
-    // rows' slabs from its own shared memory in split order (deterministic) and stores them. Pulling the partials
+    // Split-K epilogue. The splits of a tile are `groups` thread-block clusters (split = group * cluster + rank);
+    // CTA r of a cluster finishes the tile's row pairs [r P, (r + 1) P), P = ceil(BM / 2 / cluster) (the last
+    // CTA fewer; a pair's owner is one multiply by the host's reciprocal, no division). Once every CTA of the
+    // cluster is past its main loop (first barrier: nobody reads its stages any more), each PUSHES its fp32
+    // partial of those rows into CTA r's shared memory, slab `rank` of r's array, with st.shared::cluster. After
+    // the second barrier every CTA sums its rows' slabs from its own shared memory in rank order (deterministic)
+    // and stores them, or, with several groups, hands the sums to the global step below. Pulling the partials
     // with DSMEM loads instead cost a ~1 us round trip per reduction pass (7.2 us per item at the batch-1
-    // convolution, two splits); a remote store needs no reply. Global partials took ~10 us per tile: a GPU-scope
-    // fence behind 64-128 KB of stores, an arrival counter, then L2 round trips.
+    // convolution, two splits); a remote store needs no reply. Global partials reduced by one CTA took ~10 us per
+    // tile: a GPU-scope fence behind 64-128 KB of stores, an arrival counter, then L2 round trips.
     // Slab layout: row PAIRS. A lane holds, per 8-token slice and 16-column tile, rows 2 t4 and 2 t4 + 1 of
     // columns c and c + 8: these four values are stored contiguously, (c, r0) (c + 8, r0) (c, r1) (c + 8, r1), so
     // each leaves as ONE 16-byte remote store (scalar remote stores made eight splits slower than the pull), and a
@@ -385,15 +395,40 @@ struct Gemm {
     static constexpr int QUAD_BLOCK_FLOATS = 36;                             // one 16-column block of a row pair
     static constexpr int PAIR_FLOATS = N_CTA / 16 * QUAD_BLOCK_FLOATS + 4;   // one row pair of a slab
 
+    // Row r of the pair at `at` (a slab's pair, block b) summed over the cluster's slabs in rank order.
+    __device__ static __forceinline__ void sum_slabs(u32 at, u32 slab_bytes, int cluster, float2 (&sum)[8]) {
+#pragma unroll
+        for (int q = 0; q < 8; ++q) sum[q] = lds64f(at + q * 16);
+        for (int sp = 1; sp < cluster; ++sp) {
+            at += slab_bytes;
+#pragma unroll
+            for (int q = 0; q < 8; ++q) {
+                const float2 p = lds64f(at + q * 16);
+                sum[q].x += p.x, sum[q].y += p.y;
+            }
+        }
+    }
+
     template <int ACT>
-    __device__ static __forceinline__ void epilogue_split(const Args& a, const Shape& s, u32 base, int nt, int mt,
-                                                          int wg, int split, int ctid, const float (&acc)[2][ACC]) {
-        const int share = s.split_pairs;  // row pairs per split
+    __device__ static __forceinline__ void store_sum(const Args& a, const Shape& s, int m, int n, const float2 (&sum)[8]) {
+        float lo[8], hi[8];
+#pragma unroll
+        for (int q = 0; q < 8; ++q) lo[q] = sum[q].x, hi[q] = sum[q].y;
+        store_chunk<ACT>(a, s, m, n, lo);
+        if (n + 8 < s.N) store_chunk<ACT>(a, s, m, n + 8, hi);
+    }
+
+    template <int ACT>
+    __device__ static __forceinline__ void epilogue_split(const Args& a, const Shape& s, u32 base, const Work& w,
+                                                          int wg, const float (&acc)[2][ACC]) {
+        const int ctid = thread_index();  // (see thread_index)
+        const int rank = w.split % s.cluster, group = w.split / s.cluster;
+        const int share = s.split_pairs;  // row pairs per CTA of the cluster
         const u32 slab_bytes = share * (PAIR_FLOATS * 4);
         const int lane = ctid & 31, g = lane >> 2, t4 = lane & 3;
         const int dw = (WG_N == 2 ? wg * 4 : 0) + ((ctid >> 5) & 3);
         const int wm = WG_N == 2 ? 0 : wg;
-        const u32 slab = base + split * slab_bytes + g * 16;  // this CTA's slab in every owner, at this lane's quad
+        const u32 slab = base + rank * slab_bytes + g * 16;  // this CTA's slab in every owner, at this lane's quad
         cluster_sync();
 #pragma unroll
         for (int j = 0; j < WG_TOKENS / 8; ++j) {
@@ -411,34 +446,82 @@ struct Gemm {
         trace_stamp(a.trace, TRACE_PARTIALS_SEEN);
 
         constexpr int BLOCKS = N_CTA / 16;
-        const int pairs = min(share, BM / 2 - split * share);  // this CTA's row pairs
-        for (int i = ctid; i < 2 * pairs * BLOCKS; i += CONSUMERS) {
-            // One row of one 16-column block per item, the two rows of a pair on neighbouring threads. Linear:
-            // then consecutive blocks of the pair (16-byte stores along y's rows). Convolution: then consecutive
-            // pairs of the block, so each channel plane receives a warp's 32 consecutive positions per store.
+        const int pairs = min(share, BM / 2 - rank * share);  // this CTA's row pairs
+        // One row of one 16-column block per item, the two rows of a pair on neighbouring threads. Linear: then
+        // consecutive blocks of the pair (16-byte stores along y's rows). Convolution: then consecutive pairs of
+        // the block, so each channel plane receives a warp's 32 consecutive positions per store. Quad q of a block
+        // holds (row 0, col q), (row 0, col q + 8), (row 1, col q), (row 1, col q + 8): a row's two are one 8-byte
+        // load.
+        auto locate = [&](int i, int& m, int& n) -> u32 {
             const int r = i & 1, item = i >> 1;
             const int pair = CONV ? item % pairs : item / BLOCKS, b = CONV ? item / pairs : item % BLOCKS;
-            const int m = mt * BM + 2 * (split * share + pair) + r, n = nt * N_CTA + b * 16;
-            if (m >= s.M || n >= s.N) continue;
-            // Quad q of the block holds (row 0, col q), (row 0, col q + 8), (row 1, col q), (row 1, col q + 8):
-            // this row's two are one 8-byte load.
-            u32 at = base + (pair * PAIR_FLOATS + b * QUAD_BLOCK_FLOATS) * 4 + r * 8;
+            m = w.mt * BM + 2 * (rank * share + pair) + r, n = w.nt * N_CTA + b * 16;
+            return base + (pair * PAIR_FLOATS + b * QUAD_BLOCK_FLOATS) * 4 + r * 8;
+        };
+        if (s.groups == 1) {
+            for (int i = ctid; i < 2 * pairs * BLOCKS; i += CONSUMERS) {
+                int m, n;
+                const u32 at = locate(i, m, n);
+                if (m >= s.M || n >= s.N) continue;
+                float2 sum[8];
+                sum_slabs(at, slab_bytes, s.cluster, sum);
+                store_sum<ACT>(a, s, m, n, sum);
+            }
+            return;
+        }
+
+        // GROUPS: the tile's clusters meet in global memory. Each publishes its sums (this CTA: its rows) to a
+        // slot of its own; the last to arrive adds the slots in cluster order (its own from shared memory) and
+        // stores y. A fixed order whoever arrives last: repeated runs are bit-identical.
+        const int tile = w.mt * s.NT + w.nt;
+        const long long slot_floats = 2LL * share * N_CTA;  // 16 floats per item
+        float4* const slots = reinterpret_cast<float4*>(a.partials + (tile * s.cluster + rank) * s.groups * slot_floats);
+        for (int i = ctid; i < 2 * pairs * BLOCKS; i += CONSUMERS) {
+            int m, n;
+            const u32 at = locate(i, m, n);
             float2 sum[8];
+            sum_slabs(at, slab_bytes, s.cluster, sum);
+            float4* dst = slots + (group * slot_floats) / 4 + i * 4;
 #pragma unroll
-            for (int q = 0; q < 8; ++q) sum[q] = lds64f(at + q * 16);
-            for (int sp = 1; sp < s.splits; ++sp) {
-                at += slab_bytes;
+            for (int q = 0; q < 4; ++q)
+                __stcg(dst + q, make_float4(sum[2 * q].x, sum[2 * q].y, sum[2 * q + 1].x, sum[2 * q + 1].y));
+        }
+        // Every consumer's stores, then one GPU-scope acq_rel arrival (cumulative over the barrier, as in the
+        // decode kernel's fix-up); its result goes to the others through shared memory.
+        const u32 arrival = base + DATA_BYTES + STAGES * 16;
+        consumer_sync(CONSUMERS);
+        u32* counter = a.counters + tile * MAX_CLUSTER + rank;
+        if (ctid == 0) sts32(arrival, atomic_add_acq_rel_gpu(counter, 1u));
+        consumer_sync(CONSUMERS);
+        if (lds32(arrival) != (u32)(s.groups - 1)) return;
+        if (ctid == 0) *counter = 0;  // every cluster has arrived: ready for the next launch
+        for (int i = ctid; i < 2 * pairs * BLOCKS; i += CONSUMERS) {
+            int m, n;
+            const u32 at = locate(i, m, n);
+            if (m >= s.M || n >= s.N) continue;
+            float2 sum[8];
+            for (int gr = 0; gr < s.groups; ++gr) {
+                float2 part[8];
+                if (gr == group) {
+                    sum_slabs(at, slab_bytes, s.cluster, part);  // this cluster's sums, again
+                } else {
+                    const float4* src = slots + (gr * slot_floats) / 4 + i * 4;
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) {
+                        const float4 v = __ldcg(src + q);
+                        part[2 * q] = make_float2(v.x, v.y), part[2 * q + 1] = make_float2(v.z, v.w);
+                    }
+                }
 #pragma unroll
                 for (int q = 0; q < 8; ++q) {
-                    const float2 p = lds64f(at + q * 16);
-                    sum[q].x += p.x, sum[q].y += p.y;
+                    if (gr == 0) {
+                        sum[q] = part[q];
+                    } else {
+                        sum[q].x += part[q].x, sum[q].y += part[q].y;
+                    }
                 }
             }
-            float lo[8], hi[8];
-#pragma unroll
-            for (int q = 0; q < 8; ++q) lo[q] = sum[q].x, hi[q] = sum[q].y;
-            store_chunk<ACT>(a, s, m, n, lo);
-            if (n + 8 < s.N) store_chunk<ACT>(a, s, m, n + 8, hi);
+            store_sum<ACT>(a, s, m, n, sum);
         }
     }
 
@@ -591,7 +674,7 @@ struct Gemm {
     __device__ static __forceinline__ void finish_item(const Args& a, const Shape& s, u32 base, const Work& w, int wg,
                                                        int tid, const float (&acc)[2][ACC]) {
         if (s.splits > 1) {
-            epilogue_split<ACT>(a, s, base, w.nt, w.mt, wg, w.split, tid, acc);
+            epilogue_split<ACT>(a, s, base, w, wg, acc);
         } else if (CONV) {
             epilogue_conv<ACT>(a, s, base + STAGES * STAGE_BYTES, w.nt, w.mt, wg, tid, acc);
         } else {

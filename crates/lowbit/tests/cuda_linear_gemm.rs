@@ -161,6 +161,17 @@ fn run<T: Float + DeviceRepr>(
 
 /// One weight, several batch sizes, with the default split-K choice and with `splits` forced.
 fn check<T: Float + DeviceRepr>(dev: &Arc<CudaDevice>, c: Case, ms: &[usize], splits: &[Option<usize>]) {
+    check_with::<T>(dev, c, ms, splits, |_| {});
+}
+
+/// [`check`] with each operator adjusted by `setup` first.
+fn check_with<T: Float + DeviceRepr>(
+    dev: &Arc<CudaDevice>,
+    c: Case,
+    ms: &[usize],
+    splits: &[Option<usize>],
+    mut setup: impl FnMut(&mut LinearW4A16Gemm),
+) {
     let mut rng = Rng((c.n * 31 + c.k * 7 + c.group) as u64 ^ u64::from(c.exact));
     let w = quant(&mut rng, &c);
     let max_m = *ms.iter().max().unwrap();
@@ -172,9 +183,10 @@ fn check<T: Float + DeviceRepr>(dev: &Arc<CudaDevice>, c: Case, ms: &[usize], sp
     });
     let weight = DeviceW4::upload(dev, &repack(&w, c.act).unwrap()).unwrap();
     for &forced in splits {
-        let op = LinearW4A16Gemm::with_weight(dev, weight.clone(), max_m, forced).unwrap();
+        let mut op = LinearW4A16Gemm::with_weight(dev, weight.clone(), max_m, forced).unwrap();
+        setup(&mut op);
         for &m in ms {
-            let label = format!("{c:?} M={m} splits={} ({:?})", op.splits(m), op.variant(m));
+            let label = format!("{c:?} M={m} split {:?} ({:?})", op.split_plan(m), op.variant(m));
             let mut want = reference::linear(&x[..m * c.k], m, &w, bias.as_deref());
             want.iter_mut().for_each(|v| *v = c.activation.apply_f64(*v));
             let got = run::<T>(dev, &op, &c, &x, m, bias.as_deref());
@@ -281,6 +293,36 @@ fn exact_integers_bit_equal_with_and_without_split_k() {
         &[100, 200],
         &[Some(3), Some(5), Some(7), Some(8)],
     );
+}
+
+#[test]
+fn split_tiles_in_several_cluster_groups() {
+    let Some(dev) = hopper() else { return };
+    // Clusters capped at 2 or 3 CTAs: a tile split 4, 6 or 8 ways is 2-4 clusters that add their shared-memory
+    // sums through global memory (what 32 tiles split 4 ways need on an H200). Exact integers: bit-equal to the
+    // reference whatever the order; random data: within tolerance and repeatable.
+    let c = Case {
+        k: 4096,
+        exact: true,
+        bias: true,
+        ..BASE
+    };
+    for (splits, cluster) in [(4, 2), (6, 3), (8, 2)] {
+        let mut seen = Vec::new();
+        check_with::<f16>(&dev, c, &[1, 100, 200], &[Some(splits)], |op| {
+            op.set_max_cluster(cluster);
+            seen.extend([1, 100, 200].map(|m| op.split_plan(m)));
+        });
+        assert!(seen.iter().all(|p| p.splits == splits && p.cluster == cluster), "{seen:?}");
+    }
+    let c = Case {
+        k: 2048,
+        bias: true,
+        activation: Activation::Silu,
+        ..BASE
+    };
+    check_with::<f16>(&dev, c, &[64, 256], &[Some(4)], |op| op.set_max_cluster(2));
+    check_with::<bf16>(&dev, Case { act: DType::Bf16, ..c }, &[130], &[Some(8)], |op| op.set_max_cluster(2));
 }
 
 #[test]

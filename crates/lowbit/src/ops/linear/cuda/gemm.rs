@@ -48,6 +48,34 @@ const MAX_SPLITS: usize = 8;
 const EPILOGUE_STAGING: [usize; 2] = [8 * 1024, 8 * 4 * 528];
 /// Fewest k tiles (of 128) a split keeps: shorter ones spend more on the fp32 partials than they save.
 const MIN_KT_PER_SPLIT: usize = 4;
+/// `MAX_CLUSTER` of the kernel: split-K arrival counters per tile.
+const MAX_CLUSTER: usize = 8;
+
+/// How a tile's k range is split: `groups` thread-block clusters of `cluster` CTAs each. The clusters of a tile
+/// reduce in shared memory, then (groups > 1) add their sums through global memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SplitPlan {
+    /// CTAs per tile: `cluster · groups`.
+    pub splits: usize,
+    pub cluster: usize,
+    pub groups: usize,
+}
+
+impl SplitPlan {
+    const NONE: SplitPlan = SplitPlan {
+        splits: 1,
+        cluster: 1,
+        groups: 1,
+    };
+}
+
+/// Relative cost of one k tile (128 k) of a tile with 64 tokens per warpgroup against one with 128: measured on
+/// the H200 (examples/gemm_trace, M = 256, K = 4096 and 14336): 0.93-0.96 us against 1.27-1.37 us per k tile.
+const SMALL_TILE_KT_COST: f64 = 0.72;
+/// The split-K epilogue of a 128-token tile in k tiles of main loop (~2-6 us on the H200: the push through
+/// distributed shared memory runs at ~30 GB/s per SM), and what the global step of several groups adds.
+const SPLIT_EPILOGUE_KT: f64 = 2.0;
+const GROUPS_EPILOGUE_KT: f64 = 1.5;
 /// Deepest pipeline (lowered to what fits in shared memory).
 const MAX_STAGES: usize = 6;
 
@@ -120,12 +148,12 @@ impl GemmVariant {
         }
     }
 
-    /// Dynamic shared memory (`Gemm::DATA_BYTES` + barriers + 1 KB of alignment slack).
+    /// Dynamic shared memory (`Gemm::DATA_BYTES` + barriers + the split-K arrival word + 1 KB of alignment slack).
     pub fn smem_bytes(&self) -> usize {
         // Gemm::Y_BYTES: the split-K slabs, BM / 2 + 8 row pairs of N_CTA / 16 blocks of 36 floats and 4 of padding.
         let split_k_tile = (self.bm() / 2 + 8) * (self.n_cta() / 16 * 36 + 4) * 4;
         let staging = EPILOGUE_STAGING[usize::from(self.conv)];
-        1024 + (self.stages * self.stage_bytes() + staging).max(split_k_tile) + self.stages * 16
+        1024 + (self.stages * self.stage_bytes() + staging).max(split_k_tile) + self.stages * 16 + 16
     }
 
     fn name(&self) -> String {
@@ -174,9 +202,11 @@ struct GemmArgs {
     bias: u64,
     y: u64,
     trace: u64,
+    partials: u64,
+    counters: u64,
 }
 
-/// `lowbit::w4a16_gemm::Shape`, in field order (12 ints, an int64, the convolution fields).
+/// `lowbit::w4a16_gemm::Shape`, in field order (14 ints, an int64, the convolution fields).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 struct GemmShape {
@@ -190,6 +220,8 @@ struct GemmShape {
     gp: i32,
     group_shift: i32,
     splits: i32,
+    cluster: i32,
+    groups: i32,
     split_pairs: i32,
     split_pairs_recip: i32,
     activation: i32,
@@ -246,8 +278,9 @@ pub(crate) struct ConvLaunch {
 unsafe impl DeviceRepr for GemmArgs {}
 unsafe impl DeviceRepr for GemmShape {}
 
-/// The W4A16 prefill GEMM prepared on one Hopper GPU. It keeps no per-call state on the device (split-K reduces
-/// within a thread-block cluster), so calls may run on several streams at once, each with its own workspace.
+/// The W4A16 prefill GEMM prepared on one Hopper GPU. `run` calls on one operator must be ordered (one stream at a
+/// time, as with a cuBLAS workspace): a tile split among several cluster groups counts their arrivals in
+/// counters the operator owns.
 pub struct LinearW4A16Gemm {
     weight: Arc<DeviceW4>,
     /// The kernels for small (64 tokens per warpgroup) and large (128) batches.
@@ -261,8 +294,13 @@ pub struct LinearW4A16Gemm {
     forced_splits: Option<usize>,
     /// Forced tokens per warpgroup (benchmarking); `None`: chosen by batch size.
     forced_tokens: Option<usize>,
+    /// Largest cluster a split tile may use (testing the cluster groups on small shapes); normally 8.
+    max_cluster: usize,
     /// Diagnostics: device address of a per-CTA timeline buffer, or 0 ([`LinearW4A16Gemm::set_trace`]).
     trace: u64,
+    /// Split-K arrival counters of tiles split into several cluster groups, `[sms][MAX_CLUSTER]`, zero between
+    /// launches (the last arrival resets its counter).
+    counters: cudarc::driver::CudaSlice<u32>,
 }
 
 impl std::fmt::Debug for LinearW4A16Gemm {
@@ -338,6 +376,10 @@ impl LinearW4A16Gemm {
         let kernels = [load(64)?, load(128)?];
         let stage_x = device.function(kernels[0].variant.source(), "w4a16_gemm_stage_x")?;
         let sms = device.info().sm_count as usize;
+        let counters = device
+            .stream()
+            .alloc_zeros::<u32>(sms * MAX_CLUSTER)
+            .map_err(|e| crate::cuda::cuda_error("split-K counters", e))?;
         Ok(Self {
             weight,
             kernels,
@@ -347,7 +389,9 @@ impl LinearW4A16Gemm {
             sms,
             forced_splits: splits,
             forced_tokens: None,
+            max_cluster: MAX_SPLITS,
             trace: 0,
+            counters,
         })
     }
 
@@ -356,15 +400,91 @@ impl LinearW4A16Gemm {
         self.kernel(m).variant
     }
 
-    /// The 64-token kernel for small batches, and for batches whose 128-token tiles would not cover half the SMs
-    /// (more, smaller tiles then beat split-K); the 128-token kernel otherwise.
+    /// The 64-token kernel for batches of up to [`SMALL_BATCH`] rows; above, the kernel whose launch
+    /// [`LinearW4A16Gemm::estimated_cost`] finds cheaper. A convolution keeps the rule it was tuned with: 64 tokens
+    /// when the 128-token tiles would not cover half the SMs.
     fn kernel(&self, m: usize) -> &GemmKernel {
-        let large_tiles = self.weight.plan.n_tiles() * m.div_ceil(self.kernels[1].variant.bm());
         let small = match self.forced_tokens {
             Some(tokens) => tokens == 64,
-            None => m <= self.small_batch || 2 * large_tiles < self.sms,
+            None if m <= self.small_batch => true,
+            None if self.kernels[0].variant.conv => 2 * self.tiles(&self.kernels[1], m) < self.sms,
+            None => {
+                let cost = |k: &GemmKernel| self.estimated_cost(k, m, self.split_plan_for(k, m));
+                cost(&self.kernels[0]) <= cost(&self.kernels[1])
+            }
         };
         &self.kernels[usize::from(!small)]
+    }
+
+    fn tiles(&self, kernel: &GemmKernel, m: usize) -> usize {
+        self.weight.plan.n_tiles() * m.div_ceil(kernel.variant.bm())
+    }
+
+    /// A launch's main loop and split-K epilogue in k tiles of a 128-token tile: waves of CTAs x the k tiles of
+    /// a split x the cost of one, plus the epilogue of a split tile. Only its order matters: it chooses.
+    fn estimated_cost(&self, kernel: &GemmKernel, m: usize, plan: SplitPlan) -> f64 {
+        let tokens = kernel.variant.wg_tokens as f64 / 128.0;
+        let kt_cost = if kernel.variant.wg_tokens == 64 { SMALL_TILE_KT_COST } else { 1.0 };
+        let waves = (self.tiles(kernel, m) * plan.splits).div_ceil(self.sms);
+        let kt = self.weight.plan.k_tiles().div_ceil(plan.splits);
+        let mut cost = (waves * kt) as f64 * kt_cost;
+        if plan.splits > 1 {
+            cost += SPLIT_EPILOGUE_KT * tokens;
+        }
+        if plan.groups > 1 {
+            cost += GROUPS_EPILOGUE_KT * tokens;
+        }
+        cost
+    }
+
+    /// How `kernel` splits the tiles of a batch of `m` rows. Linear: the cheapest plan
+    /// ([`LinearW4A16Gemm::estimated_cost`]) among no split and every split count up to 8 (each split keeping at
+    /// least 4 k tiles) whose clusters are all resident at once, one cluster per tile or, failing that, several
+    /// smaller ones. Convolution (no workspace): the most splits whose one cluster per tile all fit, the rule its
+    /// figures were measured with. A forced count is capped the same way.
+    fn split_plan_for(&self, kernel: &GemmKernel, m: usize) -> SplitPlan {
+        let tiles = self.tiles(kernel, m);
+        let most = (self.weight.plan.k_tiles() / MIN_KT_PER_SPLIT).clamp(1, MAX_SPLITS);
+        let wanted = self.forced_splits.unwrap_or(MAX_SPLITS).clamp(1, most);
+        // The largest cluster dividing `splits` whose groups all fit, if any.
+        let fitting = |splits: usize, groups_allowed: bool| {
+            (2..=splits)
+                .rev()
+                .filter(|&cluster| splits % cluster == 0 && (groups_allowed || cluster == splits))
+                .filter(|&cluster| cluster <= self.max_cluster)
+                .find(|&cluster| tiles * (splits / cluster) <= kernel.resident_clusters[cluster])
+                .map(|cluster| SplitPlan {
+                    splits,
+                    cluster,
+                    groups: splits / cluster,
+                })
+        };
+        if kernel.variant.conv {
+            return (2..=wanted).rev().find_map(|s| fitting(s, false)).unwrap_or(SplitPlan::NONE);
+        }
+        if self.forced_splits.is_some() {
+            return (2..=wanted).rev().find_map(|s| fitting(s, true)).unwrap_or(SplitPlan::NONE);
+        }
+        let candidates = (2..=wanted).filter_map(|s| fitting(s, true));
+        // Fewer splits first, so a tie keeps the cheaper epilogue.
+        std::iter::once(SplitPlan::NONE)
+            .chain(candidates)
+            .fold((SplitPlan::NONE, f64::INFINITY), |best, plan| {
+                let cost = self.estimated_cost(kernel, m, plan);
+                if cost < best.1 {
+                    (plan, cost)
+                } else {
+                    best
+                }
+            })
+            .0
+    }
+
+    /// Caps the CTAs per cluster of a split tile at `ctas` (at least 2), so that small shapes split into several
+    /// cluster groups (testing).
+    #[doc(hidden)]
+    pub fn set_max_cluster(&mut self, ctas: usize) {
+        self.max_cluster = ctas.max(2);
     }
 
     /// Sends batches of up to `rows` rows (instead of [`SMALL_BATCH`]) to the 64-token kernel (benchmarking).
@@ -408,27 +528,35 @@ impl LinearW4A16Gemm {
         &self.weight
     }
 
-    /// CTAs per output tile for a batch of `m` rows: 1 when the tiles fill the GPU, otherwise the most whose
-    /// clusters (one per tile) are all resident at once (at most 8, each keeping at least 4 k tiles; a forced
-    /// count is capped the same way).
+    /// CTAs per output tile for a batch of `m` rows (split-K; 1: none).
     pub fn splits(&self, m: usize) -> usize {
-        let kernel = self.kernel(m);
-        let tiles = self.weight.plan.n_tiles() * m.div_ceil(kernel.variant.bm());
-        let most = (self.weight.plan.k_tiles() / MIN_KT_PER_SPLIT).clamp(1, MAX_SPLITS);
-        let wanted = self.forced_splits.unwrap_or(MAX_SPLITS).clamp(1, most);
-        (2..=wanted)
-            .rev()
-            .find(|&c| tiles <= kernel.resident_clusters[c])
-            .unwrap_or(1)
+        self.split_plan(m).splits
+    }
+
+    /// How a batch of `m` rows splits its tiles (see the kernel's SPLIT-K).
+    pub fn split_plan(&self, m: usize) -> SplitPlan {
+        self.split_plan_for(self.kernel(m), m)
     }
 
     fn staged_x_bytes(&self) -> usize {
         (self.max_m * self.weight.plan.k_pad * 2).next_multiple_of(256)
     }
 
-    /// Device scratch `run` needs: x staged for TMA (act-order or unaligned x).
+    /// Bytes of the fp32 sums that the cluster groups of split tiles exchange, at most: the tiles x groups of a
+    /// launch are at most SMs / 2 clusters (of 2 CTAs or more), each publishing ceil(BM / 2 / cluster) row pairs
+    /// per CTA.
+    fn partials_bytes(&self) -> usize {
+        if self.kernels[0].variant.conv {
+            return 0;
+        }
+        let k = &self.kernels[1].variant;
+        self.sms * (k.bm() / 2 + 2) * k.n_cta() * 4
+    }
+
+    /// Device scratch `run` needs: x staged for TMA (act-order or unaligned x), then the split-K partials of
+    /// tiles split into several cluster groups.
     pub fn workspace_bytes(&self) -> usize {
-        self.staged_x_bytes()
+        self.staged_x_bytes() + self.partials_bytes()
     }
 
     /// `y[m, N] = x[m, K] · W^T (+ bias)` with contiguous rows and no activation.
@@ -487,6 +615,8 @@ impl LinearW4A16Gemm {
             zeros,
             bias: bias_ptr,
             y: y_ptr,
+            partials: ws + self.staged_x_bytes() as u64,
+            counters: self.counters.device_ptr(stream).0,
             ..GemmArgs::default()
         };
         let y_layout = (i32::from(y_ptr % 16 == 0 && y_stride % 8 == 0), y_stride as i64);
@@ -561,9 +691,10 @@ impl LinearW4A16Gemm {
         // Boxes of 64 columns: one 128-byte swizzled row of 16-bit values.
         let xmap = tensor_map_2d("x", element, x, (m, x_cols, x_stride), (bm, 64), true)?;
         let m_tiles = m.div_ceil(bm);
-        let splits = self.splits(m);
-        // The split-K epilogue's share of the tile per split, in row pairs (see `epilogue_split`).
-        let split_pairs = (self.kernel(m).variant.bm() / 2).div_ceil(splits);
+        let split = self.split_plan(m);
+        let splits = split.splits;
+        // The split-K epilogue's share of the tile per CTA of a cluster, in row pairs (see `epilogue_split`).
+        let split_pairs = (bm / 2).div_ceil(split.cluster);
         let items = p.n_tiles() * m_tiles * splits;
         if m > i32::MAX as usize || items > i32::MAX as usize {
             return Err(Error::invalid(
@@ -588,6 +719,8 @@ impl LinearW4A16Gemm {
                 -1
             },
             splits: splits as i32,
+            cluster: split.cluster as i32,
+            groups: split.groups as i32,
             split_pairs: split_pairs as i32,
             split_pairs_recip: 65536_usize.div_ceil(split_pairs) as i32,
             activation: activation.code(),
@@ -596,14 +729,14 @@ impl LinearW4A16Gemm {
             conv,
         };
         let grid = items.min(self.sms) as u32;
-        // Split-K runs one cluster of `splits` CTAs per tile (grid = items, a multiple of splits); a convolution is
+        // Split-K runs clusters of `cluster` CTAs (grid = items, a multiple of splits); a convolution is
         // the programmatic dependent of its pack kernel (the producer waits for the image before reading it).
         // cudarc's launch builder expresses neither, hence cuLaunchKernelEx.
         // A fixed array, not a Vec: a launch allocates nothing. Slots past `used` are never read.
         let mut attrs = [dependent_launch_attribute(); 2];
         let mut used = 0;
         if splits > 1 {
-            attrs[used] = cluster_attribute(splits);
+            attrs[used] = cluster_attribute(split.cluster);
             used += 1;
         }
         if conv.taps > 0 {
