@@ -472,19 +472,22 @@ struct Gemm {
 
         // GROUPS: the tile's clusters meet in global memory. Each publishes its sums (this CTA: its rows) to a
         // slot of its own; the last to arrive adds the slots in cluster order (its own from shared memory) and
-        // stores y. A fixed order whoever arrives last: repeated runs are bit-identical.
+        // stores y. A fixed order whoever arrives last: repeated runs are bit-identical. Slot layout: float4 q of
+        // item i at q * items + i, so that a warp's store or load covers 512 contiguous bytes.
+        const int items = 2 * pairs * BLOCKS;  // at most BM * N_CTA / 32 / 2 = 4 per thread (cluster >= 2)
         const int tile = w.mt * s.NT + w.nt;
-        const long long slot_floats = 2LL * share * N_CTA;  // 16 floats per item
+        const long long slot_floats = 2LL * share * N_CTA;  // 16 floats per item of the largest share
         float4* const slots = reinterpret_cast<float4*>(a.partials + (tile * s.cluster + rank) * s.groups * slot_floats);
-        for (int i = ctid; i < 2 * pairs * BLOCKS; i += CONSUMERS) {
+        const int stride = (int)(slot_floats / 16);
+        for (int i = ctid; i < items; i += CONSUMERS) {
             int m, n;
             const u32 at = locate(i, m, n);
             float2 sum[8];
             sum_slabs(at, slab_bytes, s.cluster, sum);
-            float4* dst = slots + (group * slot_floats) / 4 + i * 4;
+            float4* dst = slots + group * (slot_floats / 4) + i;
 #pragma unroll
             for (int q = 0; q < 4; ++q)
-                __stcg(dst + q, make_float4(sum[2 * q].x, sum[2 * q].y, sum[2 * q + 1].x, sum[2 * q + 1].y));
+                __stcg(dst + q * stride, make_float4(sum[2 * q].x, sum[2 * q].y, sum[2 * q + 1].x, sum[2 * q + 1].y));
         }
         // Every consumer's stores, then one GPU-scope acq_rel arrival (cumulative over the barrier, as in the
         // decode kernel's fix-up); its result goes to the others through shared memory.
@@ -495,7 +498,7 @@ struct Gemm {
         consumer_sync(CONSUMERS);
         if (lds32(arrival) != (u32)(s.groups - 1)) return;
         if (ctid == 0) *counter = 0;  // every cluster has arrived: ready for the next launch
-        for (int i = ctid; i < 2 * pairs * BLOCKS; i += CONSUMERS) {
+        for (int i = ctid; i < items; i += CONSUMERS) {
             int m, n;
             const u32 at = locate(i, m, n);
             if (m >= s.M || n >= s.N) continue;
@@ -505,10 +508,9 @@ struct Gemm {
                 if (gr == group) {
                     sum_slabs(at, slab_bytes, s.cluster, part);  // this cluster's sums, again
                 } else {
-                    const float4* src = slots + (gr * slot_floats) / 4 + i * 4;
 #pragma unroll
                     for (int q = 0; q < 4; ++q) {
-                        const float4 v = __ldcg(src + q);
+                        const float4 v = __ldcg(slots + gr * (slot_floats / 4) + q * stride + i);
                         part[2 * q] = make_float2(v.x, v.y), part[2 * q + 1] = make_float2(v.z, v.w);
                     }
                 }
@@ -571,7 +573,8 @@ struct Gemm {
     // of 8 planes.
     template <int ACT>
     __device__ static __forceinline__ void epilogue_conv(const Args& a, const Shape& s, u32 staging, int nt, int mt,
-                                                         int wg, int ctid, const float (&acc)[2][ACC]) {
+                                                         int wg, const float (&acc)[2][ACC]) {
+        const int ctid = thread_index();  // (see thread_index)
         const int lane = ctid & 31, warp = ctid >> 5, g = lane >> 2;
         const int wm = WG_N == 2 ? 0 : wg;
         const int n_warp = warp_columns(nt, wg, warp);
@@ -631,7 +634,8 @@ struct Gemm {
     // 4-byte pieces over 8 rows and ~5 us per tile (the CTA timeline of examples/gemm_trace).
     template <int ACT>
     __device__ static __forceinline__ void epilogue_staged(const Args& a, const Shape& s, u32 staging, int nt, int mt,
-                                                           int wg, int ctid, const float (&acc)[2][ACC]) {
+                                                           int wg, const float (&acc)[2][ACC]) {
+        const int ctid = thread_index();  // (see thread_index)
         const int lane = ctid & 31, warp = ctid >> 5, g = lane >> 2;
         const int wm = WG_N == 2 ? 0 : wg;
         const int n_warp = warp_columns(nt, wg, warp);
@@ -672,13 +676,13 @@ struct Gemm {
     // The epilogue of one work item.
     template <int ACT>
     __device__ static __forceinline__ void finish_item(const Args& a, const Shape& s, u32 base, const Work& w, int wg,
-                                                       int tid, const float (&acc)[2][ACC]) {
+                                                       const float (&acc)[2][ACC]) {
         if (s.splits > 1) {
             epilogue_split<ACT>(a, s, base, w, wg, acc);
         } else if (CONV) {
-            epilogue_conv<ACT>(a, s, base + STAGES * STAGE_BYTES, w.nt, w.mt, wg, tid, acc);
+            epilogue_conv<ACT>(a, s, base + STAGES * STAGE_BYTES, w.nt, w.mt, wg, acc);
         } else {
-            epilogue_staged<ACT>(a, s, base + STAGES * STAGE_BYTES, w.nt, w.mt, wg, tid, acc);
+            epilogue_staged<ACT>(a, s, base + STAGES * STAGE_BYTES, w.nt, w.mt, wg, acc);
         }
     }
 
@@ -716,11 +720,11 @@ struct Gemm {
             // One compile-time activation per launch keeps the unrolled epilogue small (see activate). A
             // convolution clamps at most (none/relu/relu6): its variants leave GELU and SiLU out.
             switch (s.activation) {
-                case ACT_RELU: finish_item<ACT_RELU>(a, s, base, w, wg, tid, acc); break;
-                case ACT_RELU6: finish_item<ACT_RELU6>(a, s, base, w, wg, tid, acc); break;
-                case ACT_GELU: if (!CONV) finish_item<ACT_GELU>(a, s, base, w, wg, tid, acc); break;
-                case ACT_SILU: if (!CONV) finish_item<ACT_SILU>(a, s, base, w, wg, tid, acc); break;
-                default: finish_item<ACT_NONE>(a, s, base, w, wg, tid, acc); break;
+                case ACT_RELU: finish_item<ACT_RELU>(a, s, base, w, wg, acc); break;
+                case ACT_RELU6: finish_item<ACT_RELU6>(a, s, base, w, wg, acc); break;
+                case ACT_GELU: if (!CONV) finish_item<ACT_GELU>(a, s, base, w, wg, acc); break;
+                case ACT_SILU: if (!CONV) finish_item<ACT_SILU>(a, s, base, w, wg, acc); break;
+                default: finish_item<ACT_NONE>(a, s, base, w, wg, acc); break;
             }
             if (taken++ == 0) trace_stamp(a.trace, TRACE_ITEM_END);
         }
