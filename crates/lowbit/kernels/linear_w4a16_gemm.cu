@@ -471,23 +471,27 @@ struct Gemm {
         }
 
         // GROUPS: the tile's clusters meet in global memory. Each publishes its sums (this CTA: its rows) to a
-        // slot of its own; the last to arrive adds the slots in cluster order (its own from shared memory) and
-        // stores y. A fixed order whoever arrives last: repeated runs are bit-identical. Slot layout: float4 q of
-        // item i at q * items + i, so that a warp's store or load covers 512 contiguous bytes.
-        const int items = 2 * pairs * BLOCKS;  // at most BM * N_CTA / 32 / 2 = 4 per thread (cluster >= 2)
+        // slot of its own and keeps them in slab 0; the last to arrive copies the other clusters' slots into its
+        // shared memory past slab 0 (cp.async: every load in flight at once, no registers held), then adds them
+        // in cluster order and stores y. A fixed order whoever arrives last: repeated runs are bit-identical.
+        // Slot layout: float4 q of item i at q * stride + i, so that a warp's accesses are 512 contiguous bytes.
+        // (Loading the slots item by item waited for an L2 round trip per item: ~6 us per tile at 4 items.)
+        const int items = 2 * pairs * BLOCKS;
         const int tile = w.mt * s.NT + w.nt;
-        const long long slot_floats = 2LL * share * N_CTA;  // 16 floats per item of the largest share
-        float4* const slots = reinterpret_cast<float4*>(a.partials + (tile * s.cluster + rank) * s.groups * slot_floats);
-        const int stride = (int)(slot_floats / 16);
+        const int stride = share * 2 * BLOCKS;  // items of the largest share
+        const float4* slots =
+            reinterpret_cast<const float4*>(a.partials) + (long long)((tile * s.cluster + rank) * s.groups) * 4 * stride;
         for (int i = ctid; i < items; i += CONSUMERS) {
             int m, n;
             const u32 at = locate(i, m, n);
             float2 sum[8];
             sum_slabs(at, slab_bytes, s.cluster, sum);
-            float4* dst = slots + group * (slot_floats / 4) + i;
+            float4* dst = const_cast<float4*>(slots) + group * 4 * stride + i;
 #pragma unroll
-            for (int q = 0; q < 4; ++q)
+            for (int q = 0; q < 4; ++q) {
                 __stcg(dst + q * stride, make_float4(sum[2 * q].x, sum[2 * q].y, sum[2 * q + 1].x, sum[2 * q + 1].y));
+                sts64f(at + (2 * q) * 16, sum[2 * q]), sts64f(at + (2 * q + 1) * 16, sum[2 * q + 1]);
+            }
         }
         // Every consumer's stores, then one GPU-scope acq_rel arrival (cumulative over the barrier, as in the
         // decode kernel's fix-up); its result goes to the others through shared memory.
@@ -498,28 +502,37 @@ struct Gemm {
         consumer_sync(CONSUMERS);
         if (lds32(arrival) != (u32)(s.groups - 1)) return;
         if (ctid == 0) *counter = 0;  // every cluster has arrived: ready for the next launch
+        // The other clusters' slots, in cluster order, past slab 0 (the host checked that they fit).
+        const u32 received = base + slab_bytes;
+        const int chunks = (s.groups - 1) * 4 * items;
+        for (int c = ctid; c < chunks; c += CONSUMERS) {
+            const int k = c / (4 * items), rest = c - k * 4 * items, q = rest / items, i = rest - q * items;
+            const int gr = k < group ? k : k + 1;
+            cp_async16_shared(received + ((k * 4 + q) * stride + i) * 16, slots + (gr * 4 + q) * stride + i);
+        }
+        cp_async_commit();
+        cp_async_wait<0>();
+        consumer_sync(CONSUMERS);
         for (int i = ctid; i < items; i += CONSUMERS) {
             int m, n;
             const u32 at = locate(i, m, n);
             if (m >= s.M || n >= s.N) continue;
             float2 sum[8];
             for (int gr = 0; gr < s.groups; ++gr) {
-                float2 part[8];
-                if (gr == group) {
-                    sum_slabs(at, slab_bytes, s.cluster, part);  // this cluster's sums, again
-                } else {
+                const int k = gr < group ? gr : gr - 1;
 #pragma unroll
-                    for (int q = 0; q < 4; ++q) {
-                        const float4 v = __ldcg(slots + gr * (slot_floats / 4) + q * stride + i);
-                        part[2 * q] = make_float2(v.x, v.y), part[2 * q + 1] = make_float2(v.z, v.w);
-                    }
-                }
-#pragma unroll
-                for (int q = 0; q < 8; ++q) {
-                    if (gr == 0) {
-                        sum[q] = part[q];
+                for (int q = 0; q < 4; ++q) {
+                    float2 lo, hi;
+                    if (gr == group) {
+                        lo = lds64f(at + (2 * q) * 16), hi = lds64f(at + (2 * q + 1) * 16);
                     } else {
-                        sum[q].x += part[q].x, sum[q].y += part[q].y;
+                        const float4 v = lds128f(received + ((k * 4 + q) * stride + i) * 16);
+                        lo = make_float2(v.x, v.y), hi = make_float2(v.z, v.w);
+                    }
+                    if (gr == 0) {
+                        sum[2 * q] = lo, sum[2 * q + 1] = hi;
+                    } else {
+                        sum[2 * q].x += lo.x, sum[2 * q].y += lo.y, sum[2 * q + 1].x += hi.x, sum[2 * q + 1].y += hi.y;
                     }
                 }
             }

@@ -69,13 +69,17 @@ impl SplitPlan {
     };
 }
 
-/// Relative cost of one k tile (128 k) of a tile with 64 tokens per warpgroup against one with 128: measured on
-/// the H200 (examples/gemm_trace, M = 256, K = 4096 and 14336): 0.93-0.96 us against 1.27-1.37 us per k tile.
-const SMALL_TILE_KT_COST: f64 = 0.72;
-/// The split-K epilogue of a 128-token tile in k tiles of main loop (~2-6 us on the H200: the push through
-/// distributed shared memory runs at ~30 GB/s per SM), and what the global step of several groups adds.
-const SPLIT_EPILOGUE_KT: f64 = 2.0;
-const GROUPS_EPILOGUE_KT: f64 = 1.5;
+/// The launch-cost model that picks the tile and the split (`estimated_cost`), in microseconds of an H200
+/// (examples/gemm_trace timelines, M = 64 and 256, K = 4096 and 14336). One k tile (128 k) of a 256-column tile
+/// with 128 tokens per warpgroup, and with 64:
+const KT_US: [f64; 2] = [0.97, 1.42];
+/// The split-K epilogue: a fixed part, then the partial's bytes pushed to other CTAs of the cluster through
+/// distributed shared memory (~15 GB/s per SM; 64-token tiles: 3.3 us at 2 splits, 5.6 at 6; 128-token: 7.0 at 3).
+const SPLIT_EPILOGUE_US: f64 = 1.0;
+const PUSH_US_PER_KB: f64 = 0.07;
+/// What the global step of a tile split into several cluster groups adds (its last cluster's copy of the others'
+/// sums).
+const GROUPS_EPILOGUE_US: f64 = 2.0;
 /// Deepest pipeline (lowered to what fits in shared memory).
 const MAX_STAGES: usize = 6;
 
@@ -150,10 +154,27 @@ impl GemmVariant {
 
     /// Dynamic shared memory (`Gemm::DATA_BYTES` + barriers + the split-K arrival word + 1 KB of alignment slack).
     pub fn smem_bytes(&self) -> usize {
-        // Gemm::Y_BYTES: the split-K slabs, BM / 2 + 8 row pairs of N_CTA / 16 blocks of 36 floats and 4 of padding.
-        let split_k_tile = (self.bm() / 2 + 8) * (self.n_cta() / 16 * 36 + 4) * 4;
+        1024 + self.data_bytes() + self.stages * 16 + 16
+    }
+
+    /// `Gemm::DATA_BYTES`: the pipeline and the epilogue's staging, or the split-K slabs (`Y_BYTES`: BM / 2 + 8
+    /// row pairs of N_CTA / 16 blocks of 36 floats and 4 of padding) where larger.
+    fn data_bytes(&self) -> usize {
+        let split_k_tile = (self.bm() / 2 + 8) * self.pair_bytes();
         let staging = EPILOGUE_STAGING[usize::from(self.conv)];
-        1024 + (self.stages * self.stage_bytes() + staging).max(split_k_tile) + self.stages * 16 + 16
+        (self.stages * self.stage_bytes() + staging).max(split_k_tile)
+    }
+
+    /// Bytes of one row pair of a split-K slab (`Gemm::PAIR_FLOATS`).
+    fn pair_bytes(&self) -> usize {
+        (self.n_cta() / 16 * 36 + 4) * 4
+    }
+
+    /// Whether the last cluster of a tile split into `groups` clusters of `cluster` CTAs has room for the others'
+    /// sums past its first slab (`epilogue_split`).
+    fn groups_fit(&self, cluster: usize, groups: usize) -> bool {
+        let pairs = (self.bm() / 2).div_ceil(cluster);
+        pairs * self.pair_bytes() + (groups - 1) * 2 * pairs * self.n_cta() * 4 <= self.data_bytes()
     }
 
     fn name(&self) -> String {
@@ -420,19 +441,20 @@ impl LinearW4A16Gemm {
         self.weight.plan.n_tiles() * m.div_ceil(kernel.variant.bm())
     }
 
-    /// A launch's main loop and split-K epilogue in k tiles of a 128-token tile: waves of CTAs x the k tiles of
-    /// a split x the cost of one, plus the epilogue of a split tile. Only its order matters: it chooses.
+    /// A launch's main loop and split-K epilogue in microseconds (see [`KT_US`]): waves of CTAs x the k tiles of a
+    /// split x the cost of one, plus the epilogue of a split tile. Only its order matters: it chooses.
     fn estimated_cost(&self, kernel: &GemmKernel, m: usize, plan: SplitPlan) -> f64 {
-        let tokens = kernel.variant.wg_tokens as f64 / 128.0;
-        let kt_cost = if kernel.variant.wg_tokens == 64 { SMALL_TILE_KT_COST } else { 1.0 };
+        let v = &kernel.variant;
         let waves = (self.tiles(kernel, m) * plan.splits).div_ceil(self.sms);
         let kt = self.weight.plan.k_tiles().div_ceil(plan.splits);
-        let mut cost = (waves * kt) as f64 * kt_cost;
+        let mut cost = (waves * kt) as f64 * KT_US[usize::from(v.wg_tokens == 128)];
         if plan.splits > 1 {
-            cost += SPLIT_EPILOGUE_KT * tokens;
+            let tile_kb = (v.bm() * v.n_cta() * 4) as f64 / 1024.0;
+            let pushed = tile_kb * (plan.cluster - 1) as f64 / plan.cluster as f64;
+            cost += SPLIT_EPILOGUE_US + PUSH_US_PER_KB * pushed;
         }
         if plan.groups > 1 {
-            cost += GROUPS_EPILOGUE_KT * tokens;
+            cost += GROUPS_EPILOGUE_US;
         }
         cost
     }
@@ -452,6 +474,7 @@ impl LinearW4A16Gemm {
                 .rev()
                 .filter(|&cluster| splits % cluster == 0 && (groups_allowed || cluster == splits))
                 .filter(|&cluster| cluster <= self.max_cluster)
+                .filter(|&cluster| cluster == splits || kernel.variant.groups_fit(cluster, splits / cluster))
                 .find(|&cluster| tiles * (splits / cluster) <= kernel.resident_clusters[cluster])
                 .map(|cluster| SplitPlan {
                     splits,
