@@ -323,7 +323,9 @@ fn split_tiles_in_several_cluster_groups() {
         ..BASE
     };
     check_with::<f16>(&dev, c, &[64, 256], &[Some(4)], |op| op.set_max_cluster(2));
-    check_with::<bf16>(&dev, Case { act: DType::Bf16, ..c }, &[130], &[Some(8)], |op| op.set_max_cluster(2));
+    check_with::<bf16>(&dev, Case { act: DType::Bf16, ..c }, &[130], &[Some(8)], |op| {
+        op.set_max_cluster(2)
+    });
 }
 
 #[test]

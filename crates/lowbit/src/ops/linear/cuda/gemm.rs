@@ -483,10 +483,16 @@ impl LinearW4A16Gemm {
                 })
         };
         if kernel.variant.conv {
-            return (2..=wanted).rev().find_map(|s| fitting(s, false)).unwrap_or(SplitPlan::NONE);
+            return (2..=wanted)
+                .rev()
+                .find_map(|s| fitting(s, false))
+                .unwrap_or(SplitPlan::NONE);
         }
         if self.forced_splits.is_some() {
-            return (2..=wanted).rev().find_map(|s| fitting(s, true)).unwrap_or(SplitPlan::NONE);
+            return (2..=wanted)
+                .rev()
+                .find_map(|s| fitting(s, true))
+                .unwrap_or(SplitPlan::NONE);
         }
         let candidates = (2..=wanted).filter_map(|s| fitting(s, true));
         // Fewer splits first, so a tie keeps the cheaper epilogue.
