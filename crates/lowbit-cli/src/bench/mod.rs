@@ -80,6 +80,9 @@ pub struct Shape {
     pub n: usize,
 }
 
+/// A weight shape `(K, N)` and the batch sizes benchmarked on it.
+pub type Problem = ((usize, usize), Vec<usize>);
+
 impl BenchArgs {
     /// The `--shape` values, or `DEFAULT_SHAPES`.
     pub fn shapes(&self) -> Result<Vec<Shape>> {
@@ -91,7 +94,7 @@ impl BenchArgs {
 
     /// The `--shape`s grouped by weight `(K, N)`, each with its batch sizes in order; without `--shape`, every
     /// default shape with every default M (the CUDA GEMM benches prepare each weight once for all its M).
-    pub fn problems(&self, shapes: &[(usize, usize)], ms: &[usize]) -> Result<Vec<((usize, usize), Vec<usize>)>> {
+    pub fn problems(&self, shapes: &[(usize, usize)], ms: &[usize]) -> Result<Vec<Problem>> {
         if self.shape.is_empty() {
             return Ok(shapes.iter().map(|&kn| (kn, ms.to_vec())).collect());
         }
