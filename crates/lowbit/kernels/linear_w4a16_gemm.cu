@@ -479,14 +479,14 @@ struct Gemm {
         const int items = 2 * pairs * BLOCKS;
         const int tile = w.mt * s.NT + w.nt;
         const int stride = share * 2 * BLOCKS;  // items of the largest share
-        const float4* slots =
-            reinterpret_cast<const float4*>(a.partials) + (long long)((tile * s.cluster + rank) * s.groups) * 4 * stride;
+        float4* const slots =
+            reinterpret_cast<float4*>(a.partials) + (long long)((tile * s.cluster + rank) * s.groups) * 4 * stride;
         for (int i = ctid; i < items; i += CONSUMERS) {
             int m, n;
             const u32 at = locate(i, m, n);
             float2 sum[8];
             sum_slabs(at, slab_bytes, s.cluster, sum);
-            float4* dst = const_cast<float4*>(slots) + group * 4 * stride + i;
+            float4* dst = slots + group * 4 * stride + i;
 #pragma unroll
             for (int q = 0; q < 4; ++q) {
                 __stcg(dst + q * stride, make_float4(sum[2 * q].x, sum[2 * q].y, sum[2 * q + 1].x, sum[2 * q + 1].y));

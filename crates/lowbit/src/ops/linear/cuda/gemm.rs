@@ -720,7 +720,7 @@ impl LinearW4A16Gemm {
         // Boxes of 64 columns: one 128-byte swizzled row of 16-bit values.
         let xmap = tensor_map_2d("x", element, x, (m, x_cols, x_stride), (bm, 64), true)?;
         let m_tiles = m.div_ceil(bm);
-        let split = self.split_plan(m);
+        let split = self.split_plan_for(kernel, m);
         let splits = split.splits;
         // The split-K epilogue's share of the tile per CTA of a cluster, in row pairs (see `epilogue_split`).
         let split_pairs = (bm / 2).div_ceil(split.cluster);
@@ -810,19 +810,8 @@ struct GemmKernel {
 /// How many clusters of `ctas` CTAs (along x) of `function`, launched with `block` threads and `smem` bytes of
 /// dynamic shared memory per CTA, the GPU keeps resident at once; 0 when it cannot schedule that size at all.
 pub(super) fn resident_cluster_count(function: &CudaFunction, block: u32, smem: usize, ctas: usize) -> usize {
-    let mut cluster = cluster_attribute(ctas);
-    let config = sys::CUlaunchConfig {
-        gridDimX: ctas as u32,
-        gridDimY: 1,
-        gridDimZ: 1,
-        blockDimX: block,
-        blockDimY: 1,
-        blockDimZ: 1,
-        sharedMemBytes: smem as u32,
-        hStream: std::ptr::null_mut(),
-        attrs: &mut cluster,
-        numAttrs: 1,
-    };
+    let mut cluster = [cluster_attribute(ctas)];
+    let config = launch_config(ctas as u32, block, smem, std::ptr::null_mut(), &mut cluster);
     let mut count = 0i32;
     // SAFETY: `config` and `cluster` are live locals; `count` receives one int. A size the GPU cannot schedule is
     // an error or 0: either way no cluster of that size.
@@ -849,18 +838,7 @@ pub(super) unsafe fn launch_with_attributes(
     attributes: &mut [sys::CUlaunchAttribute],
     params: &mut [*mut std::ffi::c_void],
 ) -> std::result::Result<(), sys::CUresult> {
-    let config = sys::CUlaunchConfig {
-        gridDimX: grid,
-        gridDimY: 1,
-        gridDimZ: 1,
-        blockDimX: block,
-        blockDimY: 1,
-        blockDimZ: 1,
-        sharedMemBytes: smem as u32,
-        hStream: stream.cu_stream(),
-        attrs: attributes.as_mut_ptr(),
-        numAttrs: attributes.len() as u32,
-    };
+    let config = launch_config(grid, block, smem, stream.cu_stream(), attributes);
     // SAFETY: `config` and `attributes` are alive across the call; the caller vouches for `params`.
     let rc = unsafe {
         sys::cuLaunchKernelEx(
@@ -873,6 +851,29 @@ pub(super) unsafe fn launch_with_attributes(
     match rc {
         sys::CUresult::CUDA_SUCCESS => Ok(()),
         rc => Err(rc),
+    }
+}
+
+/// A one-dimensional launch of `grid` CTAs of `block` threads with `smem` bytes of dynamic shared memory on
+/// `stream` (null: none, for occupancy queries), with `attributes`, which must outlive its use.
+fn launch_config(
+    grid: u32,
+    block: u32,
+    smem: usize,
+    stream: sys::CUstream,
+    attributes: &mut [sys::CUlaunchAttribute],
+) -> sys::CUlaunchConfig {
+    sys::CUlaunchConfig {
+        gridDimX: grid,
+        gridDimY: 1,
+        gridDimZ: 1,
+        blockDimX: block,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: smem as u32,
+        hStream: stream,
+        attrs: attributes.as_mut_ptr(),
+        numAttrs: attributes.len() as u32,
     }
 }
 
