@@ -26,6 +26,12 @@
 //   run time). A stage is released to the producer (its "empty" mbarrier) as soon as a wait has retired its last
 //   group, i.e. when no wgmma can still read it.
 //
+// * INT8 WEIGHTS (LB_WBITS 8, fp16 only). The same units hold one unsigned 8-bit code per weight (32 KB at
+//   N_CTA = 256) in the same fragment order, two bytes per register: each fragment register is one prmt into
+//   {1024 + u, 1024 + u'} and one sub of {1024 + z, ...} (Converter::dequant), then the scale, so an int8 layer
+//   costs the tensor cores what an int4 one does. (The decode kernel reads 8-bit weights as two int4 planes
+//   instead: cuda.rs `repack` and `repack_int8`.)
+//
 // * NUMERICS. Each weight is round((q - z) * s) in the activation type: exactly what dequantize + cuBLAS computes;
 //   products and sums are fp32 inside wgmma; bias and the activation are applied in fp32; y is rounded once.
 //
@@ -58,7 +64,7 @@
 //   MB of weights and of x in L2 instead of streaming both from memory.
 //
 // The host prepends the #defines selecting one variant (LB_DTYPE, LB_ZEROS, LB_WG_N, LB_WG_TOKENS, LB_STAGES,
-// LB_UNIT_GROUPS, LB_CONV, LB_LOOKAHEAD).
+// LB_UNIT_GROUPS, LB_CONV, LB_LOOKAHEAD, LB_WBITS).
 #include "common.cuh"
 
 namespace lowbit {
@@ -96,14 +102,13 @@ struct Shape {
     int grid_w;       // Wp
     int out_h, out_w; // Ho, Wo: the positions of the padded grid that are outputs
     int batch;        // B
-    int planes;       // weight planes: 2 for int8 weights, K then runs (plane, tap, channel) and reads x twice
     long long out_plane;  // Ho * Wo: y is [B][N][Ho][Wo]
 };
 
 // LB_ZEROS: how a weight's zero point is given.
-constexpr int ZEROS_NONE = 0;     // symmetric: (q - 8) s
-constexpr int ZEROS_CODES = 1;    // 4-bit zero codes: (q - z) s
-constexpr int ZEROS_OFFSETS = 2;  // MNN offset form: (q - 8) s + o, o an fp16 value per column and group
+constexpr int ZEROS_NONE = 0;     // symmetric: (q - 8) s (int8 codes: q - 128)
+constexpr int ZEROS_CODES = 1;    // zero codes of the weight's width: (q - z) s
+constexpr int ZEROS_OFFSETS = 2;  // MNN offset form: (q - 8) s + o (int8: q - 128), o fp16 per column and group
 
 struct Args {
     const uint4* qweight;  // repacked codes (linear_w4a16.cu), N_CTA * 4 uint4 per unit, units in (nt, kt) order
@@ -121,9 +126,11 @@ constexpr int MAX_CLUSTER = 8;  // counters per tile
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 
 // WG_TOKENS: the wgmma N, tokens per consumer warpgroup (64 for small batches, 128 otherwise).
-template <class T, int ZMODE, int WG_N, int WG_TOKENS, int STAGES, bool UNIT_GROUPS, bool CONV, int LOOK>
+template <class T, int ZMODE, int WG_N, int WG_TOKENS, int STAGES, bool UNIT_GROUPS, bool CONV, int LOOK, int WBITS>
 struct Gemm {
     static_assert(LOOK == 2 || LOOK == 3, "k16 steps converted ahead of the wgmmas: 2 or 3");
+    static_assert(WBITS == 4 || (WBITS == 8 && T::MAGIC == F16::MAGIC),
+                  "int8 codes: fp16 activations only (bf16 cannot hold 1024 + u; see INT8 CODES)");
     static constexpr int FRAG_BUFS = LOOK == 2 ? 4 : 8;  // >= 2 LOOK - 1, dividing the 8 steps of a stage
     static constexpr bool HAS_ZEROS = ZMODE == ZEROS_CODES;
     static constexpr bool OFFSETS = ZMODE == ZEROS_OFFSETS;
@@ -134,11 +141,11 @@ struct Gemm {
     static constexpr int CONSUMERS = 256;     // two consumer warpgroups
     static constexpr int BLOCK = 384;         // + the producer warpgroup
     static constexpr int X_BYTES = BM * K_TILE * 2;  // two boxes of BM rows x 128 B
-    static constexpr int W_BYTES = N_CTA * K_TILE / 2;
+    static constexpr int W_BYTES = N_CTA * K_TILE * WBITS / 8;
     static constexpr int GROUP_ROWS = UNIT_GROUPS ? 1 : K_TILE / 16;
     static constexpr int S_BYTES = GROUP_ROWS * N_CTA * 2;
-    // Zero rows: 4-bit codes, or fp16 offsets laid out like the scales.
-    static constexpr int Z_ROW_BYTES = HAS_ZEROS ? N_CTA / 2 : OFFSETS ? N_CTA * 2 : 0;
+    // Zero rows: 4- or 8-bit codes, or fp16 offsets laid out like the scales.
+    static constexpr int Z_ROW_BYTES = HAS_ZEROS ? N_CTA * WBITS / 8 : OFFSETS ? N_CTA * 2 : 0;
     static constexpr int Z_BYTES = GROUP_ROWS * Z_ROW_BYTES;
     // x first: swizzled tiles must be 1024-byte aligned, so stages are padded to a multiple of 1024.
     static constexpr int STAGE_BYTES = (X_BYTES + W_BYTES + S_BYTES + Z_BYTES + 1023) / 1024 * 1024;
@@ -204,15 +211,14 @@ struct Gemm {
                     const int k = k0 + box * X_BOX_K;
                     int col = k, row = w.mt * BM;
                     if (CONV) {  // tap (r, q) and channel c of k; a padding tap reads rows past the end (zeros)
-                        const int slot = k / s.channels;  // plane * taps + tap
-                        const int tap = slot >= s.taps ? slot - s.taps : slot, r = tap / s.kernel_w;
-                        col = k - slot * s.channels;
-                        row += slot < s.planes * s.taps ? r * s.tap_row + (tap - r * s.kernel_w) * s.tap_col
-                                                        : s.batch * s.grid_tokens;
+                        const int tap = k / s.channels, r = tap / s.kernel_w;
+                        col = k - tap * s.channels;
+                        row += tap < s.taps ? r * s.tap_row + (tap - r * s.kernel_w) * s.tap_col
+                                            : s.batch * s.grid_tokens;
                     }
                     tma_load_2d(stage + box * (BM * 128), xmap, col, row, full);
                 }
-                bulk_copy(stage + X_BYTES, a.qweight + ((size_t)w.nt * s.KT + kt) * (N_CTA * 4), W_BYTES, full);
+                bulk_copy(stage + X_BYTES, a.qweight + ((size_t)w.nt * s.KT + kt) * (W_BYTES / 16), W_BYTES, full);
                 bulk_copy(stage + X_BYTES + W_BYTES, a.scales + row0 * N_CTA, rows * (N_CTA * 2), full);
                 if (Z_ROW_BYTES)
                     bulk_copy(stage + X_BYTES + W_BYTES + S_BYTES, a.zeros + row0 * Z_ROW_BYTES, rows * Z_ROW_BYTES,
@@ -237,9 +243,19 @@ struct Gemm {
         uint4 wq;
         GroupTerms gt;
         u32 o2[2][2];  // OFFSETS: the offsets of rows g / g + 8 per tile as packed pairs {o, o}
+        u32 z8[2][2];  // int8 codes: 1024 + z of rows g / g + 8 per tile as packed pairs (see INT8 CODES)
 
         __device__ __forceinline__ void load_terms(int row, int dw, int lane) {
-            gt = load_group_terms<T, HAS_ZEROS, N_CTA>(params, S_BYTES, row, dw, lane);
+            gt = load_group_terms<T, HAS_ZEROS && WBITS == 4, N_CTA>(params, S_BYTES, row, dw, lane);
+            if (WBITS == 8) {
+                // A lane group's four zero bytes are one word (param_slot order: tile 0 row g, tile 0 row g + 8,
+                // tile 1 ...); prmt puts byte b next to the exponent byte 0x64 in both halves: {1024 + z, 1024 + z}.
+                // Without zero codes every zero is 128, the midpoint of the unsigned codes.
+                const u32 z4 = HAS_ZEROS ? lds32(params + S_BYTES + row * N_CTA + dw * 32 + (lane >> 2) * 4)
+                                         : 0x80808080u;
+#pragma unroll
+                for (int b = 0; b < 4; ++b) z8[b >> 1][b & 1] = prmt(z4, F16::MAGIC, 0x5050 + b * 0x0101);
+            }
             if (OFFSETS) {  // laid out like the scales (one 8-byte load per lane group)
                 const uint2 ov = lds64(params + S_BYTES + row * (N_CTA * 2) + dw * 64 + (lane >> 2) * 8);
                 o2[0][0] = prmt(ov.x, ov.x, 0x1010), o2[0][1] = prmt(ov.x, ov.x, 0x3232);
@@ -254,7 +270,7 @@ struct Gemm {
 
         // Points at the stage of k tile `kt` in buffer `stage` (waits for it to be full first: done by the caller).
         __device__ __forceinline__ void begin(const Shape& s, u32 stage, int kt, int dw, int lane) {
-            ws = stage + X_BYTES + dw * 2048 + lane * 16;
+            ws = stage + X_BYTES + dw * (W_BYTES / (N_CTA / 32)) + lane * 16;
             params = stage + X_BYTES + W_BYTES;
             // Bit j set: a group starts at k16 step j (j >= 1) of this unit; its row is the popcount up to j.
             starts = 0;
@@ -267,14 +283,30 @@ struct Gemm {
         }
 
         // Step j of the stage as the two A fragments (q - z) * s (registers x, z: row g; y, w: row g + 8).
+        // INT8 CODES (WBITS 8): a lane's 16 bytes of step j are its two tiles' fragments, 4 bytes per register
+        // pair half: word 2t holds rows (g, g, g + 8, g + 8) x k (2i, 2i + 1) of tile t, word 2t + 1 the same at
+        // k + 8. prmt with 0x64 as the high byte turns two unsigned codes into {1024 + u, 1024 + u'} (the fp16 step
+        // is 1 in [1024, 2048)), and subtracting {1024 + z, ...} leaves u - z exactly: one prmt and one sub per
+        // register, where the int4 codes need a lop3 and a sub or fma (FragmentOps<T>::dequant).
+        __device__ __forceinline__ uint4 dequant(const uint4& w, int t) const {
+            if (WBITS == 4) return FragmentOps<T>::dequant(t == 0 ? w.x : w.y, gt.lo[t], gt.hi[t]);
+            const u32 lo = t == 0 ? w.x : w.z, hi = t == 0 ? w.y : w.w;
+            return make_uint4(F16::sub(prmt(lo, F16::MAGIC, 0x5150), z8[t][0]),
+                              F16::sub(prmt(lo, F16::MAGIC, 0x5352), z8[t][1]),
+                              F16::sub(prmt(hi, F16::MAGIC, 0x5150), z8[t][0]),
+                              F16::sub(prmt(hi, F16::MAGIC, 0x5352), z8[t][1]));
+        }
+
         template <int J>
         __device__ __forceinline__ void convert(uint4 (&frag)[2], int dw, int lane) {
-            if (J % 2 == 0) wq = lds128(ws + (J / 2) * 512);
+            // int4: one 16-byte read per two steps (words x, y: step 2i; z, w: 2i + 1); int8: one per step.
+            if (WBITS == 8) wq = lds128(ws + J * 512);
+            else if (J % 2 == 0) wq = lds128(ws + (J / 2) * 512);
             if (!UNIT_GROUPS && J > 0 && (starts >> J) & 1) load_terms(__popc(starts & ((2u << J) - 1)), dw, lane);
+            const uint4 w = WBITS == 8 || J % 2 == 0 ? wq : make_uint4(wq.z, wq.w, 0, 0);
 #pragma unroll
             for (int t = 0; t < 2; ++t) {
-                const u32 word = J % 2 == 0 ? (t == 0 ? wq.x : wq.y) : (t == 0 ? wq.z : wq.w);
-                const uint4 q = FragmentOps<T>::dequant(word, gt.lo[t], gt.hi[t]);
+                const uint4 q = dequant(w, t);
                 frag[t] = make_uint4(scale(q.x, t, 0), scale(q.y, t, 1), scale(q.z, t, 0), scale(q.w, t, 1));
                 wgmma_fence_operand(frag[t].x), wgmma_fence_operand(frag[t].y);
                 wgmma_fence_operand(frag[t].z), wgmma_fence_operand(frag[t].w);
@@ -767,10 +799,13 @@ struct Gemm {
 #ifndef LB_LOOKAHEAD
 #define LB_LOOKAHEAD 2
 #endif
+#ifndef LB_WBITS
+#define LB_WBITS 4
+#endif
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 typedef lowbit::w4a16_gemm::Gemm<lowbit::LB_DTYPE, LB_ZEROS, LB_WG_N, LB_WG_TOKENS, LB_STAGES, LB_UNIT_GROUPS != 0,
-                                 LB_CONV != 0, LB_LOOKAHEAD>
+                                 LB_CONV != 0, LB_LOOKAHEAD, LB_WBITS>
     GemmVariant;
 
 extern "C" __global__ void __launch_bounds__(GemmVariant::BLOCK, 1)

@@ -356,7 +356,7 @@ fn exact_integer_mode_is_bit_exact() {
     }
 }
 
-/// The Hopper wgmma path (sm_90; f16 activations, int4 or int8 (two int4 planes), one group, stride 1,
+/// The Hopper wgmma path (sm_90; f16 activations, int4 or int8 (one byte per code), one group, stride 1,
 /// `Ci % 64 == 0`): 3×3/5×5/1×1, with and without padding, dilation 2, 128- and 256-column weight tiles, split-K and
 /// multi-tile grids, every clamp; random data within the tensor-core tolerance, then exact-integer data bit for bit.
 /// On other GPUs the same cases run on the older kernels.

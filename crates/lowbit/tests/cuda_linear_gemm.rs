@@ -17,7 +17,7 @@ use common::{assert_close, Tolerance};
 use half::{bf16, f16};
 use lowbit::cuda::{CudaDevice, DevicePtr, DeviceRepr};
 use lowbit::ops::linear::cuda::gemm::{supported, LinearW4A16Gemm};
-use lowbit::ops::linear::cuda::{repack, DeviceW4};
+use lowbit::ops::linear::cuda::{repack, repack_int8, DeviceW4};
 use lowbit::ops::linear::{reference, Activation};
 use lowbit::testing::SplitMix64 as Rng;
 use lowbit::{DType, Float, QuantMatrix};
@@ -35,6 +35,8 @@ struct Case {
     bias: bool,
     activation: Activation,
     exact: bool,
+    /// An 8-bit weight in the GEMM's own int8 layout (`repack_int8`) instead of two int4 planes.
+    int8_layout: bool,
 }
 
 const BASE: Case = Case {
@@ -48,6 +50,7 @@ const BASE: Case = Case {
     bias: false,
     activation: Activation::None,
     exact: false,
+    int8_layout: false,
 };
 
 fn quant(rng: &mut Rng, c: &Case) -> QuantMatrix {
@@ -181,7 +184,12 @@ fn check_with<T: Float + DeviceRepr>(
             .map(|_| lowbit::dtype::round_to(c.act, rng.uniform(-1.0, 1.0)))
             .collect::<Vec<f32>>()
     });
-    let weight = DeviceW4::upload(dev, &repack(&w, c.act).unwrap()).unwrap();
+    let packed = if c.int8_layout {
+        repack_int8(&w, c.act)
+    } else {
+        repack(&w, c.act)
+    };
+    let weight = DeviceW4::upload(dev, &packed.unwrap()).unwrap();
     for &forced in splits {
         let mut op = LinearW4A16Gemm::with_weight(dev, weight.clone(), max_m, forced).unwrap();
         setup(&mut op);
@@ -381,4 +389,67 @@ fn eight_bit_weights_as_two_int4_planes() {
         ..BASE
     };
     check::<bf16>(&dev, per_channel, &[1, 256], &[None]);
+}
+
+#[test]
+fn eight_bit_weights_in_the_int8_layout() {
+    let Some(dev) = hopper() else { return };
+    // W8A16 with one byte per code (the kernel's INT8 CODES): exact data bit-equal with and without split-K, both
+    // tiles; random data asymmetric g128 with act-order and bias, symmetric per channel, and groups of 80 (several
+    // per k tile) with a K tail.
+    let c = Case {
+        bits: 8,
+        int8_layout: true,
+        ..BASE
+    };
+    check::<f16>(
+        &dev,
+        Case { exact: true, ..c },
+        &[1, 100, 300],
+        &[None, Some(1), Some(3)],
+    );
+    check::<f16>(
+        &dev,
+        Case {
+            act_order: true,
+            bias: true,
+            activation: Activation::Silu,
+            ..c
+        },
+        &[64, 300],
+        &[None],
+    );
+    check::<f16>(
+        &dev,
+        Case {
+            group: 1024,
+            zeros: false,
+            ..c
+        },
+        &[1, 256],
+        &[None, Some(2)],
+    );
+    check::<f16>(
+        &dev,
+        Case {
+            k: 1040,
+            group: 80,
+            n: 384,
+            ..c
+        },
+        &[77, 129],
+        &[None, Some(2)],
+    );
+    check::<f16>(
+        &dev,
+        Case {
+            k: 1040,
+            group: 80,
+            n: 384,
+            exact: true,
+            ..c
+        },
+        &[129],
+        &[None],
+    );
 }

@@ -3,7 +3,8 @@
 //! Implementations (records' `impl`): `lowbit` ([`QuantLinear::run`] with its measured dispatch, launches back to
 //! back), `lowbit_graph` (the same calls captured once into a CUDA graph and replayed: no launch gaps; M <= 64),
 //! `lowbit_decode` / `lowbit_gemm` / `lowbit_dequant_cublas` (QuantLinear with that kernel forced, where it
-//! applies), and `cublas_fp16` / `cublas_bf16` (dense `x · W^T` with the unquantized weight, fp32 accumulation).
+//! applies), `lowbit_gemm_int8` (8-bit weights, f16, M >= 64: the GEMM on its own one-byte-per-code layout,
+//! `repack_int8`, where QuantLinear's GEMM reads the two int4 planes the decode kernel needs), and `cublas_fp16` / `cublas_bf16` (dense `x · W^T` with the unquantized weight, fp32 accumulation).
 //! `--dispatch FILE` writes the fastest kernel per shape and M of this run as QuantLinear's dispatch table.
 //!
 //! Default problem: K × N ∈ {4096 × 4096, 4096 × 14336, 14336 × 4096, 8192 × 28672} × M ∈ {1, 4, 16, 64, 256,
@@ -22,7 +23,8 @@ use super::{graph_replay_us, median_of_batches, BenchArgs, BenchRecord, Shape, S
 use half::{bf16, f16};
 use lowbit::cuda::Device;
 use lowbit::cuda::{CudaDevice, CudaSlice, ValidAsZeroBits};
-use lowbit::ops::linear::cuda::{repack, CublasLinear, DenseElement, DeviceW4, LinearW4A16Cuda, Tuning};
+use lowbit::ops::linear::cuda::gemm::{supported, LinearW4A16Gemm};
+use lowbit::ops::linear::cuda::{repack, repack_int8, CublasLinear, DenseElement, DeviceW4, LinearW4A16Cuda, Tuning};
 use lowbit::ops::linear::quant_linear::DispatchEntry;
 use lowbit::ops::linear::{Activation, DispatchTable, LinearKernel, QuantLinear};
 use lowbit::testing::SplitMix64;
@@ -189,12 +191,24 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
             .collect::<Result<_>>()?;
         variant_ops.push((label, v));
     }
+    // The GEMM on the int8 layout (8-bit weights, f16, sm_90).
+    let int8_gemms: Vec<LinearW4A16Gemm> = if args.wbits == 8 && dtype == DType::F16 {
+        let packed8 = repack_int8(&w, dtype)?;
+        (0..sets)
+            .map(|_| DeviceW4::upload(dev, &packed8))
+            .filter(|w| w.as_ref().map_or(true, |w| supported(dev, w)))
+            .map(|w| LinearW4A16Gemm::with_weight(dev, w?, max_m, None))
+            .collect::<Result<_>>()?
+    } else {
+        Vec::new()
+    };
     let dense = dense_weight::<T>(&w);
     let dense_sets = copies(dense.len() * 2);
     let dense_w: Vec<CudaSlice<T>> = (0..dense_sets).map(|_| dev.upload(&dense)).collect::<Result<_>>()?;
     drop(dense);
     let blas = CublasLinear::new(stream.clone(), n, k)?;
     let mut ws = dev.alloc_zeros::<u8>(layers[0].workspace_bytes(max_m).max(1))?;
+    let mut ws8 = dev.alloc_zeros::<u8>(int8_gemms.first().map_or(1, |g| g.workspace_bytes().max(1)))?;
 
     for &m in ms {
         let xs: Vec<CudaSlice<T>> = (0..sets.max(dense_sets))
@@ -241,6 +255,13 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
             }
         }
         layers.iter_mut().for_each(|l| l.force_kernel(None));
+        if m >= 64 && !int8_gemms.is_empty() {
+            sink.status(format!("linear lowbit_gemm_int8 {m}x{k}x{n} {dtype}"));
+            let us = median_of_batches(dev, &stream, sets, |i| {
+                int8_gemms[i].run(&stream, &xs[i], m, None, &mut ys[i], &mut ws8)
+            })?;
+            sink.push(record("lowbit_gemm_int8", quant_bytes, us))?;
+        }
         if let Some((kernel, _)) = best {
             table.entries.push(DispatchEntry {
                 device: name.clone(),

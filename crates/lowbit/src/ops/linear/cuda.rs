@@ -86,8 +86,6 @@ const SMEM_RESERVED_PER_CTA: usize = 1024;
 pub const MAX_M: usize = 64;
 /// Nibble position of A-fragment element `i` in its word (the AWQ interleave, see the kernel header).
 const NIBBLE_OF: [usize; 8] = [0, 4, 1, 5, 2, 6, 3, 7];
-/// Code, zero and scale of padding: 8 - 8 = 0, times a zero scale.
-const PAD_CODE: u8 = 8;
 
 // ------------------------------------------------------------------------------------------------------------------
 // Host-side repack
@@ -117,6 +115,8 @@ pub struct Plan {
     pub group_rows: usize,
     /// Groups of the source weight (the rest of `group_rows` is padding).
     pub groups: usize,
+    /// Bits per code in the units: 4, or 8 for the GEMM-only layout of [`repack_int8`].
+    pub code_bits: usize,
 }
 
 impl Plan {
@@ -148,6 +148,7 @@ impl Plan {
             group,
             group_rows: k_pad.div_ceil(group),
             groups,
+            code_bits: 4,
         })
     }
 
@@ -163,7 +164,42 @@ impl Plan {
 
     /// 32-bit words per unit.
     fn unit_words(&self) -> usize {
-        self.n_cta * K_TILE / 8
+        self.n_cta * K_TILE * self.code_bits / 32
+    }
+
+    /// The code whose weight is exactly 0 whatever the scale (padding, and the zero of a symmetric weight).
+    fn mid_code(&self) -> u8 {
+        1 << (self.code_bits - 1)
+    }
+
+    /// Bit offset, inside its unit, of A-fragment element `i` of word `j` of `lane` in 32-k chunk `kc` of `warp`
+    /// ([`fragment_element`] gives its column and k). 4-bit codes: lane words of 4 fragments (two tiles x two k16
+    /// steps), nibble order [`NIBBLE_OF`]. 8-bit codes (the GEMM's INT8 CODES): per k16 step a lane's 16 bytes,
+    /// tile 0 then tile 1, each as k 0..7 then k 8..15 of rows (g, g, g + 8, g + 8), so that two bytes next to
+    /// `0x64` bytes are one fp16 register pair.
+    fn code_bit(&self, warp: usize, kc: usize, lane: usize, j: usize, i: usize) -> usize {
+        if self.code_bits == 4 {
+            (((warp * 4 + kc) * 32 + lane) * 4 + j) * 32 + 4 * NIBBLE_OF[i]
+        } else {
+            let (step, tile, half, e) = (kc * 2 + j / 2, j % 2, i >> 2, i & 3);
+            8 * (warp * 4096 + step * 512 + lane * 16 + tile * 8 + half * 4 + e)
+        }
+    }
+
+    /// Every A-fragment element of a unit: `(bit offset of its code, column offset, k offset)` within the unit.
+    fn unit_elements(&self) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
+        (0..self.warps).flat_map(move |warp| {
+            (0..4).flat_map(move |kc| {
+                (0..32).flat_map(move |lane| {
+                    (0..4).flat_map(move |j| {
+                        (0..8).map(move |i| {
+                            let (dn, dk) = fragment_element(lane, j, i);
+                            (self.code_bit(warp, kc, lane, j, i), warp * WARP_N + dn, kc * 32 + dk)
+                        })
+                    })
+                })
+            })
+        })
     }
 }
 
@@ -256,9 +292,9 @@ pub(crate) fn param_slot(c: usize) -> usize {
 pub fn repack(w: &QuantMatrix, act: DType) -> Result<RepackedW4> {
     w.validate()?;
     match w.bits {
-        4 => repack_int4(w, act),
+        4 => repack_codes(w, act, 4),
         8 => {
-            let mut r = repack_int4(&int4_planes(w)?, act)?;
+            let mut r = repack_codes(&int4_planes(w)?, act, 4)?;
             // x feeds both planes: kernel position p reads x column (plane column) mod K.
             let k = w.k;
             let plane_perm = r.perm.take().unwrap_or_else(|| (0..2 * k as u32).collect());
@@ -325,13 +361,39 @@ fn int4_planes(w: &QuantMatrix) -> Result<QuantMatrix> {
     })
 }
 
-/// [`repack`] of a 4-bit weight.
-fn repack_int4(w: &QuantMatrix, act: DType) -> Result<RepackedW4> {
+/// An 8-bit weight in the GEMM's own layout (one byte per code, the kernel's INT8 CODES): the tensor-core GEMM
+/// then converts each register pair with one `prmt` and one `sub`, where the two int4 planes of [`repack`] cost
+/// it twice the tensor-core work. Only the GEMM reads it ([`gemm::LinearW4A16Gemm`]); fp16 activations only.
+///
+/// Errors: those of [`repack`], bits other than 8, and bf16 activations.
+pub fn repack_int8(w: &QuantMatrix, act: DType) -> Result<RepackedW4> {
+    w.validate()?;
+    if w.bits != 8 {
+        return Err(Error::invalid(
+            "weight bits",
+            w.bits,
+            "must be 8 for the int8 GEMM layout",
+        ));
+    }
+    if act != DType::F16 {
+        return Err(Error::Unsupported(format!(
+            "the int8 GEMM layout with {act} activations (f16 only: bf16 cannot hold 1024 + code)"
+        )));
+    }
+    repack_codes(w, act, 8)
+}
+
+/// [`repack`] of a weight of `code_bits`-bit codes (4, or 8 for [`repack_int8`]).
+fn repack_codes(w: &QuantMatrix, act: DType, code_bits: usize) -> Result<RepackedW4> {
     if !matches!(act, DType::F16 | DType::Bf16) {
         return Err(Error::invalid("activation dtype", act, "must be f16 or bf16"));
     }
     let groups = w.groups();
-    let plan = Plan::new(w.n, w.k, w.group_size, groups)?;
+    let plan = Plan {
+        code_bits,
+        ..Plan::new(w.n, w.k, w.group_size, groups)?
+    };
+    let mid = plan.mid_code();
     let perm = act_order(w)?;
     let source_k = |p: usize| perm.as_ref().map_or(p, |perm| perm[p] as usize);
     let (n_tiles, k_tiles, n_cta, rows) = (plan.n_tiles(), plan.k_tiles(), plan.n_cta, plan.group_rows);
@@ -342,7 +404,9 @@ fn repack_int4(w: &QuantMatrix, act: DType) -> Result<RepackedW4> {
     // Scales and zeros per (tile, group row, column).
     let mut scales = vec![0u16; n_tiles * rows * n_cta];
     let has_zeros = !w.is_symmetric();
-    let mut zeros = has_zeros.then(|| vec![(PAD_CODE << 4) | PAD_CODE; n_tiles * rows * n_cta / 2]);
+    // Zero codes of `code_bits` each, in param_slot order (4-bit: low nibble first).
+    let pad_zeros = if code_bits == 4 { (mid << 4) | mid } else { mid };
+    let mut zeros = has_zeros.then(|| vec![pad_zeros; n_tiles * rows * n_cta * code_bits / 8]);
     for nt in 0..n_tiles {
         for r in 0..rows.min(groups) {
             for c in 0..n_cta.min(w.n.saturating_sub(nt * n_cta)) {
@@ -359,8 +423,12 @@ fn repack_int4(w: &QuantMatrix, act: DType) -> Result<RepackedW4> {
                 let i = (nt * rows + r) * n_cta + param_slot(c);
                 scales[i] = bits;
                 if let Some(z) = zeros.as_mut() {
-                    let shift = (i & 1) * 4;
-                    z[i / 2] = (z[i / 2] & !(0xF << shift)) | (w.zero(n, r) << shift);
+                    if code_bits == 4 {
+                        let shift = (i & 1) * 4;
+                        z[i / 2] = (z[i / 2] & !(0xF << shift)) | (w.zero(n, r) << shift);
+                    } else {
+                        z[i] = w.zero(n, r);
+                    }
                 }
             }
         }
@@ -374,29 +442,21 @@ fn repack_int4(w: &QuantMatrix, act: DType) -> Result<RepackedW4> {
         .enumerate()
         .for_each(|(u, unit)| {
             let (nt, kt) = (u / k_tiles, u % k_tiles);
-            for (idx, word) in unit.iter_mut().enumerate() {
-                // idx = ((warp * 4 + kc) * 32 + lane) * 4 + j
-                let (j, lane, kc, warp) = (idx % 4, (idx / 4) % 32, (idx / 128) % 4, idx / 512);
-                let mut v = 0u32;
-                for (i, &nibble) in NIBBLE_OF.iter().enumerate() {
-                    let (dn, dk) = fragment_element(lane, j, i);
-                    let n = nt * n_cta + warp * WARP_N + dn;
-                    let p = kt * K_TILE + kc * 32 + dk;
-                    let code = if n >= w.n {
-                        PAD_CODE
-                    } else if p >= w.k {
-                        // K padding: the code equals its zero, so the weight is exactly 0 whatever the scale.
-                        if real_group(p) < groups {
-                            w.zero(n, real_group(p))
-                        } else {
-                            PAD_CODE
-                        }
+            for (bit, dn, dk) in plan.unit_elements() {
+                let (n, p) = (nt * n_cta + dn, kt * K_TILE + dk);
+                let code = if n >= w.n {
+                    mid
+                } else if p >= w.k {
+                    // K padding: the code equals its zero, so the weight is exactly 0 whatever the scale.
+                    if real_group(p) < groups {
+                        w.zero(n, real_group(p))
                     } else {
-                        w.codes[n * w.k + source_k(p)]
-                    };
-                    v |= u32::from(code) << (4 * nibble);
-                }
-                *word = v;
+                        mid
+                    }
+                } else {
+                    w.codes[n * w.k + source_k(p)]
+                };
+                unit[bit / 32] |= u32::from(code) << (bit % 32);
             }
         });
 
@@ -408,7 +468,7 @@ fn repack_int4(w: &QuantMatrix, act: DType) -> Result<RepackedW4> {
         zeros,
         perm,
         plane_perm: None,
-        source_bits: 4,
+        source_bits: code_bits as u8,
         zeros_given: w.zeros.is_some(),
         g_idx_given: w.g_idx.is_some(),
         scale_dtype: w.scale_dtype,
@@ -421,6 +481,7 @@ impl RepackedW4 {
     fn dense_planes(&self) -> Option<usize> {
         let k = self.plan.input_k;
         match (self.source_bits, &self.perm) {
+            _ if self.plan.code_bits != 4 => None, // the int8 GEMM layout: the GEMM only
             (4, None) => Some(1),
             (8, Some(perm)) if k % K_TILE == 0 && perm.iter().enumerate().all(|(p, &c)| c as usize == p % k) => Some(2),
             _ => None,
@@ -429,10 +490,10 @@ impl RepackedW4 {
 
     /// The [`QuantMatrix`] this was made from (exact when its scales are representable in the activation dtype).
     pub fn unpack(&self) -> QuantMatrix {
-        if self.source_bits == 8 {
+        if self.source_bits == 8 && self.plan.code_bits == 4 {
             return self.unpack_planes();
         }
-        self.unpack_int4()
+        self.unpack_codes()
     }
 
     /// An 8-bit weight back from its two int4 planes.
@@ -457,7 +518,7 @@ impl RepackedW4 {
             },
             ..self.clone()
         }
-        .unpack_int4();
+        .unpack_codes();
         let (n, k, groups) = (self.plan.n, self.plan.input_k, self.plan.groups / 2);
         let mut codes = vec![0u8; n * k];
         for (out, row) in codes.chunks_exact_mut(k).zip(planes.codes.chunks_exact(2 * k)) {
@@ -487,34 +548,34 @@ impl RepackedW4 {
         }
     }
 
-    fn unpack_int4(&self) -> QuantMatrix {
+    fn unpack_codes(&self) -> QuantMatrix {
         let p = &self.plan;
         let (n_cta, rows, k_tiles) = (p.n_cta, p.group_rows, p.k_tiles());
+        let mask = (1u32 << p.code_bits) - 1;
         let mut codes = vec![0u8; p.n * p.k];
         let unit_words = p.unit_words();
         for (u, unit) in self.words.chunks_exact(unit_words).enumerate() {
             let (nt, kt) = (u / k_tiles, u % k_tiles);
-            for (idx, &word) in unit.iter().enumerate() {
-                let (j, lane, kc, warp) = (idx % 4, (idx / 4) % 32, (idx / 128) % 4, idx / 512);
-                for (i, &nibble) in NIBBLE_OF.iter().enumerate() {
-                    let (dn, dk) = fragment_element(lane, j, i);
-                    let n = nt * n_cta + warp * WARP_N + dn;
-                    let pos = kt * K_TILE + kc * 32 + dk;
-                    if n < p.n && pos < p.k {
-                        let k = self.perm.as_ref().map_or(pos, |perm| perm[pos] as usize);
-                        codes[n * p.k + k] = ((word >> (4 * nibble)) & 0xF) as u8;
-                    }
+            for (bit, dn, dk) in p.unit_elements() {
+                let (n, pos) = (nt * n_cta + dn, kt * K_TILE + dk);
+                if n < p.n && pos < p.k {
+                    let k = self.perm.as_ref().map_or(pos, |perm| perm[pos] as usize);
+                    codes[n * p.k + k] = ((unit[bit / 32] >> (bit % 32)) & mask) as u8;
                 }
             }
         }
         let mut scales = vec![0f32; p.n * p.groups];
-        let mut zeros = vec![PAD_CODE; p.n * p.groups];
+        let mut zeros = vec![p.mid_code(); p.n * p.groups];
         for n in 0..p.n {
             for g in 0..p.groups {
                 let i = ((n / n_cta) * rows + g) * n_cta + param_slot(n % n_cta);
                 scales[n * p.groups + g] = from_bits(self.act, self.scales[i]);
                 if let Some(z) = &self.zeros {
-                    zeros[n * p.groups + g] = (z[i / 2] >> ((i & 1) * 4)) & 0xF;
+                    zeros[n * p.groups + g] = if p.code_bits == 4 {
+                        (z[i / 2] >> ((i & 1) * 4)) & 0xF
+                    } else {
+                        z[i]
+                    };
                 }
             }
         }
@@ -530,7 +591,7 @@ impl RepackedW4 {
         QuantMatrix {
             n: p.n,
             k: p.k,
-            bits: 4,
+            bits: p.code_bits as u8,
             group_size: self.group_size,
             codes,
             zeros: self.zeros_given.then_some(zeros),
@@ -944,6 +1005,11 @@ impl LinearW4A16Cuda {
     pub fn with_weight(device: &CudaDevice, weight: Arc<DeviceW4>, max_m: usize, tuning: Tuning) -> Result<Self> {
         if !(1..=MAX_M).contains(&max_m) {
             return Err(Error::invalid("max_m", max_m, format!("must be in 1..={MAX_M}")));
+        }
+        if weight.plan.code_bits != 4 {
+            return Err(Error::Unsupported(
+                "the decode kernel reads 4-bit codes (an 8-bit weight from `repack`, not `repack_int8`)".into(),
+            ));
         }
         let (plan, act) = (weight.plan.clone(), weight.act);
         let units = plan.n_tiles() * plan.k_tiles();
@@ -1459,6 +1525,62 @@ mod tests {
             z.iter_mut().for_each(|c| *c = rng.below(256) as u8);
         }
         w
+    }
+
+    #[test]
+    fn int8_layout_is_a_bijection_and_f16_only() {
+        let mut rng = Rng(9);
+        for &(n, k, g) in &[(64, 128, 32), (192, 4160, 64), (256, 1040, 80), (128, 100, 100)] {
+            for zeros in [false, true] {
+                for act_order in [false, true] {
+                    if act_order && g == k {
+                        continue;
+                    }
+                    let w = random_weight8(&mut rng, n, k, g, zeros, act_order);
+                    let packed = repack_int8(&w, DType::F16).unwrap();
+                    assert_eq!(packed.plan.code_bits, 8);
+                    assert_eq!(packed.words.len(), packed.plan.n_pad * packed.plan.k_pad / 4);
+                    assert_eq!(
+                        packed.unpack(),
+                        w,
+                        "n={n} k={k} g={g} zeros={zeros} act_order={act_order}"
+                    );
+                }
+            }
+        }
+        let w = random_weight8(&mut rng, 64, 128, 32, true, false);
+        assert!(matches!(repack_int8(&w, DType::Bf16), Err(Error::Unsupported(_))));
+        assert!(repack_int8(&random_weight(&mut rng, 64, 128, 32, true, false), DType::F16).is_err());
+    }
+
+    /// The int8 layout read the way the GEMM's Converter reads it (kernel header, INT8 CODES): lane `l` of warp
+    /// `w` reads 16 bytes at `w * 4096 + step * 512 + l * 16`; bytes `8t + 4h + e` of tile `t` are row
+    /// `16t + g + 8 (e >> 1)`, k `16 step + 2 (l % 4) + (e & 1) + 8h`. Zero codes: byte `param_slot(c)`.
+    #[test]
+    fn int8_layout_is_what_the_gemm_reads() {
+        let mut rng = Rng(10);
+        let w = random_weight8(&mut rng, 512, 384, 64, true, false);
+        let packed = repack_int8(&w, DType::F16).unwrap();
+        let p = &packed.plan;
+        let bytes: Vec<u8> = packed.words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let unit_bytes = p.n_cta * K_TILE;
+        for (u, unit) in bytes.chunks_exact(unit_bytes).enumerate() {
+            let (nt, kt) = (u / p.k_tiles(), u % p.k_tiles());
+            for (b, &code) in unit.iter().enumerate() {
+                let (warp, step, lane, t, h, e) =
+                    (b / 4096, (b / 512) % 8, (b / 16) % 32, (b / 8) % 2, (b / 4) % 2, b % 4);
+                let n = nt * p.n_cta + warp * 32 + 16 * t + lane / 4 + 8 * (e >> 1);
+                let k = kt * K_TILE + 16 * step + 2 * (lane % 4) + (e & 1) + 8 * h;
+                assert_eq!(code, w.codes[n * w.k + k], "unit {u} byte {b}");
+            }
+        }
+        let zeros = packed.zeros.as_ref().unwrap();
+        for n in 0..w.n {
+            for g in 0..w.groups() {
+                let slot = ((n / p.n_cta) * p.group_rows + g) * p.n_cta + param_slot(n % p.n_cta);
+                assert_eq!(zeros[slot], w.zero(n, g));
+            }
+        }
     }
 
     #[test]

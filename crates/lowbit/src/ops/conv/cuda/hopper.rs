@@ -1,12 +1,13 @@
 //! The Hopper path of [`super::Conv2dCuda`]: an ungrouped, stride-1 int4 or int8 convolution computed by the W4A16
 //! wgmma GEMM (`kernels/linear_w4a16_gemm.cu`, section CONVOLUTION) instead of the mma.sync implicit GEMM. int8
-//! codes run as two int4 planes over the same taps (`as_linear`), at twice the tensor-core work.
+//! codes take the GEMM's int8 layout (`repack_int8`, the kernel's INT8 CODES): one byte per weight, converted at
+//! the cost of int4 codes.
 //!
 //! The input is first written as a zero-padded NHWC fp16 image `[B][H + 2ph][W + 2pw][Ci]` (one transpose kernel).
 //! Tokens are the positions of that padded grid, so the activations of kernel tap `(r, s)` for tokens `m..m + BM`
 //! are simply rows `m + r·dh·Wp + s·dw ..` of the image: one TMA box per 64 channels, no im2col anywhere. The
 //! weight is the layer `[Co, Kh·Kw·Ci]` with K in (tap, channel) order, repacked like any linear weight, its
-//! per-block offsets carried next to the scales (`(q − 8)·s + o` per pair, one fp16 rounding as in `conv.cu`).
+//! per-block offsets carried next to the scales (`q·s + o` per pair, one fp16 rounding as in `conv.cu`).
 //! The positions of the right and bottom padding bands are computed and dropped by the epilogue, which writes
 //! NCHW: the extra work is `(H + 2ph)(W + 2pw) / (OH·OW) − 1` (7% at 56×56 with a 3×3 kernel).
 
@@ -19,7 +20,7 @@ use crate::formats::block::{BlockBits, BlockQuantWeight};
 use crate::formats::QuantMatrix;
 use crate::ops::activation::Activation;
 use crate::ops::linear::cuda::gemm::{ConvFields, ConvLaunch, LinearW4A16Gemm};
-use crate::ops::linear::cuda::{param_slot, repack, DeviceW4};
+use crate::ops::linear::cuda::{param_slot, repack, repack_int8, DeviceW4};
 use cudarc::driver::PushKernelArg;
 use half::f16;
 
@@ -36,8 +37,6 @@ pub(super) struct HopperConv {
     offsets: CudaSlice<u16>,
     /// `[Co]` fp16.
     bias: CudaSlice<u16>,
-    /// Weight planes of the GEMM form: 1 (int4) or 2 (int8, see `as_linear`).
-    planes: usize,
 }
 
 /// Whether the Hopper path can run this convolution: an sm_90 GPU, int4 or int8 codes, one group, unit stride, `Ci`
@@ -57,62 +56,38 @@ fn fp16_normal(v: f32) -> bool {
     v == 0.0 || (v.abs() >= f16::MIN_POSITIVE.to_f32() && v.abs() <= f16::MAX.to_f32())
 }
 
-/// Weight planes of the GEMM form of `weight`: one for int4 codes, two for int8 (see [`as_linear`]).
-fn planes(weight: &BlockQuantWeight) -> usize {
-    if weight.bits() == BlockBits::Int8 {
-        2
-    } else {
-        1
-    }
-}
-
-/// The convolution weight as a linear `[Co, planes·taps·Ci]` int4 weight with K in (plane, tap, channel) order:
-/// codes `q + 8` (symmetric, zero 8), the block scales repeated for every tap; and the offsets `[Co][groups]`
-/// likewise. An int8 code is two int4 planes, `q = 16 (hi − 8) + (lo − 8) + 8` with `hi, lo` the nibbles of
-/// `q + 128`, so `q s + o = (hi − 8)·16s + (lo − 8)·s + (8s + o)`: plane 0 has scales 16s and offsets 0, plane 1
-/// scales s and offsets 8s + o, and the kernel reads x once per plane.
+/// The convolution weight as a linear `[Co, taps·Ci]` weight with K in (tap, channel) order: codes `q + 8` (int4)
+/// or `q + 128` (int8), symmetric (the zero is the midpoint), the block scales repeated for every tap; and the
+/// offsets `[Co][groups]` likewise, so that each weight is `(code − midpoint)·s + o = q·s + o`.
 fn as_linear(weight: &BlockQuantWeight) -> (QuantMatrix, Vec<f32>) {
     let shape = weight.shape();
     let (co, ci, taps, blocks) = (shape.rows, shape.channels, shape.taps(), shape.blocks());
-    let planes = planes(weight);
-    let k = planes * taps * ci;
+    let bits: u8 = if weight.bits() == BlockBits::Int8 { 8 } else { 4 };
+    let midpoint = 1i32 << (bits - 1);
+    let k = taps * ci;
     let mut codes = vec![0u8; co * k];
     for (n, row) in codes.chunks_exact_mut(k).enumerate() {
         for c in 0..ci {
             for tap in 0..taps {
-                let q = weight.codes()[(n * ci + c) * taps + tap] as i32;
-                if planes == 1 {
-                    row[tap * ci + c] = (q + 8) as u8;
-                } else {
-                    let u = (q + 128) as u8;
-                    row[tap * ci + c] = u >> 4;
-                    row[(taps + tap) * ci + c] = u & 15;
-                }
+                row[tap * ci + c] = (weight.codes()[(n * ci + c) * taps + tap] as i32 + midpoint) as u8;
             }
         }
     }
-    let groups = planes * taps * blocks;
+    let groups = taps * blocks;
     let mut scales = vec![0f32; co * groups];
     let mut offsets = vec![0f32; co * groups];
     for n in 0..co {
-        for plane in 0..planes {
-            for tap in 0..taps {
-                for b in 0..blocks {
-                    let (s, o) = (weight.scales()[n * blocks + b], weight.offsets()[n * blocks + b]);
-                    let g = n * groups + (plane * taps + tap) * blocks + b;
-                    (scales[g], offsets[g]) = match (planes, plane) {
-                        (1, _) => (s, o),
-                        (_, 0) => (16.0 * s, 0.0),
-                        _ => (s, 8.0 * s + o),
-                    };
-                }
+        for tap in 0..taps {
+            for b in 0..blocks {
+                let g = n * groups + tap * blocks + b;
+                (scales[g], offsets[g]) = (weight.scales()[n * blocks + b], weight.offsets()[n * blocks + b]);
             }
         }
     }
     let matrix = QuantMatrix {
         n: co,
         k,
-        bits: 4,
+        bits,
         group_size: shape.block_channels,
         codes,
         zeros: None,
@@ -137,7 +112,11 @@ impl HopperConv {
         {
             return Ok(None);
         }
-        let packed = repack(&matrix, DType::F16)?;
+        let packed = if matrix.bits == 8 {
+            repack_int8(&matrix, DType::F16)?
+        } else {
+            repack(&matrix, DType::F16)?
+        };
         let plan = &packed.plan;
         if !matches!(plan.n_cta, 128 | 256) {
             return Ok(None);
@@ -164,7 +143,6 @@ impl HopperConv {
             pack,
             offsets,
             bias,
-            planes: planes(weight),
         }))
     }
 
@@ -235,7 +213,6 @@ impl HopperConv {
             out_h: oh as i32,
             out_w: ow as i32,
             batch: batch as i32,
-            planes: self.planes as i32,
             out_plane: (oh * ow) as i64,
         };
         let launch = ConvLaunch {

@@ -111,6 +111,8 @@ pub struct GemmVariant {
     pub conv: bool,
     /// k16 steps whose weight fragments are converted ahead of the wgmmas (2 or 3; see the kernel's OVERLAP).
     pub lookahead: usize,
+    /// Bits per weight code: 4, or 8 for the int8 layout of [`super::repack_int8`] (fp16 only).
+    pub wbits: usize,
 }
 
 impl GemmVariant {
@@ -127,8 +129,10 @@ impl GemmVariant {
     fn stage_bytes(&self) -> usize {
         let group_rows = if self.unit_groups { 1 } else { MAX_GROUP_ROWS };
         let n_cta = self.n_cta();
-        let bytes =
-            self.bm() * K_TILE * 2 + n_cta * K_TILE / 2 + group_rows * n_cta * 2 + group_rows * self.zero_row_bytes();
+        let bytes = self.bm() * K_TILE * 2
+            + n_cta * K_TILE * self.wbits / 8
+            + group_rows * n_cta * 2
+            + group_rows * self.zero_row_bytes();
         bytes.next_multiple_of(1024)
     }
 
@@ -137,7 +141,7 @@ impl GemmVariant {
         if self.offsets {
             self.n_cta() * 2
         } else if self.zeros {
-            self.n_cta() / 2
+            self.n_cta() * self.wbits / 8
         } else {
             0
         }
@@ -179,8 +183,9 @@ impl GemmVariant {
 
     fn name(&self) -> String {
         format!(
-            "linear_w4a16_gemm_{}_z{}_g{}_wgn{}_t{}_s{}_l{}{}",
+            "linear_w4a16_gemm_{}_w{}_z{}_g{}_wgn{}_t{}_s{}_l{}{}",
             self.act.name(),
+            self.wbits,
             self.zero_mode(),
             if self.unit_groups { "unit" } else { "any" },
             self.wg_n,
@@ -197,7 +202,8 @@ impl GemmVariant {
             || {
                 format!(
                     "#define LB_DTYPE {}\n#define LB_ZEROS {}\n#define LB_WG_N {}\n#define LB_WG_TOKENS {}\n\
-                 #define LB_STAGES {}\n#define LB_UNIT_GROUPS {}\n#define LB_CONV {}\n#define LB_LOOKAHEAD {}\n",
+                 #define LB_STAGES {}\n#define LB_UNIT_GROUPS {}\n#define LB_CONV {}\n#define LB_LOOKAHEAD {}\n\
+                 #define LB_WBITS {}\n",
                     if self.act == DType::Bf16 { "BF16" } else { "F16" },
                     self.zero_mode(),
                     self.wg_n,
@@ -205,7 +211,8 @@ impl GemmVariant {
                     self.stages,
                     u8::from(self.unit_groups),
                     u8::from(self.conv),
-                    self.lookahead
+                    self.lookahead,
+                    self.wbits
                 )
             },
             SOURCE,
@@ -273,9 +280,6 @@ pub(crate) struct ConvFields {
     pub out_h: i32,
     pub out_w: i32,
     pub batch: i32,
-    /// Weight planes: 1 for int4 weights; 2 for int8 weights as two int4 planes, K running (plane, tap, channel)
-    /// so that x is read once per plane.
-    pub planes: i32,
     /// `out_h · out_w`.
     pub out_plane: i64,
 }
@@ -335,9 +339,14 @@ impl std::fmt::Debug for LinearW4A16Gemm {
 
 impl LinearW4A16Gemm {
     /// Validates and repacks `w`, uploads it, and loads the kernel for batches of up to `max_m` rows of `act`
-    /// (f16 or bf16) activations.
+    /// (f16 or bf16) activations. An 8-bit weight with f16 activations takes the GEMM's own int8 layout
+    /// ([`super::repack_int8`]); with bf16, two int4 planes ([`super::repack`]).
     pub fn new(device: &CudaDevice, w: &QuantMatrix, act: DType, max_m: usize) -> Result<Self> {
-        let packed: RepackedW4 = super::repack(w, act)?;
+        let packed: RepackedW4 = if w.bits == 8 && act == DType::F16 {
+            super::repack_int8(w, act)?
+        } else {
+            super::repack(w, act)?
+        };
         Self::with_weight(device, DeviceW4::upload(device, &packed)?, max_m, None)
     }
 
@@ -391,6 +400,7 @@ impl LinearW4A16Gemm {
                     offsets: conv,
                     conv,
                     lookahead: default_lookahead(wg_tokens),
+                    wbits: plan.code_bits,
                 },
             )
         };
@@ -943,13 +953,14 @@ mod tests {
             return;
         }
         let limits = smem_limits((9, 0));
-        for act in [DType::F16, DType::Bf16] {
+        for (act, wbits) in [(DType::F16, 4), (DType::Bf16, 4), (DType::F16, 8)] {
             for (wg_n, wg_tokens) in [(1, 64), (1, 128), (2, 64), (2, 128)] {
                 for (zeros, offsets, conv) in [(true, false, false), (false, true, true)] {
                     if conv && act != DType::F16 {
                         continue; // the convolution path is f16 only
                     }
                     let mut v = GemmVariant {
+                        wbits,
                         act,
                         zeros,
                         wg_n,
