@@ -520,6 +520,20 @@ struct FragmentOps<F16> {
                           F16::sub(and_or<0x000F000Fu, F16::MAGIC>(w8), lo),
                           F16::fma(and_or<0x00F000F0u, F16::MAGIC>(w8), F16::ONE_SIXTEENTH, hi));
     }
+    // 8-bit codes (the int8 layout, cuda.rs `repack_int8`): `lo` holds bytes (g, k) (g, k + 1) (g + 8, k)
+    // (g + 8, k + 1) of the fragment, `hi` the same at k + 8. prmt next to the exponent byte 0x64 makes each pair
+    // {1024 + u, 1024 + u'} (the fp16 step is 1 in [1024, 2048)); subtracting the zero term {1024 + z, 1024 + z}
+    // of the row (load_group_terms<.., 8>) leaves u - z exactly: one prmt and one sub per register.
+    // The zero terms of dequant8 from a lane group's four zero bytes (tile 0 row g, tile 0 row g + 8, tile 1 ...):
+    // byte b of z4 next to byte 5 of {b:a} = 0x64, i.e. {1024 + z, 1024 + z}.
+    __device__ static __forceinline__ void zero_terms8(u32 z4, u32 (&lo)[2], u32 (&hi)[2]) {
+        lo[0] = prmt(z4, F16::MAGIC, 0x5050), hi[0] = prmt(z4, F16::MAGIC, 0x5151);
+        lo[1] = prmt(z4, F16::MAGIC, 0x5252), hi[1] = prmt(z4, F16::MAGIC, 0x5353);
+    }
+    __device__ static __forceinline__ uint4 dequant8(u32 lo, u32 hi, u32 z_g, u32 z_g8) {
+        return make_uint4(F16::sub(prmt(lo, F16::MAGIC, 0x5150), z_g), F16::sub(prmt(lo, F16::MAGIC, 0x5352), z_g8),
+                          F16::sub(prmt(hi, F16::MAGIC, 0x5150), z_g), F16::sub(prmt(hi, F16::MAGIC, 0x5352), z_g8));
+    }
     // Two scales (low half, high half) as f32.
     __device__ static __forceinline__ float2 scale_pair(u32 pair) {
         return __half22float2(*reinterpret_cast<const __half2*>(&pair));
@@ -563,23 +577,30 @@ struct FragmentOps<BF16> {
 
 // This lane's per-group terms for its four accumulator rows (tile t = 0, 1 x rows g, g + 8).
 struct GroupTerms {
-    u32 lo[2], hi[2];  // zero terms of rows g / g + 8 per tile (FragmentOps<T>::zero_terms)
+    u32 lo[2], hi[2];  // zero terms of rows g / g + 8 per tile (FragmentOps<T>::zero_terms, or for 8-bit codes
+                       // {1024 + z, 1024 + z}: FragmentOps<F16>::dequant8)
     float s[2][2];     // scales [tile][row g, row g + 8]
     u32 s2[2][2];      // the same scales as packed pairs {s, s} of the activation type (scaling A fragments)
 };
 
 // The zero terms and scales of this lane's four accumulator rows for scale/zero row `row` of a stage whose scale
-// rows start at shared address `params` (zero rows follow after `s_bytes`): one 8-byte and one 16-bit shared load,
-// because the SCALE/ZERO LAYOUT of linear_w4a16.cu puts a lane group's four values together. `warp` is the 32-column
-// slice of the N_CTA-wide tile.
-template <class T, bool HAS_ZEROS, int N_CTA>
+// rows start at shared address `params` (zero rows follow after `s_bytes`): one 8-byte and one 16-bit (8-bit
+// codes: 32-bit) shared load, because the SCALE/ZERO LAYOUT of linear_w4a16.cu puts a lane group's four values
+// together. `warp` is the 32-column slice of the N_CTA-wide tile.
+template <class T, bool HAS_ZEROS, int N_CTA, int WBITS = 4>
 __device__ __forceinline__ GroupTerms load_group_terms(u32 params, int s_bytes, int row, int warp, int lane) {
     const int g = lane >> 2;
     const uint2 sv = lds64(params + row * (N_CTA * 2) + warp * 64 + g * 8);
-    u32 z = 0x8888u;  // symmetric: every zero is the midpoint 8
-    if (HAS_ZEROS) z = lds16(params + s_bytes + row * (N_CTA / 2) + warp * 16 + g * 2);
     GroupTerms gt;
-    FragmentOps<T>::zero_terms(z * 0x10001u, gt.lo, gt.hi);
+    if (WBITS == 8) {
+        // Symmetric: every zero is the midpoint 128.
+        const u32 z4 = HAS_ZEROS ? lds32(params + s_bytes + row * N_CTA + warp * 32 + g * 4) : 0x80808080u;
+        FragmentOps<F16>::zero_terms8(z4, gt.lo, gt.hi);
+    } else {
+        u32 z = 0x8888u;  // symmetric: every zero is the midpoint 8
+        if (HAS_ZEROS) z = lds16(params + s_bytes + row * (N_CTA / 2) + warp * 16 + g * 2);
+        FragmentOps<T>::zero_terms(z * 0x10001u, gt.lo, gt.hi);
+    }
     const float2 s0 = FragmentOps<T>::scale_pair(sv.x), s1 = FragmentOps<T>::scale_pair(sv.y);
     gt.s[0][0] = s0.x, gt.s[0][1] = s0.y, gt.s[1][0] = s1.x, gt.s[1][1] = s1.y;
     gt.s2[0][0] = prmt(sv.x, sv.x, 0x1010), gt.s2[0][1] = prmt(sv.x, sv.x, 0x3232);

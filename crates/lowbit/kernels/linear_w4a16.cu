@@ -64,7 +64,7 @@
 //   ld.shared and its four zero codes with one 16-bit ld.shared, and forms all its zero terms with ~8 ALU ops.
 //
 // The host prepends the #defines selecting one variant (LB_DTYPE, LB_MT, LB_ZEROS, LB_WARPS, LB_STAGES, LB_TMA,
-// LB_MIN_BLOCKS, LB_UNIT_GROUPS, LB_RECEIVE) and launches the extern "C" kernels at the bottom.
+// LB_MIN_BLOCKS, LB_UNIT_GROUPS, LB_RECEIVE, LB_WBITS) and launches the extern "C" kernels at the bottom.
 #include "common.cuh"
 
 namespace lowbit {
@@ -103,18 +103,21 @@ struct Shape {
 
 // UNIT_GROUPS: the group size is a multiple of 128 (g128, per channel, ...), so each unit lies in one group: a
 // stage holds one scale/zero row instead of MAX_GROUP_ROWS (more stages fit) and no group boundary is checked.
-template <class T, int MT, bool HAS_ZEROS, int WARPS, int STAGES, bool TMA, bool UNIT_GROUPS, bool RECEIVE>
+// WBITS: bits per weight code, 4, or 8 for the int8 layout (fp16 only; see INT8 CODES).
+template <class T, int MT, bool HAS_ZEROS, int WARPS, int STAGES, bool TMA, bool UNIT_GROUPS, bool RECEIVE, int WBITS>
 struct Linear {
+    static_assert(WBITS == 4 || (WBITS == 8 && T::MAGIC == F16::MAGIC), "int8 codes: fp16 activations only");
     static constexpr int THREADS = WARPS * 32;           // consumer (mma) threads
     static constexpr int BLOCK = THREADS + (TMA ? 32 : 0);  // + one producer warp issuing the TMA copies
     static constexpr int N_CTA = WARPS * WARP_N;
     static constexpr int M_ROWS = MT * 8;
     // Bytes of one stage: weights, x rows, scale rows, zero rows (each a multiple of 16).
-    static constexpr int W_BYTES = N_CTA * K_TILE / 2;
+    static constexpr int W_BYTES = N_CTA * K_TILE * WBITS / 8;
     static constexpr int X_BYTES = M_ROWS * X_PITCH * 2;
     static constexpr int GROUP_ROWS = UNIT_GROUPS ? 1 : MAX_GROUP_ROWS;  // scale/zero rows per stage
     static constexpr int S_BYTES = GROUP_ROWS * N_CTA * 2;
-    static constexpr int Z_BYTES = HAS_ZEROS ? GROUP_ROWS * N_CTA / 2 : 0;
+    static constexpr int Z_ROW_BYTES = HAS_ZEROS ? N_CTA * WBITS / 8 : 0;  // zero codes of one group row
+    static constexpr int Z_BYTES = GROUP_ROWS * Z_ROW_BYTES;
     static constexpr int STAGE_BYTES = W_BYTES + X_BYTES + S_BYTES + Z_BYTES;
     // fp32 partial sums of one split tile, in accumulator-fragment order (see write_partial).
     static constexpr int SLOT_FLOATS = N_CTA * M_ROWS;
@@ -123,9 +126,9 @@ struct Linear {
     static constexpr int SMEM_BYTES = RECEIVE_OFFSET + (RECEIVE ? SLOT_FLOATS * 4 : 0);
 
     struct Args {
-        const uint4* qweight;  // repacked codes, N_CTA * 4 uint4 per unit, units in (n_tile, k_tile) order
+        const uint4* qweight;  // repacked codes, W_BYTES per unit, units in (n_tile, k_tile) order
         const u16* scales;     // [NT][GP][N_CTA] bits of T, columns in param_slot order (header)
-        const u8* zeros;       // [NT][GP][N_CTA / 2] 4-bit zero codes in param_slot order, low nibble first
+        const u8* zeros;       // [NT][GP][Z_ROW_BYTES] zero codes in param_slot order (4-bit: low nibble first)
         const u16* x;          // [M][x_stride] bits of T
         const u16* bias;       // [N] bits of T, or null
         u16* y;                // [M][y_stride] bits of T
@@ -146,10 +149,10 @@ struct Linear {
     // Issues the cp.async copies of unit u = (nt, kt) into `stage`.
     __device__ static __forceinline__ void load_stage(const Args& a, const Shape& s, char* stage, int u, int nt,
                                                       int kt, int tid) {
-        // Weights: the unit is contiguous, N_CTA * 4 chunks of 16 B, THREADS consecutive chunks per pass.
-        const uint4* wsrc = a.qweight + (size_t)u * (N_CTA * 4) + tid;
+        // Weights: the unit is contiguous, W_BYTES / 16 chunks of 16 B, THREADS consecutive chunks per pass.
+        const uint4* wsrc = a.qweight + (size_t)u * (W_BYTES / 16) + tid;
 #pragma unroll
-        for (int j = 0; j < 4 * N_CTA / THREADS; ++j) cp_async16(stage + (tid + j * THREADS) * 16, wsrc + j * THREADS);
+        for (int j = 0; j < W_BYTES / 16 / THREADS; ++j) cp_async16(stage + (tid + j * THREADS) * 16, wsrc + j * THREADS);
         // x: 16 chunks of 8 elements per valid row; thread tid takes chunk tid % 16 of rows tid / 16 + i * (THREADS /
         // 16). Chunks past K are zero-filled without reading.
         const int k0 = kt * K_TILE;
@@ -174,16 +177,16 @@ struct Linear {
         for (int c = tid; c < rows * S_CHUNKS; c += THREADS)
             cp_async16(ss + c * 16, a.scales + row0 * N_CTA + c * 8);  // rows are contiguous in both places
         if (HAS_ZEROS) {
-            constexpr int Z_CHUNKS = N_CTA / 2 / 16;
+            constexpr int Z_CHUNKS = Z_ROW_BYTES / 16;
             for (int c = tid; c < rows * Z_CHUNKS; c += THREADS)
-                cp_async16(ss + S_BYTES + c * 16, a.zeros + row0 * (N_CTA / 2) + c * 16);
+                cp_async16(ss + S_BYTES + c * 16, a.zeros + row0 * Z_ROW_BYTES + c * 16);
         }
     }
 
     // The zero terms and scales of this lane's four accumulator rows for group row `row` of the stage: one 8-byte
     // and one 16-bit shared load (the SCALE/ZERO LAYOUT of the header puts a lane group's four values together).
     __device__ static __forceinline__ GroupTerms load_group(u32 stage, int row, int warp, int lane) {
-        return load_group_terms<T, HAS_ZEROS, N_CTA>(stage + W_BYTES + X_BYTES, S_BYTES, row, warp, lane);
+        return load_group_terms<T, HAS_ZEROS, N_CTA, WBITS>(stage + W_BYTES + X_BYTES, S_BYTES, row, warp, lane);
     }
 
     // Tiles per pass over a unit: both (one pass) while the group accumulators fit in registers next to `acc`;
@@ -212,7 +215,7 @@ struct Linear {
     // scaled into `acc` at each group end and at the unit's end (UNIT_GROUPS: the whole unit is group row 0).
     __device__ static __forceinline__ void compute_stage(u32 stage, const Shape& s, int kt, int warp, int lane,
                                                          float (&acc)[2][MT][4]) {
-        const u32 ws = stage + warp * (4 * 512) + lane * 16;
+        const u32 ws = stage + warp * (W_BYTES / WARPS) + lane * 16;
         // Row lane % 8 of a token tile at k offset 8 * (lane / 8) (x4: the four 8x8 matrices of a 32-k chunk).
         const u32 xs = stage + W_BYTES + ((lane & 7) * X_PITCH + (lane >> 3) * 8) * 2;
         // Bit j set: a group starts at k16 step j of this unit (j >= 1). The group row of step j is then the
@@ -229,7 +232,10 @@ struct Linear {
             float acc_g[T_PER_PASS][MT][4];
 #pragma unroll
             for (int kc = 0; kc < 4; ++kc) {
-                const uint4 wq = lds128(ws + kc * 512);
+                // 4-bit codes: the chunk's 16 bytes (words: step 0 tile 0, tile 1, step 1 tile 0, tile 1); 8-bit
+                // codes (INT8 CODES of linear_w4a16_gemm.cu): 16 bytes per step, words 2t and 2t + 1 of tile t.
+                const uint4 wq = lds128(ws + kc * (WBITS == 8 ? 1024 : 512));
+                const uint4 wq1 = WBITS == 8 ? lds128(ws + kc * 1024 + 512) : wq;
                 // B fragments of tokens mt*8..mt*8+7 for both k16 steps of this 32-k chunk: lanes 0-7 address
                 // rows at k offset 0, lanes 8-15 at 8, 16-23 at 16, 24-31 at 24 -> regs (step 0 lo, hi, step 1
                 // lo, hi). At M = 64 one step at a time (ldmatrix.x2, lanes 0-15), for registers.
@@ -261,7 +267,11 @@ struct Linear {
                     for (int tt = 0; tt < T_PER_PASS; ++tt) {
                         const int t = pass * T_PER_PASS + tt;
                         const u32 word = ks == 0 ? (t == 0 ? wq.x : wq.y) : (t == 0 ? wq.z : wq.w);
-                        const uint4 frag = FragmentOps<T>::dequant(word, gt.lo[t], gt.hi[t]);
+                        const uint4 w8 = ks == 0 ? wq : wq1;
+                        const uint4 frag =
+                            WBITS == 8 ? FragmentOps<F16>::dequant8(t == 0 ? w8.x : w8.z, t == 0 ? w8.y : w8.w,
+                                                                    gt.lo[t], gt.hi[t])
+                                       : FragmentOps<T>::dequant(word, gt.lo[t], gt.hi[t]);
 #pragma unroll
                         for (int mt = 0; mt < MT; ++mt) {
                             if (step == 0)
@@ -443,13 +453,13 @@ struct Linear {
             const int g_hi = s.group_shift >= 0 ? (k0 + K_TILE - 1) >> s.group_shift : (k0 + K_TILE - 1) / s.group;
             const int rows = g_hi - g_lo + 1;
             const size_t row0 = (size_t)nt * s.GP + g_lo;
-            const u32 bytes = W_BYTES + s.M * (K_TILE * 2) + rows * (N_CTA * 2) + (HAS_ZEROS ? rows * (N_CTA / 2) : 0);
+            const u32 bytes = W_BYTES + s.M * (K_TILE * 2) + rows * (N_CTA * 2 + Z_ROW_BYTES);
             if (lane == 0) {
                 mbar_arrive_expect_tx(full, bytes);
-                bulk_copy(stage, a.qweight + (size_t)(u_begin + i) * (N_CTA * 4), W_BYTES, full);
+                bulk_copy(stage, a.qweight + (size_t)(u_begin + i) * (W_BYTES / 16), W_BYTES, full);
                 bulk_copy(stage + W_BYTES + X_BYTES, a.scales + row0 * N_CTA, rows * (N_CTA * 2), full);
                 if (HAS_ZEROS)
-                    bulk_copy(stage + W_BYTES + X_BYTES + S_BYTES, a.zeros + row0 * (N_CTA / 2), rows * (N_CTA / 2),
+                    bulk_copy(stage + W_BYTES + X_BYTES + S_BYTES, a.zeros + row0 * Z_ROW_BYTES, rows * Z_ROW_BYTES,
                               full);
             }
             __syncwarp();  // expect_tx before the rows' copies (not required, but keeps tx-count non-negative)
@@ -596,12 +606,15 @@ struct Linear {
 #define LB_UNIT_GROUPS 1
 #define LB_RECEIVE 0
 #endif
+#ifndef LB_WBITS
+#define LB_WBITS 4
+#endif
 #if LB_TMA && __CUDA_ARCH__ < 900
 #error "the TMA pipeline (LB_TMA) needs sm_90: select LB_TMA 0 for older GPUs"
 #endif
 
 typedef lowbit::w4a16::Linear<lowbit::LB_DTYPE, LB_MT, LB_ZEROS != 0, LB_WARPS, LB_STAGES, LB_TMA != 0,
-                              LB_UNIT_GROUPS != 0, LB_RECEIVE != 0>
+                              LB_UNIT_GROUPS != 0, LB_RECEIVE != 0, LB_WBITS>
     LinearVariant;
 
 extern "C" __global__ void __launch_bounds__(LinearVariant::BLOCK, LB_MIN_BLOCKS)

@@ -243,19 +243,9 @@ struct Gemm {
         uint4 wq;
         GroupTerms gt;
         u32 o2[2][2];  // OFFSETS: the offsets of rows g / g + 8 per tile as packed pairs {o, o}
-        u32 z8[2][2];  // int8 codes: 1024 + z of rows g / g + 8 per tile as packed pairs (see INT8 CODES)
 
         __device__ __forceinline__ void load_terms(int row, int dw, int lane) {
-            gt = load_group_terms<T, HAS_ZEROS && WBITS == 4, N_CTA>(params, S_BYTES, row, dw, lane);
-            if (WBITS == 8) {
-                // A lane group's four zero bytes are one word (param_slot order: tile 0 row g, tile 0 row g + 8,
-                // tile 1 ...); prmt puts byte b next to the exponent byte 0x64 in both halves: {1024 + z, 1024 + z}.
-                // Without zero codes every zero is 128, the midpoint of the unsigned codes.
-                const u32 z4 = HAS_ZEROS ? lds32(params + S_BYTES + row * N_CTA + dw * 32 + (lane >> 2) * 4)
-                                         : 0x80808080u;
-#pragma unroll
-                for (int b = 0; b < 4; ++b) z8[b >> 1][b & 1] = prmt(z4, F16::MAGIC, 0x5050 + b * 0x0101);
-            }
+            gt = load_group_terms<T, HAS_ZEROS, N_CTA, WBITS>(params, S_BYTES, row, dw, lane);
             if (OFFSETS) {  // laid out like the scales (one 8-byte load per lane group)
                 const uint2 ov = lds64(params + S_BYTES + row * (N_CTA * 2) + dw * 64 + (lane >> 2) * 8);
                 o2[0][0] = prmt(ov.x, ov.x, 0x1010), o2[0][1] = prmt(ov.x, ov.x, 0x3232);
@@ -283,18 +273,11 @@ struct Gemm {
         }
 
         // Step j of the stage as the two A fragments (q - z) * s (registers x, z: row g; y, w: row g + 8).
-        // INT8 CODES (WBITS 8): a lane's 16 bytes of step j are its two tiles' fragments, 4 bytes per register
-        // pair half: word 2t holds rows (g, g, g + 8, g + 8) x k (2i, 2i + 1) of tile t, word 2t + 1 the same at
-        // k + 8. prmt with 0x64 as the high byte turns two unsigned codes into {1024 + u, 1024 + u'} (the fp16 step
-        // is 1 in [1024, 2048)), and subtracting {1024 + z, ...} leaves u - z exactly: one prmt and one sub per
-        // register, where the int4 codes need a lop3 and a sub or fma (FragmentOps<T>::dequant).
+        // Tile t's fragment (q - z) of a step whose words are `w`. INT8 CODES (WBITS 8): a lane's 16 bytes of a
+        // step are its two tiles' fragments, words 2t and 2t + 1 of tile t (k and k + 8; FragmentOps<F16>::dequant8).
         __device__ __forceinline__ uint4 dequant(const uint4& w, int t) const {
             if (WBITS == 4) return FragmentOps<T>::dequant(t == 0 ? w.x : w.y, gt.lo[t], gt.hi[t]);
-            const u32 lo = t == 0 ? w.x : w.z, hi = t == 0 ? w.y : w.w;
-            return make_uint4(F16::sub(prmt(lo, F16::MAGIC, 0x5150), z8[t][0]),
-                              F16::sub(prmt(lo, F16::MAGIC, 0x5352), z8[t][1]),
-                              F16::sub(prmt(hi, F16::MAGIC, 0x5150), z8[t][0]),
-                              F16::sub(prmt(hi, F16::MAGIC, 0x5352), z8[t][1]));
+            return FragmentOps<F16>::dequant8(t == 0 ? w.x : w.z, t == 0 ? w.y : w.w, gt.lo[t], gt.hi[t]);
         }
 
         template <int J>
@@ -824,7 +807,8 @@ namespace lowbit {
 namespace w4a16_gemm {
 
 // One CTA per (column tile, k tile): every piece of the unit (and, for an 8-bit weight stored as two int4 planes,
-// of its low-plane partner unit K / 128 tiles on) is converted to fp32 (q - z) * s, the planes summed, rounded once
+// of its low-plane partner unit K / 128 tiles on; `wbits` 8: the int8 layout, two 16-byte pieces per lane and
+// 32-k chunk) is converted to fp32 (q - z) * s, the planes summed, rounded once
 // to T into a shared [N_CTA][128] tile, which is then written to dense[n][k] in coalesced 16-byte chunks -- the
 // fragment order of the repacked words would otherwise scatter 4-byte stores over 8 rows (a third of copy speed).
 constexpr int DENSE_PITCH = K_TILE + 8;  // shared tile row pitch (elements): +16 B spreads rows over banks
@@ -832,7 +816,7 @@ constexpr int DENSE_PITCH = K_TILE + 8;  // shared tile row pitch (elements): +1
 template <class T, int N_CTA>
 __device__ __forceinline__ void dequantize_repacked(const uint4* qweight, const u16* scales, const u8* zeros,
                                                     u16* dense, int N, int K, int KT, int group, int GP,
-                                                    int planes) {
+                                                    int planes, int wbits) {
     extern __shared__ __align__(16) u16 tile[];  // [N_CTA][DENSE_PITCH]
     constexpr int PIECES = N_CTA * 4;              // 16-byte pieces per unit
     const int kt_in = KT / planes;                 // k tiles of the dense output
@@ -842,23 +826,38 @@ __device__ __forceinline__ void dequantize_repacked(const uint4* qweight, const 
         float v[2][2][4][2];  // [ks][tile][register][half]: fp32 (q - z) * s summed over the planes
         for (int plane = 0; plane < planes; ++plane) {
             const int ktp = kt + plane * kt_in;
-            const uint4 wq = qweight[((size_t)nt * KT + ktp) * PIECES + piece];
+            const size_t unit = (size_t)nt * KT + ktp;
+            // int8 layout: step s of warp w at 16-byte piece w * 256 + s * 32 + lane of the unit.
+            const uint4 wq = wbits == 8 ? make_uint4(0, 0, 0, 0) : qweight[unit * PIECES + piece];
             for (int ks = 0; ks < 2; ++ks) {
                 const size_t prow = (size_t)nt * GP + (ktp * K_TILE + kc * 32 + ks * 16) / group;
                 const uint2 sv = *reinterpret_cast<const uint2*>(scales + prow * N_CTA + warp * 32 + g * 4);
-                u32 z = 0x8888u;
-                if (zeros) z = *reinterpret_cast<const unsigned short*>(zeros + prow * (N_CTA / 2) + warp * 16 + g * 2);
                 u32 lo[2], hi[2];
-                FragmentOps<T>::zero_terms(z * 0x10001u, lo, hi);
+                uint4 w8 = make_uint4(0, 0, 0, 0);
+                if (wbits == 8) {
+                    w8 = qweight[unit * PIECES * 2 + warp * 256 + (kc * 2 + ks) * 32 + lane];
+                    const u32 z4 = zeros ? *reinterpret_cast<const u32*>(zeros + prow * N_CTA + warp * 32 + g * 4)
+                                         : 0x80808080u;
+                    FragmentOps<F16>::zero_terms8(z4, lo, hi);
+                } else {
+                    u32 z = 0x8888u;
+                    if (zeros)
+                        z = *reinterpret_cast<const unsigned short*>(zeros + prow * (N_CTA / 2) + warp * 16 + g * 2);
+                    FragmentOps<T>::zero_terms(z * 0x10001u, lo, hi);
+                }
                 const float2 s[2] = {FragmentOps<T>::scale_pair(sv.x), FragmentOps<T>::scale_pair(sv.y)};
                 for (int tl = 0; tl < 2; ++tl) {
                     const u32 word = ks == 0 ? (tl == 0 ? wq.x : wq.y) : (tl == 0 ? wq.z : wq.w);
-                    const uint4 q = FragmentOps<T>::dequant(word, lo[tl], hi[tl]);  // exact (q - z) pairs
+                    // exact (q - z) pairs (fp16 pairs for 8-bit codes, whatever T)
+                    const uint4 q = wbits == 8 ? FragmentOps<F16>::dequant8(tl == 0 ? w8.x : w8.z,
+                                                                            tl == 0 ? w8.y : w8.w, lo[tl], hi[tl])
+                                               : FragmentOps<T>::dequant(word, lo[tl], hi[tl]);
                     const u32 r[4] = {q.x, q.y, q.z, q.w};
                     for (int i = 0; i < 4; ++i) {
                         // Registers 0, 2 are row g (scale .x), 1, 3 row g + 8 (scale .y).
                         const float sc = (i & 1) ? s[tl].y : s[tl].x;
-                        const float2 d = FragmentOps<T>::pair_to_f32(r[i]);
+                        const float2 d = wbits == 8 ? FragmentOps<F16>::pair_to_f32(r[i])
+                                                    : FragmentOps<T>::pair_to_f32(r[i]);
                         v[ks][tl][i][0] = (plane ? v[ks][tl][i][0] : 0.0f) + d.x * sc;
                         v[ks][tl][i][1] = (plane ? v[ks][tl][i][1] : 0.0f) + d.y * sc;
                     }
@@ -895,16 +894,17 @@ __device__ __forceinline__ void dequantize_repacked(const uint4* qweight, const 
 }  // namespace lowbit
 
 // dense[N][K] (K: the layer's input width; positions in k order, so the weight must have no act-order) from the
-// repacked weight, `planes` = 2 for an 8-bit weight stored as two int4 planes (K a multiple of 128); zeros may be
-// null. Grid: column tiles x (KT / planes) CTAs of 256 threads, N_CTA * (128 + 8) * 2 bytes of shared memory.
+// repacked weight, `planes` = 2 for an 8-bit weight stored as two int4 planes (K a multiple of 128), `wbits` 8 for
+// the int8 layout (fp16 pairs, so only with scales of the layer's type; any T); zeros may be null. Grid: column tiles x (KT / planes) CTAs of 256 threads, N_CTA * (128 + 8) * 2 bytes of shared memory.
 #define LB_DEQUANTIZE_REPACKED(NAME, T)                                                                            \
     extern "C" __global__ void NAME(const uint4* qweight, const unsigned short* scales, const unsigned char* zeros, \
                                     unsigned short* dense, int N, int K, int KT, int group, int GP, int n_cta,     \
-                                    int planes) {                                                                  \
+                                    int planes, int wbits) {                                                       \
         using lowbit::w4a16_gemm::dequantize_repacked;                                                            \
-        if (n_cta == 256) dequantize_repacked<T, 256>(qweight, scales, zeros, dense, N, K, KT, group, GP, planes); \
-        if (n_cta == 128) dequantize_repacked<T, 128>(qweight, scales, zeros, dense, N, K, KT, group, GP, planes); \
-        if (n_cta == 64) dequantize_repacked<T, 64>(qweight, scales, zeros, dense, N, K, KT, group, GP, planes);   \
+        const int p = planes, b = wbits;                                                                           \
+        if (n_cta == 256) dequantize_repacked<T, 256>(qweight, scales, zeros, dense, N, K, KT, group, GP, p, b);  \
+        if (n_cta == 128) dequantize_repacked<T, 128>(qweight, scales, zeros, dense, N, K, KT, group, GP, p, b);  \
+        if (n_cta == 64) dequantize_repacked<T, 64>(qweight, scales, zeros, dense, N, K, KT, group, GP, p, b);    \
     }
 LB_DEQUANTIZE_REPACKED(w4a16_dequantize_repacked_f16, lowbit::F16)
 LB_DEQUANTIZE_REPACKED(w4a16_dequantize_repacked_bf16, lowbit::BF16)

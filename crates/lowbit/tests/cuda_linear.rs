@@ -17,7 +17,7 @@
 
 use half::{bf16, f16};
 use lowbit::cuda::{CudaDevice, CudaSlice, DevicePtr, DeviceRepr};
-use lowbit::ops::linear::cuda::{repack, LinearW4A16Cuda, Tuning};
+use lowbit::ops::linear::cuda::{repack, repack_int8, LinearW4A16Cuda, Tuning};
 use lowbit::ops::linear::reference;
 use lowbit::testing::SplitMix64 as Rng;
 use lowbit::{DType, Error, Float, QuantMatrix};
@@ -52,9 +52,10 @@ struct Case {
     splits: Option<usize>,
 }
 
-fn quant(rng: &mut Rng, c: &Case) -> QuantMatrix {
+/// A random weight of `bits`-bit codes (and zeros) for case `c`.
+fn quant(rng: &mut Rng, c: &Case, bits: u8) -> QuantMatrix {
     let groups = c.k / c.group;
-    let codes = (0..c.n * c.k).map(|_| rng.below(16) as u8).collect();
+    let codes = (0..c.n * c.k).map(|_| rng.below(1 << bits) as u8).collect();
     let scales = (0..c.n * groups)
         .map(|_| match c.data {
             Data::Random { .. } => lowbit::dtype::round_to(c.act, 2f32.powf(rng.uniform(-9.0, -5.0))),
@@ -63,7 +64,7 @@ fn quant(rng: &mut Rng, c: &Case) -> QuantMatrix {
         .collect();
     let zeros = c
         .zeros
-        .then(|| (0..c.n * groups).map(|_| rng.below(16) as u8).collect());
+        .then(|| (0..c.n * groups).map(|_| rng.below(1 << bits) as u8).collect());
     let g_idx = c.act_order.then(|| {
         let mut g: Vec<u32> = (0..c.k).map(|i| (i / c.group) as u32).collect();
         for i in (1..c.k).rev() {
@@ -74,7 +75,7 @@ fn quant(rng: &mut Rng, c: &Case) -> QuantMatrix {
     QuantMatrix {
         n: c.n,
         k: c.k,
-        bits: 4,
+        bits,
         group_size: c.group,
         codes,
         zeros,
@@ -208,8 +209,13 @@ fn error(got: &[f32], want: &[f64], label: &str) -> (f64, f64, usize) {
 
 /// All batch sizes of one weight: accuracy per M, batch invariance against the 64-row call, determinism.
 fn check_case<T: Float + DeviceRepr>(dev: &CudaDevice, rng: &mut Rng, c: &Case) {
+    check_case_bits::<T>(dev, rng, c, 4)
+}
+
+/// [`check_case`] with `bits`-bit codes: 8-bit weights in the int8 layout (`repack_int8`, f16 only).
+fn check_case_bits<T: Float + DeviceRepr>(dev: &CudaDevice, rng: &mut Rng, c: &Case, bits: u8) {
     const MS: [usize; 12] = [1, 2, 3, 7, 8, 13, 16, 17, 31, 32, 33, 64];
-    let w = quant(rng, c);
+    let w = quant(rng, c, bits);
     let x = activations(rng, 64 * c.k, c.act, c.data);
     let bias = c
         .bias
@@ -222,9 +228,14 @@ fn check_case<T: Float + DeviceRepr>(dev: &CudaDevice, rng: &mut Rng, c: &Case) 
         splits: c.splits,
         ..Tuning::default()
     };
-    let op = LinearW4A16Cuda::with_tuning(dev, &repack(&w, c.act).unwrap(), 64, tuning).unwrap();
+    let packed = if bits == 8 {
+        repack_int8(&w, c.act)
+    } else {
+        repack(&w, c.act)
+    };
+    let op = LinearW4A16Cuda::with_tuning(dev, &packed.unwrap(), 64, tuning).unwrap();
     let label = format!(
-        "N={} K={} G={} {} zeros={} act_order={} bias={} {:?} stages={:?} (n_cta {}, {} CTAs, splits {})",
+        "W{bits} N={} K={} G={} {} zeros={} act_order={} bias={} {:?} stages={:?} (n_cta {}, {} CTAs, splits {})",
         c.n,
         c.k,
         c.group,
@@ -540,7 +551,7 @@ fn strided_and_unaligned_activation_rows() {
         ctas: None,
         splits: None,
     };
-    let w = quant(&mut rng, &c);
+    let w = quant(&mut rng, &c, 4);
     let op = LinearW4A16Cuda::new(&dev, &w, DType::F16, 16).unwrap();
     let m = 13;
     let x = activations(&mut rng, m * c.k, c.act, c.data);
@@ -603,18 +614,18 @@ fn bad_inputs_give_typed_errors() {
         ctas: None,
         splits: None,
     };
-    let mut w = quant(&mut rng, &c);
+    let mut w = quant(&mut rng, &c, 4);
     assert!(matches!(repack(&w, DType::F32), Err(Error::Invalid { .. })));
     w.group_size = 8;
     w.scales = vec![0.01; 64 * 16];
     w.zeros = Some(vec![8; 64 * 16]);
     assert!(matches!(repack(&w, DType::F16), Err(Error::Unsupported(_))));
-    let mut big = quant(&mut rng, &c);
+    let mut big = quant(&mut rng, &c, 4);
     big.scales[0] = 1e6; // overflows f16
     assert!(matches!(repack(&big, DType::F16), Err(Error::Invalid { .. })));
 
     let Some(dev) = device() else { return };
-    let w = quant(&mut rng, &c);
+    let w = quant(&mut rng, &c, 4);
     let op = LinearW4A16Cuda::new(&dev, &w, DType::F16, 8).unwrap();
     let x = dev.alloc_zeros::<f16>(8 * 128).unwrap();
     let xb = dev.alloc_zeros::<bf16>(8 * 128).unwrap();
@@ -650,4 +661,35 @@ fn bad_inputs_give_typed_errors() {
         ),
         "max_m"
     );
+}
+
+/// 8-bit weights in the int8 layout (one byte per code, fp16): stream-K and cluster split-K, 256- and 64-column
+/// tiles, groups inside units, act-order, symmetric; random data within tolerance, exact data bit for bit.
+#[test]
+fn int8_layout() {
+    let Some(dev) = device() else { return };
+    let mut rng = Rng(0x1e8_1a70);
+    for (n, k, group, zeros, act_order, data, splits) in [
+        (4096, 4096, 128, true, false, Data::Random { x_scale: 1.0 }, None),
+        (4096, 4096, 128, true, false, Data::ExactInteger, Some(1)),
+        (192, 4160, 64, true, false, Data::ExactInteger, None),
+        (576, 192, 192, false, false, Data::ExactInteger, None),
+        (512, 1024, 32, true, true, Data::Random { x_scale: 1.0 }, None),
+    ] {
+        let case = Case {
+            n,
+            k,
+            group,
+            act: DType::F16,
+            zeros,
+            act_order,
+            bias: true,
+            data,
+            ctas_per_sm: None,
+            stages: None,
+            ctas: None,
+            splits,
+        };
+        check_case_bits::<f16>(&dev, &mut rng, &case, 8);
+    }
 }

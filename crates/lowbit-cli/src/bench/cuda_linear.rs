@@ -3,8 +3,9 @@
 //! Implementations (records' `impl`): `lowbit` ([`QuantLinear::run`] with its measured dispatch, launches back to
 //! back), `lowbit_graph` (the same calls captured once into a CUDA graph and replayed: no launch gaps; M <= 64),
 //! `lowbit_decode` / `lowbit_gemm` / `lowbit_dequant_cublas` (QuantLinear with that kernel forced, where it
-//! applies), `lowbit_gemm_int8` (8-bit weights, f16, M >= 64: the GEMM on its own one-byte-per-code layout,
-//! `repack_int8`, where QuantLinear's GEMM reads the two int4 planes the decode kernel needs), and `cublas_fp16` / `cublas_bf16` (dense `x · W^T` with the unquantized weight, fp32 accumulation).
+//! applies), `lowbit_decode_planes` / `lowbit_gemm_planes` (8-bit weights with f16: the decode kernel at M <= 64
+//! and the GEMM at M >= 64 on two int4 planes, `repack`, where QuantLinear reads the int8 layout, `repack_int8`),
+//! and `cublas_fp16` / `cublas_bf16` (dense `x · W^T` with the unquantized weight, fp32 accumulation).
 //! `--dispatch FILE` writes the fastest kernel per shape and M of this run as QuantLinear's dispatch table.
 //!
 //! Default problem: K × N ∈ {4096 × 4096, 4096 × 14336, 14336 × 4096, 8192 × 28672} × M ∈ {1, 4, 16, 64, 256,
@@ -167,7 +168,13 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
     let mut rng = SplitMix64(0x11ea ^ (k * 131 + n) as u64);
     sink.status(format!("linear {k}x{n} {dtype}: preparing weights"));
     let w = random_weight(&mut rng, n, k, group, !args.symmetric, dtype, args.wbits);
-    let packed = repack(&w, dtype)?;
+    // What QuantLinear prepares: 8-bit weights with f16 in the int8 layout.
+    let int8_layout = args.wbits == 8 && dtype == DType::F16;
+    let packed = if int8_layout {
+        repack_int8(&w, dtype)?
+    } else {
+        repack(&w, dtype)?
+    };
     let max_m = ms.iter().copied().max().unwrap_or(1);
     if ms.contains(&0) {
         return Err(Error::invalid("--shape", "M = 0", "must be at least 1"));
@@ -191,24 +198,31 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
             .collect::<Result<_>>()?;
         variant_ops.push((label, v));
     }
-    // The GEMM on the int8 layout (8-bit weights, f16, sm_90).
-    let int8_gemms: Vec<LinearW4A16Gemm> = if args.wbits == 8 && dtype == DType::F16 {
-        let packed8 = repack_int8(&w, dtype)?;
-        (0..sets)
-            .map(|_| DeviceW4::upload(dev, &packed8))
-            .filter(|w| w.as_ref().map_or(true, |w| supported(dev, w)))
-            .map(|w| LinearW4A16Gemm::with_weight(dev, w?, max_m, None))
-            .collect::<Result<_>>()?
-    } else {
-        Vec::new()
-    };
+    // The same 8-bit weight as two int4 planes (the layout before the int8 one), decode and GEMM operators.
+    let mut planes: Vec<(LinearW4A16Cuda, Option<LinearW4A16Gemm>)> = Vec::new();
+    if int8_layout {
+        let packed = repack(&w, dtype)?;
+        for _ in 0..sets {
+            let weight = DeviceW4::upload(dev, &packed)?;
+            let decode = LinearW4A16Cuda::with_weight(dev, weight.clone(), max_m.min(MAX_DECODE_M), Tuning::default())?;
+            let gemm = supported(dev, &weight)
+                .then(|| LinearW4A16Gemm::with_weight(dev, weight, max_m, None))
+                .transpose()?;
+            planes.push((decode, gemm));
+        }
+    }
     let dense = dense_weight::<T>(&w);
     let dense_sets = copies(dense.len() * 2);
     let dense_w: Vec<CudaSlice<T>> = (0..dense_sets).map(|_| dev.upload(&dense)).collect::<Result<_>>()?;
     drop(dense);
     let blas = CublasLinear::new(stream.clone(), n, k)?;
     let mut ws = dev.alloc_zeros::<u8>(layers[0].workspace_bytes(max_m).max(1))?;
-    let mut ws8 = dev.alloc_zeros::<u8>(int8_gemms.first().map_or(1, |g| g.workspace_bytes().max(1)))?;
+    let planes_ws = planes.first().map_or(1, |(d, g)| {
+        d.workspace_bytes()
+            .max(g.as_ref().map_or(0, |g| g.workspace_bytes()))
+            .max(1)
+    });
+    let mut ws_planes = dev.alloc_zeros::<u8>(planes_ws)?;
 
     for &m in ms {
         let xs: Vec<CudaSlice<T>> = (0..sets.max(dense_sets))
@@ -255,12 +269,20 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
             }
         }
         layers.iter_mut().for_each(|l| l.force_kernel(None));
-        if m >= 64 && !int8_gemms.is_empty() {
-            sink.status(format!("linear lowbit_gemm_int8 {m}x{k}x{n} {dtype}"));
+        if !planes.is_empty() && m <= MAX_DECODE_M {
+            sink.status(format!("linear lowbit_decode_planes {m}x{k}x{n} {dtype}"));
             let us = median_of_batches(dev, &stream, sets, |i| {
-                int8_gemms[i].run(&stream, &xs[i], m, None, &mut ys[i], &mut ws8)
+                planes[i].0.run(&stream, &xs[i], m, None, &mut ys[i], &mut ws_planes)
             })?;
-            sink.push(record("lowbit_gemm_int8", quant_bytes, us))?;
+            sink.push(record("lowbit_decode_planes", quant_bytes, us))?;
+        }
+        if planes.first().is_some_and(|p| p.1.is_some()) && m >= 64 {
+            sink.status(format!("linear lowbit_gemm_planes {m}x{k}x{n} {dtype}"));
+            let us = median_of_batches(dev, &stream, sets, |i| {
+                let gemm = planes[i].1.as_ref().expect("checked");
+                gemm.run(&stream, &xs[i], m, None, &mut ys[i], &mut ws_planes)
+            })?;
+            sink.push(record("lowbit_gemm_planes", quant_bytes, us))?;
         }
         if let Some((kernel, _)) = best {
             table.entries.push(DispatchEntry {

@@ -361,9 +361,10 @@ fn int4_planes(w: &QuantMatrix) -> Result<QuantMatrix> {
     })
 }
 
-/// An 8-bit weight in the GEMM's own layout (one byte per code, the kernel's INT8 CODES): the tensor-core GEMM
-/// then converts each register pair with one `prmt` and one `sub`, where the two int4 planes of [`repack`] cost
-/// it twice the tensor-core work. Only the GEMM reads it ([`gemm::LinearW4A16Gemm`]); fp16 activations only.
+/// An 8-bit weight in the int8 layout (one byte per code, in the fragment order of the int4 words; the GEMM
+/// kernel's INT8 CODES): each register pair then converts with one `prmt` and one `sub`, one MMA per 16 k, where
+/// the two int4 planes of [`repack`] cost twice the tensor-core work and twice the conversions. Every CUDA linear
+/// kernel reads it (decode, GEMM, dense dequantization); fp16 activations only.
 ///
 /// Errors: those of [`repack`], bits other than 8, and bf16 activations.
 pub fn repack_int8(w: &QuantMatrix, act: DType) -> Result<RepackedW4> {
@@ -481,9 +482,15 @@ impl RepackedW4 {
     fn dense_planes(&self) -> Option<usize> {
         let k = self.plan.input_k;
         match (self.source_bits, &self.perm) {
-            _ if self.plan.code_bits != 4 => None, // the int8 GEMM layout: the GEMM only
             (4, None) => Some(1),
-            (8, Some(perm)) if k % K_TILE == 0 && perm.iter().enumerate().all(|(p, &c)| c as usize == p % k) => Some(2),
+            (8, None) if self.plan.code_bits == 8 => Some(1), // the int8 layout
+            (8, Some(perm))
+                if self.plan.code_bits == 4
+                    && k % K_TILE == 0
+                    && perm.iter().enumerate().all(|(p, &c)| c as usize == p % k) =>
+            {
+                Some(2)
+            }
             _ => None,
         }
     }
@@ -636,6 +643,8 @@ pub struct Variant {
     /// cluster push into it while the owner may still be reading its stages, so the reduction needs one cluster
     /// barrier, not two.
     pub receive: bool,
+    /// Bits per weight code: 4, or 8 for the int8 layout of [`repack_int8`] (fp16 only).
+    pub wbits: usize,
 }
 
 impl Variant {
@@ -669,6 +678,7 @@ impl Variant {
             min_blocks,
             unit_groups,
             receive: false,
+            wbits: 4,
         }
     }
 
@@ -692,10 +702,14 @@ impl Variant {
     pub fn smem_bytes(&self) -> usize {
         let n_cta = self.warps * WARP_N;
         let group_rows = if self.unit_groups { 1 } else { MAX_GROUP_ROWS };
-        let stage = n_cta * K_TILE / 2
+        let stage = n_cta * K_TILE * self.wbits / 8
             + self.mt * 8 * X_PITCH * 2
             + group_rows * n_cta * 2
-            + if self.zeros { group_rows * n_cta / 2 } else { 0 };
+            + if self.zeros {
+                group_rows * n_cta * self.wbits / 8
+            } else {
+                0
+            };
         self.stages * stage
             + if self.tma { self.stages * 16 } else { 0 }
             + if self.receive { self.slot_floats() * 4 } else { 0 }
@@ -708,8 +722,9 @@ impl Variant {
 
     fn name(&self) -> String {
         format!(
-            "linear_w4a16_{}_m{}_z{}_g{}_w{}_s{}_{}{}{}",
+            "linear_w4a16_{}_b{}_m{}_z{}_g{}_w{}_s{}_{}{}{}",
             self.act.name(),
+            self.wbits,
             self.mt,
             u8::from(self.zeros),
             if self.unit_groups { "unit" } else { "any" },
@@ -728,7 +743,8 @@ impl Variant {
             || {
                 format!(
                 "#define LB_DTYPE {}\n#define LB_MT {}\n#define LB_ZEROS {}\n#define LB_WARPS {}\n#define LB_STAGES {}\n\
-                 #define LB_TMA {}\n#define LB_MIN_BLOCKS {}\n#define LB_UNIT_GROUPS {}\n#define LB_RECEIVE {}\n",
+                 #define LB_TMA {}\n#define LB_MIN_BLOCKS {}\n#define LB_UNIT_GROUPS {}\n#define LB_RECEIVE {}\n\
+                 #define LB_WBITS {}\n",
                 if self.act == DType::Bf16 { "BF16" } else { "F16" },
                 self.mt,
                 u8::from(self.zeros),
@@ -737,7 +753,8 @@ impl Variant {
                 u8::from(self.tma),
                 self.min_blocks,
                 u8::from(self.unit_groups),
-                u8::from(self.receive)
+                u8::from(self.receive),
+                self.wbits
             )
             },
             SOURCE,
@@ -1006,11 +1023,6 @@ impl LinearW4A16Cuda {
         if !(1..=MAX_M).contains(&max_m) {
             return Err(Error::invalid("max_m", max_m, format!("must be in 1..={MAX_M}")));
         }
-        if weight.plan.code_bits != 4 {
-            return Err(Error::Unsupported(
-                "the decode kernel reads 4-bit codes (an 8-bit weight from `repack`, not `repack_int8`)".into(),
-            ));
-        }
         let (plan, act) = (weight.plan.clone(), weight.act);
         let units = plan.n_tiles() * plan.k_tiles();
         // The grid (hence the split of K) is the same for every M: batch invariance.
@@ -1051,6 +1063,7 @@ impl LinearW4A16Cuda {
             // M = 64 has no TMA variant (registers); nothing before sm_90 has.
             variant.tma = variant.tma && tma_supported && tuning.tma.unwrap_or(true);
             variant.receive = splits > 1;
+            variant.wbits = plan.code_bits;
             if let Some(stages) = tuning.stages {
                 variant.stages = stages.max(2);
             }
@@ -1718,6 +1731,9 @@ mod tests {
                 for (zeros, unit_groups, warps, ctas_per_sm) in [(true, true, 8, 2), (false, false, 2, 1)] {
                     let v = Variant::default_for(act, mt, zeros, unit_groups, warps, ctas_per_sm);
                     cases.push((v, "sm_90a"));
+                    if act == DType::F16 {
+                        cases.push((Variant { wbits: 8, ..v }, "sm_90a")); // the int8 layout
+                    }
                     if ctas_per_sm == 2 && v.tma {
                         cases.push((Variant { receive: true, ..v }, "sm_90a")); // cluster split-K
                     }

@@ -18,7 +18,7 @@
 //! dequantize path is allocated on first use only.
 
 use super::cuda::gemm::{self, LinearW4A16Gemm};
-use super::cuda::{repack, CublasLinear, DenseElement, DeviceW4, LinearW4A16Cuda, Tuning, MAX_M};
+use super::cuda::{repack, repack_int8, CublasLinear, DenseElement, DeviceW4, LinearW4A16Cuda, Tuning, MAX_M};
 use super::{Activation, LinearCpu};
 use crate::checkpoint::{Checkpoint, QuantLayer};
 use crate::cuda::LaunchConfig;
@@ -441,7 +441,13 @@ impl QuantLinear {
 
 impl CudaLinear {
     fn new(dev: &Arc<CudaDevice>, w: &QuantMatrix, bias: Option<&[f32]>, act: DType, max_m: usize) -> Result<Self> {
-        let packed = repack(w, act)?;
+        // 8-bit weights with fp16 activations take the int8 layout, which every kernel reads at one MMA per 16 k;
+        // with bf16 (which cannot hold 1024 + code), two int4 planes.
+        let packed = if w.bits == 8 && act == DType::F16 {
+            repack_int8(w, act)?
+        } else {
+            repack(w, act)?
+        };
         let weight = DeviceW4::upload(dev, &packed)?;
         let decode = LinearW4A16Cuda::with_weight(dev, weight.clone(), max_m.min(MAX_M), Tuning::default())?;
         let gemm = gemm::supported(dev, &weight)
@@ -536,6 +542,7 @@ impl CudaLinear {
             .expect("allocated above");
         let (qweight, scales, zeros, _) = self.weight.pointers(stream);
         let dense_ptr = dense.device_ptr_mut(stream).0;
+        let wbits = p.code_bits as i32;
         let (ni, ki, kti, gi, gpi, ncta, planes_i) = (
             p.n as i32,
             p.input_k as i32,
@@ -556,7 +563,8 @@ impl CudaLinear {
             .arg(&gi)
             .arg(&gpi)
             .arg(&ncta)
-            .arg(&planes_i);
+            .arg(&planes_i)
+            .arg(&wbits);
         let cfg = LaunchConfig {
             grid_dim: ((p.n_tiles() * p.k_tiles() / planes) as u32, 1, 1),
             block_dim: (256, 1, 1),
