@@ -51,9 +51,17 @@ pub(super) fn applies(device: &CudaDevice, weight: &BlockQuantWeight, groups: us
         && shape.block_channels % 16 == 0
 }
 
-/// An fp16 number that keeps `v` to fp16 precision: zero, or a normal fp16 value.
+/// An fp16 number that keeps `v` to fp16 precision: zero, or a normal fp16 value. (Scales: every weight of the
+/// block is relative to its scale.)
 fn fp16_normal(v: f32) -> bool {
     v == 0.0 || (v.abs() >= f16::MIN_POSITIVE.to_f32() && v.abs() <= f16::MAX.to_f32())
+}
+
+/// A term added to the weights (an offset) or the outputs (the bias) fits fp16 when it is finite there: a
+/// subnormal one is off by at most 2^-25, below half a unit of the last place of any weight `q·s` with `q ≠ 0`
+/// and a normal scale. (int8 blocks of symmetric-ish data have offsets near 0: `max − 127·scale`.)
+fn fp16_finite(v: f32) -> bool {
+    v.abs() <= f16::MAX.to_f32()
 }
 
 /// The convolution weight as a linear `[Co, taps·Ci]` weight with K in (tap, channel) order: codes `q + 8` (int4)
@@ -99,17 +107,12 @@ fn as_linear(weight: &BlockQuantWeight) -> (QuantMatrix, Vec<f32>) {
 }
 
 impl HopperConv {
-    /// Repacks and uploads `weight` for the GEMM, or `None` when its scales or offsets are not fp16 numbers (the
-    /// mma.sync path keeps any magnitude exact with a per-channel power of two) or its tiles do not suit the GEMM.
+    /// Repacks and uploads `weight` for the GEMM, or `None` when its scales, offsets or bias do not fit fp16
+    /// (`fp16_normal`, `fp16_finite`; the mma.sync path keeps any magnitude exact with a per-channel power of two)
+    /// or its tiles do not suit the GEMM.
     pub(super) fn new(device: &CudaDevice, weight: &BlockQuantWeight, bias: &[f32]) -> Result<Option<Self>> {
         let (matrix, offsets) = as_linear(weight);
-        if !matrix
-            .scales
-            .iter()
-            .chain(&offsets)
-            .chain(bias)
-            .all(|&v| fp16_normal(v))
-        {
+        if !matrix.scales.iter().all(|&v| fp16_normal(v)) || !offsets.iter().chain(bias).all(|&v| fp16_finite(v)) {
             return Ok(None);
         }
         let packed = if matrix.bits == 8 {
