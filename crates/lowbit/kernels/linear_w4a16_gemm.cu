@@ -829,6 +829,7 @@ __device__ __forceinline__ void dequantize_repacked(const uint4* qweight, const 
             const size_t unit = (size_t)nt * KT + ktp;
             // int8 layout: step s of warp w at 16-byte piece w * 256 + s * 32 + lane of the unit.
             const uint4 wq = wbits == 8 ? make_uint4(0, 0, 0, 0) : qweight[unit * PIECES + piece];
+#pragma unroll
             for (int ks = 0; ks < 2; ++ks) {
                 const size_t prow = (size_t)nt * GP + (ktp * K_TILE + kc * 32 + ks * 16) / group;
                 const uint2 sv = *reinterpret_cast<const uint2*>(scales + prow * N_CTA + warp * 32 + g * 4);
@@ -846,6 +847,7 @@ __device__ __forceinline__ void dequantize_repacked(const uint4* qweight, const 
                     FragmentOps<T>::zero_terms(z * 0x10001u, lo, hi);
                 }
                 const float2 s[2] = {FragmentOps<T>::scale_pair(sv.x), FragmentOps<T>::scale_pair(sv.y)};
+#pragma unroll
                 for (int tl = 0; tl < 2; ++tl) {
                     const u32 word = ks == 0 ? (tl == 0 ? wq.x : wq.y) : (tl == 0 ? wq.z : wq.w);
                     // exact (q - z) pairs (fp16 pairs for 8-bit codes, whatever T)
@@ -853,6 +855,7 @@ __device__ __forceinline__ void dequantize_repacked(const uint4* qweight, const 
                                                                             tl == 0 ? w8.y : w8.w, lo[tl], hi[tl])
                                                : FragmentOps<T>::dequant(word, lo[tl], hi[tl]);
                     const u32 r[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
                     for (int i = 0; i < 4; ++i) {
                         // Registers 0, 2 are row g (scale .x), 1, 3 row g + 8 (scale .y).
                         const float sc = (i & 1) ? s[tl].y : s[tl].x;
@@ -864,8 +867,11 @@ __device__ __forceinline__ void dequantize_repacked(const uint4* qweight, const 
                 }
             }
         }
+#pragma unroll
         for (int ks = 0; ks < 2; ++ks)
+#pragma unroll
             for (int tl = 0; tl < 2; ++tl)
+#pragma unroll
                 for (int i = 0; i < 4; ++i) {
                     const int row = warp * 32 + tl * 16 + g + (i & 1) * 8, col = kc * 32 + ks * 16 + 2 * t + (i >> 1) * 8;
                     const u32 packed = (u32)FragmentOps<T>::from_f32(v[ks][tl][i][0]) |
