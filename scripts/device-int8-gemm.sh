@@ -33,6 +33,7 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
     2>&1 | tail -n 3 | tee -a $OUT/memcheck.log
 fi
 [ "${SKIP_BENCH:-0}" = 1 ] && exit 0
+if [ "${SKIP_CONV:-0}" != 1 ]; then
 echo "== bench conv int8, int4 (f16)"
 timeout 120 $BIN/lowbit bench --op conv --device cuda --json --wbits 8 --dtype f16 > $OUT/bench-conv.jsonl 2>$OUT/bench-conv.err || tail -3 $OUT/bench-conv.err
 timeout 100 $BIN/lowbit bench --op conv --device cuda --json --wbits 4 --dtype f16 >> $OUT/bench-conv.jsonl 2>>$OUT/bench-conv.err || tail -3 $OUT/bench-conv.err
@@ -40,12 +41,14 @@ python3 -c '
 import json,sys
 rows=[json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 for r in rows: print(r.get("conv"), r["impl"], r["dtype"], r.get("wbits"), round(r["us"],1))' $OUT/bench-conv.jsonl
+fi
 echo "== bench linear --wbits 8"
 shapes=""
 for kn in 4096x4096 4096x14336 14336x4096 8192x28672; do
   for m in ${W8_MS:-1 16 64 256 1024}; do shapes="$shapes --shape ${m}x${kn}"; done
 done
-timeout 240 $BIN/lowbit bench --device cuda --op linear --wbits 8 --dtype f16 --json $shapes > $OUT/bench-linear-w8.jsonl \
+timeout 400 $BIN/lowbit bench --device cuda --op linear --wbits 8 --dtype f16 --json $shapes \
+  --dispatch $OUT/dispatch-w8.json > $OUT/bench-linear-w8.jsonl \
   2> $OUT/bench-w8.err || tail -n 5 $OUT/bench-w8.err
 python3 - $OUT/bench-linear-w8.jsonl <<'PY'
 import json, sys
