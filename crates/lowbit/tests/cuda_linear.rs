@@ -663,8 +663,9 @@ fn bad_inputs_give_typed_errors() {
     );
 }
 
-/// 8-bit weights in the int8 layout (one byte per code, fp16): stream-K and cluster split-K, 256- and 64-column
-/// tiles, groups inside units, act-order, symmetric; random data within tolerance, exact data bit for bit.
+/// 8-bit weights in the int8 layout (one byte per code, fp16): stream-K and cluster split-K (one and two CTAs per
+/// SM), 256- and 64-column tiles, groups inside units, act-order, symmetric; random data within tolerance, exact
+/// data bit for bit, every M bit-identical to the 64-row call.
 #[test]
 fn int8_layout() {
     let Some(dev) = device() else { return };
@@ -675,6 +676,9 @@ fn int8_layout() {
         (192, 4160, 64, true, false, Data::ExactInteger, None),
         (576, 192, 192, false, false, Data::ExactInteger, None),
         (512, 1024, 32, true, true, Data::Random { x_scale: 1.0 }, None),
+        // 106 tiles: on an H200 two splits at two CTAs per SM (cluster_splits' 8-bit rule); M > 16 then takes
+        // the global fix-up of the same partition, in two waves.
+        (27136, 512, 128, true, false, Data::ExactInteger, None),
     ] {
         let case = Case {
             n,

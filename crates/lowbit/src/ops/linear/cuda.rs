@@ -832,14 +832,22 @@ pub struct Tuning {
     pub splits: Option<usize>,
 }
 
-/// The split count of cluster split-K for a weight of `n_tiles` x `k_tiles` units on `sms` SMs (the decode
-/// kernel's CLUSTER SPLIT-K), or 1 for stream-K: the largest of 8, 4, 2 whose tiles x splits CTAs fit on the SMs
-/// one each and fill at least 90% of them, with at least two units per split. Small layers (4096 x 4096: 16 tiles
-/// x 8) get it; wide ones stay on stream-K, whose balance no split count matches. Shape only (batch invariance).
-pub fn cluster_splits(n_tiles: usize, k_tiles: usize, sms: usize) -> usize {
-    [8, 4, 2]
-        .into_iter()
-        .find(|&s| n_tiles * s <= sms && n_tiles * s * 10 >= sms * 9 && k_tiles >= 2 * s)
+/// The split count of cluster split-K for a weight of `n_tiles` x `k_tiles` units of `code_bits`-bit codes on `sms`
+/// SMs (the decode kernel's CLUSTER SPLIT-K), or 1 for stream-K: the largest of 8, 4, 2 whose tiles x splits CTAs
+/// fit on the SMs one each and fill at least 80% of them, with at least two units per split; failing that, for
+/// 8-bit codes, the same at two CTAs per SM. Small layers (4096 x 4096: 16 tiles x 8) and 4096 x 14336 (56 x 2)
+/// get it; wide int4 ones stay on stream-K, whose balance no split count matches. Shape only (batch invariance).
+/// H200, M = 1, µs against stream-K: 4096 x 14336 int4 at 2 splits 15.1 against 17.9 (85% of the SMs: a 90%
+/// rule had refused it), int8 19.4 against 26.0; 8192 x 28672 int8 at 2 splits, two CTAs per SM, 62.0 against
+/// 66.7, where int4 gains nothing (39.4 against 39.5) and loses at M = 16.
+pub fn cluster_splits(n_tiles: usize, k_tiles: usize, sms: usize, code_bits: usize) -> usize {
+    let fill = |slots: usize| {
+        [8, 4, 2]
+            .into_iter()
+            .find(|&s| n_tiles * s <= slots && n_tiles * s * 10 >= slots * 8 && k_tiles >= 2 * s)
+    };
+    fill(sms)
+        .or_else(|| if code_bits == 8 { fill(2 * sms) } else { None })
         .unwrap_or(1)
 }
 
@@ -1042,7 +1050,7 @@ impl LinearW4A16Cuda {
                     ),
                 ))
             }
-            None if tma_supported => cluster_splits(plan.n_tiles(), plan.k_tiles(), sms),
+            None if tma_supported => cluster_splits(plan.n_tiles(), plan.k_tiles(), sms, plan.code_bits),
             None => 1,
         };
         // Cluster split-K takes the two-CTAs-per-SM variants (less shared memory each) even though its grid is at
