@@ -592,10 +592,10 @@ __device__ __forceinline__ GroupTerms load_group_terms(u32 params, int s_bytes, 
     const int g = lane >> 2;
     const uint2 sv = lds64(params + row * (N_CTA * 2) + warp * 64 + g * 8);
     GroupTerms gt;
-    if (WBITS == 8) {
-        // Symmetric: every zero is the midpoint 128.
-        const u32 z4 = HAS_ZEROS ? lds32(params + s_bytes + row * N_CTA + warp * 32 + g * 4) : 0x80808080u;
-        FragmentOps<F16>::zero_terms8(z4, gt.lo, gt.hi);
+    if (WBITS == 8 && HAS_ZEROS) {
+        FragmentOps<F16>::zero_terms8(lds32(params + s_bytes + row * N_CTA + warp * 32 + g * 4), gt.lo, gt.hi);
+    } else if (WBITS == 8) {  // symmetric: every zero is the midpoint 128 (an immediate operand of the sub)
+        gt.lo[0] = gt.lo[1] = gt.hi[0] = gt.hi[1] = F16::INT8_BIAS;
     } else {
         u32 z = 0x8888u;  // symmetric: every zero is the midpoint 8
         if (HAS_ZEROS) z = lds16(params + s_bytes + row * (N_CTA / 2) + warp * 16 + g * 2);
