@@ -11,11 +11,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT
 BIN=${BIN:-.devbin}
 export LOWBIT_CACHE_DIR=${LOWBIT_CACHE_DIR:-/tmp/lowbit-cache}
-cudnn_lib=$(python3 -c 'import glob,os,sys
-for p in sys.path:
-    for d in (os.path.join(p,"nvidia","cudnn","lib"), os.path.join(p,"torch","lib")):
-        if glob.glob(os.path.join(d,"libcudnn.so*")): print(d); sys.exit()' 2>/dev/null)
-export LD_LIBRARY_PATH=${cudnn_lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+source "$(dirname "$0")/cudnn-env.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv | tee $OUT/gpu.txt
 echo "== cuda_conv tests"
 timeout 150 $BIN/tests/cuda_conv --test-threads=4 2>&1 | grep -E "^test |result|panicked|hopper=true" | cut -c1-250 | tee $OUT/test-conv.log

@@ -11,18 +11,7 @@ BIN=${BIN:-.devbin-conv}
 DEST=${OUT:-/tmp/lowbit-conv}
 mkdir -p "$DEST"
 export LOWBIT_CACHE_DIR=${LOWBIT_CACHE_DIR:-/tmp/lowbit-cache}
-# PyTorch's cuDNN: the first nvidia/cudnn/lib (the nvidia-cudnn wheel) or torch/lib on python's path that holds
-# libcudnn.so* (the first run's `nvidia.cudnn.__file__` lookup failed: a namespace package has none).
-cudnn_lib=$(python3 - <<'PY' 2>/dev/null
-import glob, os, sys
-for p in sys.path:
-    for d in (os.path.join(p, "nvidia", "cudnn", "lib"), os.path.join(p, "torch", "lib")):
-        if glob.glob(os.path.join(d, "libcudnn.so*")):
-            print(d)
-            sys.exit()
-PY
-)
-export LD_LIBRARY_PATH=${cudnn_lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+source "$(dirname "$0")/cudnn-env.sh"
 
 main() {
   local status=0

@@ -25,7 +25,9 @@ use half::{bf16, f16};
 use lowbit::cuda::Device;
 use lowbit::cuda::{CudaDevice, CudaSlice, ValidAsZeroBits};
 use lowbit::ops::linear::cuda::gemm::{supported, LinearW4A16Gemm};
-use lowbit::ops::linear::cuda::{repack, repack_int8, CublasLinear, DenseElement, DeviceW4, LinearW4A16Cuda, Tuning};
+use lowbit::ops::linear::cuda::{
+    repack, repack_preferred, CublasLinear, DenseElement, DeviceW4, LinearW4A16Cuda, Tuning,
+};
 use lowbit::ops::linear::quant_linear::DispatchEntry;
 use lowbit::ops::linear::{Activation, DispatchTable, LinearKernel, QuantLinear};
 use lowbit::testing::SplitMix64;
@@ -168,13 +170,9 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
     let mut rng = SplitMix64(0x11ea ^ (k * 131 + n) as u64);
     sink.status(format!("linear {k}x{n} {dtype}: preparing weights"));
     let w = random_weight(&mut rng, n, k, group, !args.symmetric, dtype, args.wbits);
-    // What QuantLinear prepares: 8-bit weights with f16 in the int8 layout.
-    let int8_layout = args.wbits == 8 && dtype == DType::F16;
-    let packed = if int8_layout {
-        repack_int8(&w, dtype)?
-    } else {
-        repack(&w, dtype)?
-    };
+    // What QuantLinear prepares (8-bit weights with f16: the int8 layout).
+    let packed = repack_preferred(&w, dtype)?;
+    let int8_layout = packed.plan.code_bits == 8;
     let max_m = ms.iter().copied().max().unwrap_or(1);
     if ms.contains(&0) {
         return Err(Error::invalid("--shape", "M = 0", "must be at least 1"));

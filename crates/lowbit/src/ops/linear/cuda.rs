@@ -384,6 +384,17 @@ pub fn repack_int8(w: &QuantMatrix, act: DType) -> Result<RepackedW4> {
     repack_codes(w, act, 8)
 }
 
+/// The layout every CUDA linear kernel reads fastest: [`repack_int8`] for an 8-bit weight with fp16 activations
+/// (one MMA per 16 k), [`repack`] otherwise (bf16 cannot hold 1024 + code, so its 8-bit weights are two int4
+/// planes). What `QuantLinear`, the GEMM operator and the Hopper convolution prepare.
+pub fn repack_preferred(w: &QuantMatrix, act: DType) -> Result<RepackedW4> {
+    if w.bits == 8 && act == DType::F16 {
+        repack_int8(w, act)
+    } else {
+        repack(w, act)
+    }
+}
+
 /// [`repack`] of a weight of `code_bits`-bit codes (4, or 8 for [`repack_int8`]).
 fn repack_codes(w: &QuantMatrix, act: DType, code_bits: usize) -> Result<RepackedW4> {
     if !matches!(act, DType::F16 | DType::Bf16) {

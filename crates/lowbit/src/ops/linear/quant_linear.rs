@@ -18,7 +18,7 @@
 //! dequantize path is allocated on first use only.
 
 use super::cuda::gemm::{self, LinearW4A16Gemm};
-use super::cuda::{repack, repack_int8, CublasLinear, DenseElement, DeviceW4, LinearW4A16Cuda, Tuning, MAX_M};
+use super::cuda::{repack_preferred, CublasLinear, DenseElement, DeviceW4, LinearW4A16Cuda, Tuning, MAX_M};
 use super::{Activation, LinearCpu};
 use crate::checkpoint::{Checkpoint, QuantLayer};
 use crate::cuda::LaunchConfig;
@@ -441,13 +441,7 @@ impl QuantLinear {
 
 impl CudaLinear {
     fn new(dev: &Arc<CudaDevice>, w: &QuantMatrix, bias: Option<&[f32]>, act: DType, max_m: usize) -> Result<Self> {
-        // 8-bit weights with fp16 activations take the int8 layout, which every kernel reads at one MMA per 16 k;
-        // with bf16 (which cannot hold 1024 + code), two int4 planes.
-        let packed = if w.bits == 8 && act == DType::F16 {
-            repack_int8(w, act)?
-        } else {
-            repack(w, act)?
-        };
+        let packed = repack_preferred(w, act)?;
         let weight = DeviceW4::upload(dev, &packed)?;
         let decode = LinearW4A16Cuda::with_weight(dev, weight.clone(), max_m.min(MAX_M), Tuning::default())?;
         let gemm = gemm::supported(dev, &weight)

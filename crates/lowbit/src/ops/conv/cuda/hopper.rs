@@ -20,7 +20,7 @@ use crate::formats::block::{BlockBits, BlockQuantWeight};
 use crate::formats::QuantMatrix;
 use crate::ops::activation::Activation;
 use crate::ops::linear::cuda::gemm::{ConvFields, ConvLaunch, LinearW4A16Gemm};
-use crate::ops::linear::cuda::{param_slot, repack, repack_int8, DeviceW4};
+use crate::ops::linear::cuda::{param_slot, repack_preferred, DeviceW4};
 use cudarc::driver::PushKernelArg;
 use half::f16;
 
@@ -115,11 +115,7 @@ impl HopperConv {
         if !matrix.scales.iter().all(|&v| fp16_normal(v)) || !offsets.iter().chain(bias).all(|&v| fp16_finite(v)) {
             return Ok(None);
         }
-        let packed = if matrix.bits == 8 {
-            repack_int8(&matrix, DType::F16)?
-        } else {
-            repack(&matrix, DType::F16)?
-        };
+        let packed = repack_preferred(&matrix, DType::F16)?;
         let plan = &packed.plan;
         if !matches!(plan.n_cta, 128 | 256) {
             return Ok(None);

@@ -339,14 +339,9 @@ impl std::fmt::Debug for LinearW4A16Gemm {
 
 impl LinearW4A16Gemm {
     /// Validates and repacks `w`, uploads it, and loads the kernel for batches of up to `max_m` rows of `act`
-    /// (f16 or bf16) activations. An 8-bit weight with f16 activations takes the GEMM's own int8 layout
-    /// ([`super::repack_int8`]); with bf16, two int4 planes ([`super::repack`]).
+    /// (f16 or bf16) activations, in the layout of [`super::repack_preferred`].
     pub fn new(device: &CudaDevice, w: &QuantMatrix, act: DType, max_m: usize) -> Result<Self> {
-        let packed: RepackedW4 = if w.bits == 8 && act == DType::F16 {
-            super::repack_int8(w, act)?
-        } else {
-            super::repack(w, act)?
-        };
+        let packed: RepackedW4 = super::repack_preferred(w, act)?;
         Self::with_weight(device, DeviceW4::upload(device, &packed)?, max_m, None)
     }
 
