@@ -93,6 +93,7 @@ __device__ __forceinline__ void transpose_int4_8x8_to_awq(const u32 in[8], u32 o
 struct F16 {
     typedef __half scalar;
     static constexpr u32 MAGIC = 0x64006400u;       // {1024, 1024}
+    static constexpr u32 ONE = 0x3C003C00u;         // {1, 1}
     static constexpr u32 ONE_SIXTEENTH = 0x2C002C00u;  // {1/16, 1/16}
     static constexpr u32 NEG_ONE_SIXTEENTH = 0xAC00AC00u;  // {-1/16, -1/16}
     static constexpr u32 INT8_BIAS = 0x64806480u;   // {1152, 1152} = 1024 + 128

@@ -63,8 +63,14 @@
 //   four accumulator rows of lane g*4..g*4+3 (cuda.rs `param_slot`). A lane reads its four scales with one 8-byte
 //   ld.shared and its four zero codes with one 16-bit ld.shared, and forms all its zero terms with ~8 ALU ops.
 //
-// The host prepends the #defines selecting one variant (LB_DTYPE, LB_MT, LB_ZEROS, LB_WARPS, LB_STAGES, LB_TMA,
-// LB_MIN_BLOCKS, LB_UNIT_GROUPS, LB_RECEIVE, LB_WBITS) and launches the extern "C" kernels at the bottom.
+// * OFFSETS (a 1x1 convolution at batch 1, src/ops/conv/cuda/gemv.rs). Per-block convolution weights are
+//   q·s + o with a real offset o, which no integer zero point expresses. The codes stay symmetric (q + midpoint,
+//   converted as usual) and o enters per group as o · sum(x over the group): one more mma per k16 step, an
+//   all-ones A fragment times the x fragment, gives every token's sum in fp32, exactly as the weight products are
+//   summed. The zero rows of a stage carry the offsets (fp16/bf16, the scales' layout). M <= 16 only.
+//
+// The host prepends the #defines selecting one variant (LB_DTYPE, LB_MT, LB_ZEROS, LB_OFFSETS, LB_WARPS, LB_STAGES,
+// LB_TMA, LB_MIN_BLOCKS, LB_UNIT_GROUPS, LB_RECEIVE, LB_WBITS) and launches the extern "C" kernels at the bottom.
 #include "common.cuh"
 
 namespace lowbit {
@@ -99,14 +105,26 @@ struct Shape {
                      // global fix-up, same partition and summation order (the variants whose clusters do not fit)
     long long x_stride;  // elements between rows of x
     long long y_stride;  // elements between rows of y
+    int clamp;           // 1: outputs are clamped to [lo, hi] after the bias (relu, relu6 of a convolution)
+    float lo, hi;
 };
+
+// The stored value of an output: fp32 sum + bias, clamped when asked. Written out (not fminf/fmaxf) so that a NaN
+// passes through, as in the reference.
+__device__ __forceinline__ float finish(const Shape& s, float v) {
+    return s.clamp ? (v < s.lo ? s.lo : (v > s.hi ? s.hi : v)) : v;
+}
 
 // UNIT_GROUPS: the group size is a multiple of 128 (g128, per channel, ...), so each unit lies in one group: a
 // stage holds one scale/zero row instead of MAX_GROUP_ROWS (more stages fit) and no group boundary is checked.
 // WBITS: bits per weight code, 4, or 8 for the int8 layout (fp16 only; see INT8 CODES).
-template <class T, int MT, bool HAS_ZEROS, int WARPS, int STAGES, bool TMA, bool UNIT_GROUPS, bool RECEIVE, int WBITS>
+// OFFSETS: each weight is (q - midpoint)·s + o with a real per-group offset o (a convolution's per-block weights,
+// routed here at batch 1: see OFFSETS below); the zero rows of a stage then hold the offsets, in T like the scales.
+template <class T, int MT, bool HAS_ZEROS, bool OFFSETS, int WARPS, int STAGES, bool TMA, bool UNIT_GROUPS,
+          bool RECEIVE, int WBITS>
 struct Linear {
     static_assert(WBITS == 4 || (WBITS == 8 && T::MAGIC == F16::MAGIC), "int8 codes: fp16 activations only");
+    static_assert(!OFFSETS || (!HAS_ZEROS && MT <= 2), "offsets: symmetric codes, M <= 16");
     static constexpr int THREADS = WARPS * 32;           // consumer (mma) threads
     static constexpr int BLOCK = THREADS + (TMA ? 32 : 0);  // + one producer warp issuing the TMA copies
     static constexpr int N_CTA = WARPS * WARP_N;
@@ -116,7 +134,8 @@ struct Linear {
     static constexpr int X_BYTES = M_ROWS * X_PITCH * 2;
     static constexpr int GROUP_ROWS = UNIT_GROUPS ? 1 : MAX_GROUP_ROWS;  // scale/zero rows per stage
     static constexpr int S_BYTES = GROUP_ROWS * N_CTA * 2;
-    static constexpr int Z_ROW_BYTES = HAS_ZEROS ? N_CTA * WBITS / 8 : 0;  // zero codes of one group row
+    // Zero codes (or offsets) of one group row.
+    static constexpr int Z_ROW_BYTES = OFFSETS ? N_CTA * 2 : HAS_ZEROS ? N_CTA * WBITS / 8 : 0;
     static constexpr int Z_BYTES = GROUP_ROWS * Z_ROW_BYTES;
     static constexpr int STAGE_BYTES = W_BYTES + X_BYTES + S_BYTES + Z_BYTES;
     // fp32 partial sums of one split tile, in accumulator-fragment order (see write_partial).
@@ -128,7 +147,8 @@ struct Linear {
     struct Args {
         const uint4* qweight;  // repacked codes, W_BYTES per unit, units in (n_tile, k_tile) order
         const u16* scales;     // [NT][GP][N_CTA] bits of T, columns in param_slot order (header)
-        const u8* zeros;       // [NT][GP][Z_ROW_BYTES] zero codes in param_slot order (4-bit: low nibble first)
+        const u8* zeros;       // [NT][GP][Z_ROW_BYTES] zero codes in param_slot order (4-bit: low nibble first),
+                               // or with OFFSETS the offsets, bits of T laid out like the scales
         const u16* x;          // [M][x_stride] bits of T
         const u16* bias;       // [N] bits of T, or null
         u16* y;                // [M][y_stride] bits of T
@@ -176,7 +196,7 @@ struct Linear {
         constexpr int S_CHUNKS = N_CTA * 2 / 16;  // per row
         for (int c = tid; c < rows * S_CHUNKS; c += THREADS)
             cp_async16(ss + c * 16, a.scales + row0 * N_CTA + c * 8);  // rows are contiguous in both places
-        if (HAS_ZEROS) {
+        if (Z_ROW_BYTES > 0) {
             constexpr int Z_CHUNKS = Z_ROW_BYTES / 16;
             for (int c = tid; c < rows * Z_CHUNKS; c += THREADS)
                 cp_async16(ss + S_BYTES + c * 16, a.zeros + row0 * Z_ROW_BYTES + c * 16);
@@ -187,6 +207,13 @@ struct Linear {
     // and one 16-bit shared load (the SCALE/ZERO LAYOUT of the header puts a lane group's four values together).
     __device__ static __forceinline__ GroupTerms load_group(u32 stage, int row, int warp, int lane) {
         return load_group_terms<T, HAS_ZEROS, N_CTA, WBITS>(stage + W_BYTES + X_BYTES, S_BYTES, row, warp, lane);
+    }
+
+    // OFFSETS: this lane's four offsets of group row `row` ([tile][row g, g + 8]), one 8-byte load like the scales.
+    __device__ static __forceinline__ void load_offsets(u32 stage, int row, int warp, int lane, float (&o)[2][2]) {
+        const uint2 ov = lds64(stage + W_BYTES + X_BYTES + S_BYTES + row * (N_CTA * 2) + warp * 64 + (lane >> 2) * 8);
+        const float2 o0 = FragmentOps<T>::scale_pair(ov.x), o1 = FragmentOps<T>::scale_pair(ov.y);
+        o[0][0] = o0.x, o[0][1] = o0.y, o[1][0] = o1.x, o[1][1] = o1.y;
     }
 
     // Tiles per pass over a unit: both (one pass) while the group accumulators fit in registers next to `acc`;
@@ -211,6 +238,18 @@ struct Linear {
                 }
     }
 
+    // OFFSETS: acc[t] += o of its row * the group's sum of x over the token (element i is token 2(lane%4) + i%2,
+    // whatever the row: every row of the ones-mma's result is the same sum).
+    __device__ static __forceinline__ void apply_offsets(float (&acc)[2][MT][4], const float (&xs_g)[MT][4],
+                                                         const float (&o)[2][2]) {
+#pragma unroll
+        for (int t = 0; t < 2; ++t)
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) acc[t][mt][i] = __fmaf_rn(xs_g[mt][i], o[t][i >> 1], acc[t][mt][i]);
+    }
+
     // One unit: 8 k16 steps x 2 tiles x MT token tiles of mma on (q - z), into per-group accumulators that are
     // scaled into `acc` at each group end and at the unit's end (UNIT_GROUPS: the whole unit is group row 0).
     __device__ static __forceinline__ void compute_stage(u32 stage, const Shape& s, int kt, int warp, int lane,
@@ -226,9 +265,13 @@ struct Linear {
             const int g_lo = s.group_shift >= 0 ? k0 >> s.group_shift : k0 / s.group;
             for (int j = ((g_lo + 1) * s.group - k0) >> 4; j < K_TILE / 16; j += s.group >> 4) starts |= 1u << j;
         }
+        // OFFSETS: the group's sums of x per token, by one more mma per k16 step with an all-ones A fragment.
+        const uint4 ones = make_uint4(T::ONE, T::ONE, T::ONE, T::ONE);
+        float xs_g[MT][4], off[2][2];
 #pragma unroll
         for (int pass = 0; pass < T_PASSES; ++pass) {
             GroupTerms gt = load_group(stage, 0, warp, lane);
+            if constexpr (OFFSETS) load_offsets(stage, 0, warp, lane, off);
             float acc_g[T_PER_PASS][MT][4];
 #pragma unroll
             for (int kc = 0; kc < 4; ++kc) {
@@ -261,7 +304,25 @@ struct Linear {
                             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
                                 for (int i = 0; i < 4; ++i) acc_g[tt][mt][i] = 0.0f;
-                        gt = load_group(stage, __popc(starts & ((2u << step) - 1)), warp, lane);
+                        const int row = __popc(starts & ((2u << step) - 1));
+                        gt = load_group(stage, row, warp, lane);
+                        if constexpr (OFFSETS) {
+                            apply_offsets(acc, xs_g, off);
+#pragma unroll
+                            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                                for (int i = 0; i < 4; ++i) xs_g[mt][i] = 0.0f;
+                            load_offsets(stage, row, warp, lane, off);
+                        }
+                    }
+                    if constexpr (OFFSETS) {
+#pragma unroll
+                        for (int mt = 0; mt < MT; ++mt) {
+                            if (step == 0)
+                                FragmentOps<T>::template mma<false>(xs_g[mt], ones, xb[mt][2 * ks], xb[mt][2 * ks + 1]);
+                            else
+                                FragmentOps<T>::template mma<true>(xs_g[mt], ones, xb[mt][2 * ks], xb[mt][2 * ks + 1]);
+                        }
                     }
 #pragma unroll
                     for (int tt = 0; tt < T_PER_PASS; ++tt) {
@@ -283,6 +344,7 @@ struct Linear {
                 }
             }
             apply_scales(acc, acc_g, gt, pass);
+            if constexpr (OFFSETS) apply_offsets(acc, xs_g, off);
         }
     }
 
@@ -314,7 +376,7 @@ struct Linear {
 #pragma unroll
                     for (int h = 0; h < 2; ++h)
                         if (m < s.M && n0 + t * 16 + h * 8 < s.N)
-                            row[t * 16 + h * 8] = FragmentOps<T>::from_f32(v[t][mt][h * 2 + e] + b[t][h]);
+                            row[t * 16 + h * 8] = FragmentOps<T>::from_f32(finish(s, v[t][mt][h * 2 + e] + b[t][h]));
             }
             // Keep the compiler from hoisting every row's address math above the first stores (register spills).
             asm volatile("" ::: "memory");
@@ -432,7 +494,7 @@ struct Linear {
                 const int m = mt * 8 + (l & 3) * 2 + (e & 1), col = n + 8 * (e >> 1);
                 if (m < s.M && col < s.N) {
                     const float b = a.bias ? FragmentOps<T>::to_f32(a.bias[col]) : 0.0f;
-                    a.y[(size_t)m * s.y_stride + col] = FragmentOps<T>::from_f32(v[e] + b);
+                    a.y[(size_t)m * s.y_stride + col] = FragmentOps<T>::from_f32(finish(s, v[e] + b));
                 }
             }
         }
@@ -458,7 +520,7 @@ struct Linear {
                 mbar_arrive_expect_tx(full, bytes);
                 bulk_copy(stage, a.qweight + (size_t)(u_begin + i) * (W_BYTES / 16), W_BYTES, full);
                 bulk_copy(stage + W_BYTES + X_BYTES, a.scales + row0 * N_CTA, rows * (N_CTA * 2), full);
-                if (HAS_ZEROS)
+                if (Z_ROW_BYTES > 0)
                     bulk_copy(stage + W_BYTES + X_BYTES + S_BYTES, a.zeros + row0 * Z_ROW_BYTES, rows * Z_ROW_BYTES,
                               full);
             }
@@ -609,12 +671,15 @@ struct Linear {
 #ifndef LB_WBITS
 #define LB_WBITS 4
 #endif
+#ifndef LB_OFFSETS
+#define LB_OFFSETS 0
+#endif
 #if LB_TMA && __CUDA_ARCH__ < 900
 #error "the TMA pipeline (LB_TMA) needs sm_90: select LB_TMA 0 for older GPUs"
 #endif
 
-typedef lowbit::w4a16::Linear<lowbit::LB_DTYPE, LB_MT, LB_ZEROS != 0, LB_WARPS, LB_STAGES, LB_TMA != 0,
-                              LB_UNIT_GROUPS != 0, LB_RECEIVE != 0, LB_WBITS>
+typedef lowbit::w4a16::Linear<lowbit::LB_DTYPE, LB_MT, LB_ZEROS != 0, LB_OFFSETS != 0, LB_WARPS, LB_STAGES,
+                              LB_TMA != 0, LB_UNIT_GROUPS != 0, LB_RECEIVE != 0, LB_WBITS>
     LinearVariant;
 
 extern "C" __global__ void __launch_bounds__(LinearVariant::BLOCK, LB_MIN_BLOCKS)

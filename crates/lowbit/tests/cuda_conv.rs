@@ -479,6 +479,116 @@ fn hopper_path_matches_reference() {
     }
 }
 
+/// 1×1 convolutions over at most 16 output positions run on the decode (GEMV) kernel with the weight's offsets:
+/// pooled features at batch 1 and 16, small feature maps (transposed through the workspace), partial k tiles,
+/// 64-column tiles, blocks of 32/64/128; exact integers bit for bit; batch invariance over images.
+#[test]
+fn one_by_one_at_few_positions_runs_on_the_decode_kernel() {
+    let Some(dev) = device() else { return };
+    let mut rng = SplitMix64(0xC0DA_0001);
+    let gemv_capable = dev.info().compute_capability.0 >= 8;
+    let one_by_one = |batch, ci, co, hw, blocks, activation| Case {
+        batch,
+        ci,
+        co,
+        hw,
+        kernel: (1, 1),
+        blocks,
+        bits: BlockBits::Int4,
+        params: Conv2dParams {
+            activation,
+            ..Conv2dParams::default()
+        },
+    };
+    let cases = [
+        one_by_one(1, 2048, 1000, (1, 1), 16, Activation::None), // a classifier on pooled features
+        one_by_one(16, 512, 128, (1, 1), 8, Activation::Relu6),
+        one_by_one(1, 256, 192, (4, 4), 8, Activation::Relu), // 16 positions, 64-column tiles
+        one_by_one(2, 96, 320, (2, 3), 3, Activation::None),  // K = 96: a partial k tile
+        one_by_one(1, 4096, 512, (1, 1), 64, Activation::Relu),
+    ];
+    for case in cases.iter().flat_map(|c| {
+        [
+            *c,
+            Case {
+                bits: BlockBits::Int8,
+                ..*c
+            },
+        ]
+    }) {
+        let input = case.input();
+        let weight = make_weight(&mut rng, &case, Data::Random);
+        let bias = rng.vec(case.co, -1.0, 1.0);
+        let conv = Conv2dCuda::new(&dev, &weight, Some(&bias), case.params).unwrap();
+        assert_eq!(conv.uses_gemv(input).unwrap(), gemv_capable, "{case:?}");
+        let x: Vec<f32> = rng
+            .vec(input.iter().product(), -1.0, 1.0)
+            .into_iter()
+            .map(|v| f16::from_f32(v).to_f32())
+            .collect();
+        let want = reference::conv2d(&x, input, &weight, Some(&bias), &case.params).unwrap();
+        // Scales and offsets are rounded to f16 once; products and sums are f32.
+        let got = run_on_gpu::<f16>(&dev, &conv, &x, input).unwrap();
+        assert_close(&format!("{case:?} gemv"), &got, &want, Tolerance::floored(2e-3, 1e-2));
+        let again = run_on_gpu::<f16>(&dev, &conv, &x, input).unwrap();
+        assert!(
+            got.iter().zip(&again).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{case:?}: not deterministic"
+        );
+        // f32 activations take the other kernels.
+        let got32 = run_on_gpu::<f32>(&dev, &conv, &x, input).unwrap();
+        assert_close(&format!("{case:?} f32"), &got32, &want, tolerance(&conv, DType::F32));
+        // Image 0 of the batch alone gives the same bits.
+        if case.batch > 1 {
+            let first = [1, case.ci, case.hw.0, case.hw.1];
+            let alone = run_on_gpu::<f16>(&dev, &conv, &x[..first.iter().product()], first).unwrap();
+            assert!(
+                alone.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{case:?}: image 0 differs from the batch of one"
+            );
+        }
+
+        let weight = make_weight(&mut rng, &case, Data::ExactInteger);
+        let bias: Vec<f32> = (0..case.co).map(|_| rng.int(-4, 4) as f32).collect();
+        let x: Vec<f32> = (0..input.iter().product()).map(|_| rng.int(-3, 3) as f32).collect();
+        let want = reference::conv2d(&x, input, &weight, Some(&bias), &case.params).unwrap();
+        let conv = Conv2dCuda::new(&dev, &weight, Some(&bias), case.params).unwrap();
+        let got = run_on_gpu::<f16>(&dev, &conv, &x, input).unwrap();
+        assert_rounded_once(&format!("{case:?} exact integers"), &got, &want);
+    }
+    // More than 16 positions, a padded or strided 1x1, blocks of 8 channels: not this route.
+    let not_routed = [
+        (one_by_one(3, 64, 64, (3, 3), 1, Activation::None), "27 positions"),
+        (
+            Case {
+                params: Conv2dParams {
+                    stride: (2, 2),
+                    ..Conv2dParams::default()
+                },
+                ..one_by_one(1, 64, 64, (4, 4), 1, Activation::None)
+            },
+            "stride 2",
+        ),
+        (
+            one_by_one(1, 64, 64, (1, 1), 8, Activation::None),
+            "blocks of 8 channels",
+        ),
+    ];
+    for (case, why) in not_routed {
+        let weight = make_weight(&mut rng, &case, Data::Random);
+        let conv = Conv2dCuda::new(&dev, &weight, None, case.params).unwrap();
+        assert!(!conv.uses_gemv(case.input()).unwrap(), "{why}");
+        let x = rng.vec(case.input().iter().product(), -1.0, 1.0);
+        let x: Vec<f32> = x.into_iter().map(|v| f16::from_f32(v).to_f32()).collect();
+        let want = reference::conv2d(&x, case.input(), &weight, None, &case.params).unwrap();
+        let got = run_on_gpu::<f16>(&dev, &conv, &x, case.input()).unwrap();
+        assert_close(why, &got, &want, tolerance(&conv, DType::F16));
+    }
+    if !gemv_capable {
+        println!("note: GPU older than sm_80, the decode route was not exercised");
+    }
+}
+
 /// MNN's int4 byte layout (`[Co, Kh, Kw, Ci/2]`, even channel in the high nibble) goes through the same operator.
 #[test]
 fn mnn_int4_bytes_are_accepted() {

@@ -28,6 +28,9 @@
 //! to int8 per output channel) is timed on the same geometry as `lowbit_int8` / `lowbit_int8_graph` (dtype `i8`),
 //! and with its dp4a kernel forced as `lowbit_int8_direct`.
 //!
+//! A 1×1 convolution over at most 16 positions runs on the decode kernel (`Conv2dCuda::uses_gemv`); it is also
+//! timed on the route it replaced, `lowbit_gemm` / `lowbit_gemm_graph`.
+//!
 //! `LOWBIT_BENCH_VARIANTS=1` adds a record per implicit-GEMM tile forced (`lowbit_128x128`, ...), for tuning the
 //! tile choice.
 
@@ -105,6 +108,19 @@ pub fn run(args: &BenchArgs, sink: &mut Sink) -> Result<()> {
             sink.push(problem.lowbit_record("lowbit", dtype, timing.eager))?;
             if let Some(us) = timing.graph {
                 sink.push(problem.lowbit_record("lowbit_graph", dtype, us))?;
+            }
+            if dtype == DType::F16 && problem.uses_gemv()? {
+                // The route the decode kernel replaced for this 1x1 convolution (the Hopper GEMM on sm_90).
+                sink.status(format!("conv lowbit_gemm {}", case.label));
+                let tuning = Tuning {
+                    no_gemv: true,
+                    ..Tuning::default()
+                };
+                let timing = problem.time_lowbit::<f16>(tuning, None, true)?;
+                sink.push(problem.lowbit_record("lowbit_gemm", dtype, timing.eager))?;
+                if let Some(us) = timing.graph {
+                    sink.push(problem.lowbit_record("lowbit_gemm_graph", dtype, us))?;
+                }
             }
             if dtype == DType::F16 && problem.uses_hopper()? {
                 // The mma.sync implicit GEMM the Hopper path replaced, for comparison.
@@ -205,6 +221,11 @@ impl<'a> Problem<'a> {
     fn uses_hopper(&self) -> Result<bool> {
         let conv = Conv2dCuda::new(self.dev, &self.weight, None, self.params)?;
         Ok(conv.uses_hopper())
+    }
+
+    fn uses_gemv(&self) -> Result<bool> {
+        let conv = Conv2dCuda::new(self.dev, &self.weight, None, self.params)?;
+        conv.uses_gemv(self.case.input)
     }
 
     /// The GEMM view: `M = B·OH·OW`, `K = Ci·Kh·Kw`, `N = Co`.

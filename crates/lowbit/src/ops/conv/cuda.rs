@@ -46,7 +46,9 @@ use cudarc::driver::PushKernelArg;
 use half::f16;
 use rayon::prelude::*;
 
+mod gemv;
 mod hopper;
+mod linear_form;
 
 /// `kernels/conv.cu`, listed in [`crate::cuda::KERNELS`].
 pub const KERNEL: KernelSource = KernelSource {
@@ -428,8 +430,11 @@ pub struct Tuning {
     pub tile: Option<Tile>,
     /// Use the direct kernel even where the implicit GEMM applies.
     pub direct: bool,
-    /// Use the mma.sync implicit GEMM (or the direct kernel) even where the Hopper wgmma path applies.
+    /// Use the mma.sync implicit GEMM (or the direct kernel) even where the Hopper wgmma path or the decode route
+    /// of 1×1 convolutions applies.
     pub no_hopper: bool,
+    /// Leave 1×1 convolutions of a few positions on the Hopper GEMM (or the older kernels), not the decode kernel.
+    pub no_gemv: bool,
 }
 
 /// One loaded implicit-GEMM kernel.
@@ -469,8 +474,12 @@ pub struct Conv2dCuda {
     params: Conv2dParams,
     bias: CudaSlice<f32>,
     path: Path,
+    /// The weight as a linear layer in fp16, where the linear kernels can run it (`linear_form.rs`).
+    linear: Option<linear_form::LinearForm>,
     /// The wgmma path for f16 inputs, where it applies (`hopper::applies`).
     hopper: Option<hopper::HopperConv>,
+    /// The decode-kernel route for 1×1 convolutions over a few positions (`gemv::applies`), f16 inputs.
+    gemv: Option<gemv::GemvConv>,
     sm_count: usize,
     tuning: Tuning,
 }
@@ -525,10 +534,23 @@ impl Conv2dCuda {
         let bias = stream.clone_htod(&bias_host).map_err(upload_err)?;
         // A forced tile or path selects the older kernels (tests and benchmarks compare them).
         let forced = tuning.direct || tuning.no_hopper || tuning.tile.is_some();
-        let hopper = if !forced && hopper::applies(device, weight, params.groups, params.stride) {
-            hopper::HopperConv::new(device, weight, &bias_host)?
+        let use_hopper = !forced && hopper::applies(device, weight, params.groups, params.stride);
+        let use_gemv = !forced
+            && !tuning.no_gemv
+            && gemv::applies(shape.kernel, &params)
+            && device.info().compute_capability.0 >= 8;
+        let linear = if use_hopper || use_gemv {
+            linear_form::LinearForm::new(device, weight, &bias_host)?
         } else {
             None
+        };
+        let hopper = match &linear {
+            Some(form) if use_hopper => hopper::HopperConv::new(device, form)?,
+            _ => None,
+        };
+        let gemv = match &linear {
+            Some(form) if use_gemv => Some(gemv::GemvConv::new(device, form)?),
+            _ => None,
         };
         let path = if gemm_supported(&shape) && !tuning.direct {
             let packed = repack(weight, params.groups)?;
@@ -584,7 +606,9 @@ impl Conv2dCuda {
             params,
             bias,
             path,
+            linear,
             hopper,
+            gemv,
             sm_count: device.info().sm_count.max(1) as usize,
             tuning,
         })
@@ -598,6 +622,13 @@ impl Conv2dCuda {
     /// Whether this convolution runs on the tensor cores (implicit GEMM) rather than the direct kernel.
     pub fn uses_tensor_cores(&self) -> bool {
         self.hopper.is_some() || matches!(self.path, Path::Gemm { .. })
+    }
+
+    /// Whether f16 inputs of shape `input` run on the decode (GEMV) kernel: a 1×1, unit-stride, unpadded,
+    /// ungrouped convolution over at most 16 output positions (`gemv.rs`).
+    pub fn uses_gemv(&self, input: [usize; 4]) -> Result<bool> {
+        let geo = ConvGeometry::new(input, &self.shape, &self.params)?;
+        Ok(self.gemv.is_some() && gemv::GemvConv::takes(&geo))
     }
 
     /// Whether f16 inputs run on the Hopper wgmma path (sm_90, int4, one group, stride 1, `Ci % 64 == 0`; see
@@ -623,7 +654,13 @@ impl Conv2dCuda {
             Path::Gemm { .. } => (input.iter().product::<usize>() * 2).next_multiple_of(256),
             Path::Direct { .. } => 0,
         };
-        Ok(own.max(self.hopper.as_ref().map_or(0, |h| h.workspace_bytes(&geo))))
+        let hopper = self.hopper.as_ref().map_or(0, |h| h.workspace_bytes(&geo));
+        let gemv = self
+            .gemv
+            .as_ref()
+            .filter(|_| gemv::GemvConv::takes(&geo))
+            .map_or(0, |g| g.workspace_bytes(&geo));
+        Ok(own.max(hopper).max(gemv))
     }
 
     /// The tile the implicit-GEMM kernel uses for `input` (`None` on the direct path).
@@ -696,8 +733,14 @@ impl Conv2dCuda {
             "workspace",
             256,
         )?;
-        if let (Some(hopper), DType::F16) = (&self.hopper, T::DTYPE) {
-            return hopper.run(stream, &geo, self.params.activation, (x_ptr, y_ptr, ws));
+        if let (Some(linear), DType::F16) = (&self.linear, T::DTYPE) {
+            let buffers = (x_ptr, y_ptr, ws, linear.bias.device_ptr(stream).0);
+            if let Some(gemv) = self.gemv.as_ref().filter(|_| gemv::GemvConv::takes(&geo)) {
+                return gemv.run(stream, &geo, self.params.activation, buffers);
+            }
+            if let Some(hopper) = &self.hopper {
+                return hopper.run(stream, &geo, self.params.activation, buffers);
+            }
         }
         match &self.path {
             Path::Gemm {

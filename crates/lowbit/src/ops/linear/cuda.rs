@@ -84,6 +84,8 @@ struct SmemLimits {
 const SMEM_RESERVED_PER_CTA: usize = 1024;
 /// Largest batch the kernel takes (8 token tiles of 8).
 pub const MAX_M: usize = 64;
+/// Largest batch of the decode kernel for a weight with offsets ([`DeviceW4::upload_with_offsets`]).
+pub const MAX_M_OFFSETS: usize = 16;
 /// Nibble position of A-fragment element `i` in its word (the AWQ interleave, see the kernel header).
 const NIBBLE_OF: [usize; 8] = [0, 4, 1, 5, 2, 6, 3, 7];
 
@@ -638,6 +640,8 @@ pub struct Variant {
     pub mt: usize,
     /// Whether zero points are read (otherwise every zero is 8).
     pub zeros: bool,
+    /// Whether per-group offsets are read instead ([`DeviceW4::upload_with_offsets`]; symmetric codes, M <= 16).
+    pub offsets: bool,
     /// Warps per CTA.
     pub warps: usize,
     /// Pipeline stages.
@@ -683,6 +687,7 @@ impl Variant {
             act,
             mt,
             zeros,
+            offsets: false,
             warps,
             stages,
             tma,
@@ -690,6 +695,17 @@ impl Variant {
             unit_groups,
             receive: false,
             wbits: 4,
+        }
+    }
+
+    /// This variant reading offsets instead of zero points. At M <= 16 its x sums take 12 more registers, which
+    /// the 96 of two CTAs per SM cannot spare: that variant is capped for one CTA per SM.
+    fn with_offsets(self) -> Variant {
+        Variant {
+            zeros: false,
+            offsets: true,
+            min_blocks: if self.mt >= 2 { 1 } else { self.min_blocks },
+            ..self
         }
     }
 
@@ -716,7 +732,9 @@ impl Variant {
         let stage = n_cta * K_TILE * self.wbits / 8
             + self.mt * 8 * X_PITCH * 2
             + group_rows * n_cta * 2
-            + if self.zeros {
+            + if self.offsets {
+                group_rows * n_cta * 2
+            } else if self.zeros {
                 group_rows * n_cta * self.wbits / 8
             } else {
                 0
@@ -733,11 +751,12 @@ impl Variant {
 
     fn name(&self) -> String {
         format!(
-            "linear_w4a16_{}_b{}_m{}_z{}_g{}_w{}_s{}_{}{}{}",
+            "linear_w4a16_{}_b{}_m{}_z{}{}_g{}_w{}_s{}_{}{}{}",
             self.act.name(),
             self.wbits,
             self.mt,
             u8::from(self.zeros),
+            if self.offsets { "_off" } else { "" },
             if self.unit_groups { "unit" } else { "any" },
             self.warps,
             self.stages,
@@ -755,7 +774,7 @@ impl Variant {
                 format!(
                 "#define LB_DTYPE {}\n#define LB_MT {}\n#define LB_ZEROS {}\n#define LB_WARPS {}\n#define LB_STAGES {}\n\
                  #define LB_TMA {}\n#define LB_MIN_BLOCKS {}\n#define LB_UNIT_GROUPS {}\n#define LB_RECEIVE {}\n\
-                 #define LB_WBITS {}\n",
+                 #define LB_WBITS {}\n#define LB_OFFSETS {}\n",
                 if self.act == DType::Bf16 { "BF16" } else { "F16" },
                 self.mt,
                 u8::from(self.zeros),
@@ -765,7 +784,8 @@ impl Variant {
                 self.min_blocks,
                 u8::from(self.unit_groups),
                 u8::from(self.receive),
-                self.wbits
+                self.wbits,
+                u8::from(self.offsets)
             )
             },
             SOURCE,
@@ -798,7 +818,7 @@ struct KernelArgs {
     trace: u64,
 }
 
-/// `lowbit::w4a16::Shape` in the kernel, in field order (11 ints, padding, then 2 int64).
+/// `lowbit::w4a16::Shape` in the kernel, in field order (11 ints, padding, 2 int64, the clamp flag and bounds).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 struct KernelShape {
@@ -815,6 +835,9 @@ struct KernelShape {
     cluster: i32,
     x_stride: i64,
     y_stride: i64,
+    clamp: i32,
+    lo: f32,
+    hi: f32,
 }
 
 // SAFETY: plain-old-data `#[repr(C)]` structs laid out like their CUDA counterparts (u64 pointers, i32, i64).
@@ -881,6 +904,9 @@ pub struct DeviceW4 {
     qweight: CudaSlice<u32>,
     scales: CudaSlice<u16>,
     zeros: Option<CudaSlice<u8>>,
+    /// Per-group offsets of a weight in offset form (`(q − midpoint)·s + o`, [`DeviceW4::upload_with_offsets`]):
+    /// `[n_tiles][group_rows][n_cta]` bits of `act`, laid out like the scales.
+    offsets: Option<CudaSlice<u16>>,
     perm: Option<CudaSlice<u32>>,
     weight_bytes: usize,
     /// Planes a dense [N, K] dequantization sums per position when the kernel's k order is x's own order (no
@@ -924,6 +950,7 @@ impl DeviceW4 {
                 .map(|z| stream.clone_htod(z))
                 .transpose()
                 .map_err(upload_err)?,
+            offsets: None,
             perm: packed
                 .perm
                 .as_ref()
@@ -933,6 +960,64 @@ impl DeviceW4 {
             weight_bytes: packed.weight_bytes(),
             dense_planes: packed.dense_planes(),
         }))
+    }
+
+    /// Uploads a symmetric `packed` weight (no zero points, no act-order) whose weights are `(q − midpoint)·s + o`
+    /// with `offsets` `[n][groups]` (row-major, one per scale): the form of a convolution's per-block weights.
+    /// The operators that read offsets: the GEMM's convolution form and the decode kernel (M ≤ 16). Offsets must
+    /// be finite in `act`; they are rounded to it like the scales.
+    pub fn upload_with_offsets(device: &CudaDevice, packed: &RepackedW4, offsets: &[f32]) -> Result<Arc<Self>> {
+        let plan = &packed.plan;
+        if packed.zeros.is_some() || packed.perm.is_some() {
+            return Err(Error::invalid(
+                "weight",
+                "zero points or act-order",
+                "a weight with offsets must be symmetric and in input order",
+            ));
+        }
+        if offsets.len() != plan.n * plan.groups {
+            return Err(Error::invalid(
+                "offsets",
+                format!("{} values", offsets.len()),
+                format!("must hold one per scale ({} x {})", plan.n, plan.groups),
+            ));
+        }
+        if let Some(bad) = offsets
+            .iter()
+            .find(|&&o| !from_bits(packed.act, to_bits(packed.act, o)).is_finite())
+        {
+            return Err(Error::invalid(
+                "offsets",
+                bad,
+                format!("must be finite in {}", packed.act.name()),
+            ));
+        }
+        let mut laid = vec![0u16; plan.n_tiles() * plan.group_rows * plan.n_cta];
+        for (n, row) in offsets.chunks_exact(plan.groups).enumerate() {
+            let (nt, c) = (n / plan.n_cta, n % plan.n_cta);
+            for (g, &o) in row.iter().enumerate() {
+                laid[(nt * plan.group_rows + g) * plan.n_cta + param_slot(c)] = to_bits(packed.act, o);
+            }
+        }
+        let mut weight = Self::upload(device, packed)?;
+        let offsets = device
+            .stream()
+            .clone_htod(&laid)
+            .map_err(|e| crate::cuda::cuda_error("upload of the weight offsets", e))?;
+        let w = Arc::get_mut(&mut weight).expect("just made");
+        w.weight_bytes += laid.len() * 2;
+        w.offsets = Some(offsets);
+        Ok(weight)
+    }
+
+    /// Whether the weight carries per-group offsets ([`DeviceW4::upload_with_offsets`]).
+    pub fn has_offsets(&self) -> bool {
+        self.offsets.is_some()
+    }
+
+    /// Device address of the offsets, or 0.
+    pub(crate) fn offsets_pointer(&self, stream: &CudaStream) -> u64 {
+        self.offsets.as_ref().map_or(0, |o| o.device_ptr(stream).0)
     }
 
     /// See the field: `Some(planes)` when the weight can be dequantized to a dense [N, K] matrix in x's order.
@@ -1042,6 +1127,13 @@ impl LinearW4A16Cuda {
         if !(1..=MAX_M).contains(&max_m) {
             return Err(Error::invalid("max_m", max_m, format!("must be in 1..={MAX_M}")));
         }
+        if weight.offsets.is_some() && max_m > MAX_M_OFFSETS {
+            return Err(Error::invalid(
+                "max_m",
+                max_m,
+                format!("must be at most {MAX_M_OFFSETS} for a weight with offsets"),
+            ));
+        }
         let (plan, act) = (weight.plan.clone(), weight.act);
         let units = plan.n_tiles() * plan.k_tiles();
         // The grid (hence the split of K) is the same for every M: batch invariance.
@@ -1083,6 +1175,9 @@ impl LinearW4A16Cuda {
             variant.tma = variant.tma && tma_supported && tuning.tma.unwrap_or(true);
             variant.receive = splits > 1;
             variant.wbits = plan.code_bits;
+            if weight.offsets.is_some() {
+                variant = variant.with_offsets();
+            }
             if let Some(stages) = tuning.stages {
                 variant.stages = stages.max(2);
             }
@@ -1213,15 +1308,29 @@ impl LinearW4A16Cuda {
     ) -> Result<()> {
         let p = &self.plan;
         let call = (self.act, self.max_m, self.workspace_bytes());
-        let Some(CallBuffers {
+        match call_buffers(p, call, stream, (x, x_stride), m, bias, (y, y_stride), workspace)? {
+            Some(buffers) => self.launch(stream, m, &buffers, (x_stride, y_stride), None),
+            None => Ok(()),
+        }
+    }
+
+    /// Launches on buffers already checked (`call_buffers`'s rules, `m` in `1..=max_m`), every output clamped to
+    /// `clamp`'s `[lo, hi]` after the bias when given (a NaN passes): the relu/relu6 of a convolution routed here.
+    pub(crate) fn launch(
+        &self,
+        stream: &CudaStream,
+        m: usize,
+        buffers: &CallBuffers,
+        (x_stride, y_stride): (usize, usize),
+        clamp: Option<(f32, f32)>,
+    ) -> Result<()> {
+        let p = &self.plan;
+        let CallBuffers {
             x: x_ptr,
             y: y_ptr,
             bias: bias_ptr,
             workspace: ws,
-        }) = call_buffers(p, call, stream, (x, x_stride), m, bias, (y, y_stride), workspace)?
-        else {
-            return Ok(());
-        };
+        } = *buffers;
 
         let mt = token_tiles(m);
         let (variant, function, cluster) = self
@@ -1234,6 +1343,11 @@ impl LinearW4A16Cuda {
         // not 16-byte aligned (the kernel's 16-byte cp.async).
         // The TMA producer copies whole 128-k rows, so with it K must also be a multiple of 128.
         let (qweight, scales, zeros, perm) = self.weight.pointers(stream);
+        let zeros = if self.weight.offsets.is_some() {
+            self.weight.offsets_pointer(stream)
+        } else {
+            zeros
+        };
         let direct =
             perm == 0 && x_ptr % 16 == 0 && x_stride % 8 == 0 && p.k % if variant.tma { K_TILE } else { 8 } == 0;
         let (x_ptr, x_stride) = if direct {
@@ -1272,6 +1386,9 @@ impl LinearW4A16Cuda {
             cluster: i32::from(*cluster),
             x_stride: x_stride as i64,
             y_stride: y_stride as i64,
+            clamp: i32::from(clamp.is_some()),
+            lo: clamp.map_or(0.0, |c| c.0),
+            hi: clamp.map_or(0.0, |c| c.1),
         };
         // SAFETY (both launches): every pointer was checked above to cover what the kernel touches for this shape
         // and m: x rows (K valid columns; the kernel zero-fills past K without reading), y rows (N columns), bias
@@ -1412,6 +1529,7 @@ dense_element!(f16);
 dense_element!(bf16);
 
 /// Device addresses of one call's buffers ([`call_buffers`]).
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct CallBuffers {
     pub x: u64,
     pub y: u64,
@@ -1758,6 +1876,16 @@ mod tests {
                     }
                     if ctas_per_sm == 2 && v.tma {
                         cases.push((Variant { receive: true, ..v }, "sm_90a")); // cluster split-K
+                    }
+                    if mt <= 2 && act == DType::F16 {
+                        // Offsets (a 1x1 convolution's weight), int4 and int8, both pipelines.
+                        let vo = v.with_offsets();
+                        let mut vo8 = Variant { wbits: 8, ..vo };
+                        vo8.fit_stages(smem_limits((9, 0)));
+                        cases.extend([(vo, "sm_90a"), (vo8, "sm_90a"), (Variant { tma: false, ..vo }, "sm_80")]);
+                        if v.tma {
+                            cases.push((Variant { receive: true, ..vo }, "sm_90a"));
+                        }
                     }
                     if mt == 1 || mt == 8 {
                         for arch in ["sm_80", "sm_89"] {

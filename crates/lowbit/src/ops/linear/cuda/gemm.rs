@@ -293,8 +293,6 @@ pub(crate) struct ConvLaunch {
     pub y: u64,
     /// `[N]` fp16, or 0.
     pub bias: u64,
-    /// The fp16 offsets, laid out like the weight's scales.
-    pub offsets: u64,
     pub activation: Activation,
     pub geometry: ConvFields,
 }
@@ -353,12 +351,26 @@ impl LinearW4A16Gemm {
         max_m: usize,
         splits: Option<usize>,
     ) -> Result<Self> {
+        if weight.has_offsets() {
+            return Err(Error::invalid(
+                "weight",
+                "offsets",
+                "a linear GEMM reads no offsets (see for_conv)",
+            ));
+        }
         Self::build(device, weight, max_m, splits, false)
     }
 
-    /// The convolution form of the GEMM for an fp16 weight in offset form (`ops::conv::cuda`'s Hopper path):
-    /// launched with [`LinearW4A16Gemm::run_conv`] only.
+    /// The convolution form of the GEMM for an fp16 weight in offset form (`ops::conv::cuda`'s Hopper path; the
+    /// weight from [`DeviceW4::upload_with_offsets`]): launched with [`LinearW4A16Gemm::run_conv`] only.
     pub(crate) fn for_conv(device: &CudaDevice, weight: Arc<DeviceW4>) -> Result<Self> {
+        if !weight.has_offsets() {
+            return Err(Error::invalid(
+                "weight",
+                "no offsets",
+                "the convolution form reads per-group offsets",
+            ));
+        }
         Self::build(device, weight, i32::MAX as usize, None, true)
     }
 
@@ -683,7 +695,7 @@ impl LinearW4A16Gemm {
         let args = GemmArgs {
             qweight,
             scales,
-            zeros: launch.offsets,
+            zeros: self.weight.offsets_pointer(stream),
             bias: launch.bias,
             y: launch.y,
             ..GemmArgs::default()
