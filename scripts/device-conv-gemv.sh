@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue #7's GEMV route (1x1 convolutions over <= 16 positions on the decode kernel with offsets): the convolution,
+# Issue #7's GEMV route (1x1 convolutions of 1x1 maps at batch <= 16 on the decode kernel with offsets): the convolution,
 # decode, QuantLinear and GEMM GPU tests, memcheck on the new route (SKIP_TESTS=1 skips these); then (SKIP_BENCH=1
 # skips) `lowbit bench --op conv` on 1x1 cases of pooled features and small maps, int4 and int8, and a decode
 # check at M = 1 and 16 (the kernel's store changed: the clamp).
@@ -26,7 +26,7 @@ fi
 [ "${SKIP_BENCH:-0}" = 1 ] && exit 0
 echo "== bench conv, 1x1 cases"
 convs="--conv 1x2048x1x1,k1s1p0,co1000 --conv 16x2048x1x1,k1s1p0,co1000 --conv 1x512x1x1,k1s1p0,co2048"
-convs="$convs --conv 1x1024x4x4,k1s1p0,co2048 --conv 1x2048x7x7,k1s1p0,co512"
+convs="$convs --conv 1x1024x4x4,k1s1p0,co2048 --conv 1x2048x7x7,k1s1p0,co512"  # not routed: small maps
 for wbits in 4 8; do
   timeout 150 $BIN/lowbit bench --op conv --device cuda --json --wbits $wbits --dtype f16 $convs \
     >> $OUT/bench-conv-gemv.jsonl 2>>$OUT/bench-conv.err || tail -3 $OUT/bench-conv.err

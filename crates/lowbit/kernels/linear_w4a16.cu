@@ -63,7 +63,7 @@
 //   four accumulator rows of lane g*4..g*4+3 (cuda.rs `param_slot`). A lane reads its four scales with one 8-byte
 //   ld.shared and its four zero codes with one 16-bit ld.shared, and forms all its zero terms with ~8 ALU ops.
 //
-// * OFFSETS (a 1x1 convolution at batch 1, src/ops/conv/cuda/gemv.rs). Per-block convolution weights are
+// * OFFSETS (a 1x1 convolution of pooled features, src/ops/conv/cuda/gemv.rs). Per-block convolution weights are
 //   q·s + o with a real offset o, which no integer zero point expresses. The codes stay symmetric (q + midpoint,
 //   converted as usual) and o enters per group as o · sum(x over the group): one more mma per k16 step, an
 //   all-ones A fragment times the x fragment, gives every token's sum in fp32, exactly as the weight products are

@@ -479,9 +479,9 @@ fn hopper_path_matches_reference() {
     }
 }
 
-/// 1×1 convolutions over at most 16 output positions run on the decode (GEMV) kernel with the weight's offsets:
-/// pooled features at batch 1 and 16, small feature maps (transposed through the workspace), partial k tiles,
-/// 64-column tiles, blocks of 32/64/128; exact integers bit for bit; batch invariance over images.
+/// 1×1 convolutions of 1×1 maps at batches up to 16 run on the decode (GEMV) kernel with the weight's offsets:
+/// pooled features at batch 1, 3 and 16, a partial k tile, 64-column tiles, blocks of 32/64/128; exact integers
+/// bit for bit; batch invariance over images. Small maps, strides and narrow blocks stay on the other kernels.
 #[test]
 fn one_by_one_at_few_positions_runs_on_the_decode_kernel() {
     let Some(dev) = device() else { return };
@@ -503,8 +503,8 @@ fn one_by_one_at_few_positions_runs_on_the_decode_kernel() {
     let cases = [
         one_by_one(1, 2048, 1000, (1, 1), 16, Activation::None), // a classifier on pooled features
         one_by_one(16, 512, 128, (1, 1), 8, Activation::Relu6),
-        one_by_one(1, 256, 192, (4, 4), 8, Activation::Relu), // 16 positions, 64-column tiles
-        one_by_one(2, 96, 320, (2, 3), 3, Activation::None),  // K = 96: a partial k tile
+        one_by_one(1, 256, 192, (1, 1), 4, Activation::Relu), // 64-column tiles, blocks of 64
+        one_by_one(3, 96, 320, (1, 1), 3, Activation::None),  // K = 96: a partial k tile
         one_by_one(1, 4096, 512, (1, 1), 64, Activation::Relu),
     ];
     for case in cases.iter().flat_map(|c| {
@@ -556,9 +556,10 @@ fn one_by_one_at_few_positions_runs_on_the_decode_kernel() {
         let got = run_on_gpu::<f16>(&dev, &conv, &x, input).unwrap();
         assert_rounded_once(&format!("{case:?} exact integers"), &got, &want);
     }
-    // More than 16 positions, a padded or strided 1x1, blocks of 8 channels: not this route.
+    // A batch of 17, a 4x4 map, a strided 1x1, blocks of 8 channels: not this route.
     let not_routed = [
-        (one_by_one(3, 64, 64, (3, 3), 1, Activation::None), "27 positions"),
+        (one_by_one(17, 64, 64, (1, 1), 1, Activation::None), "batch 17"),
+        (one_by_one(1, 256, 192, (4, 4), 8, Activation::Relu), "a 4x4 map"),
         (
             Case {
                 params: Conv2dParams {

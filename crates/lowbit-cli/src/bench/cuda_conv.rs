@@ -28,7 +28,7 @@
 //! to int8 per output channel) is timed on the same geometry as `lowbit_int8` / `lowbit_int8_graph` (dtype `i8`),
 //! and with its dp4a kernel forced as `lowbit_int8_direct`.
 //!
-//! A 1×1 convolution over at most 16 positions runs on the decode kernel (`Conv2dCuda::uses_gemv`); it is also
+//! A 1×1 convolution of a 1×1 map at batch ≤ 16 runs on the decode kernel (`Conv2dCuda::uses_gemv`); it is also
 //! timed on the route it replaced, `lowbit_gemm` / `lowbit_gemm_graph`.
 //!
 //! `LOWBIT_BENCH_VARIANTS=1` adds a record per implicit-GEMM tile forced (`lowbit_128x128`, ...), for tuning the

@@ -433,7 +433,7 @@ pub struct Tuning {
     /// Use the mma.sync implicit GEMM (or the direct kernel) even where the Hopper wgmma path or the decode route
     /// of 1×1 convolutions applies.
     pub no_hopper: bool,
-    /// Leave 1×1 convolutions of a few positions on the Hopper GEMM (or the older kernels), not the decode kernel.
+    /// Leave 1×1 convolutions of 1×1 maps on the Hopper GEMM (or the older kernels), not the decode kernel.
     pub no_gemv: bool,
 }
 
@@ -478,7 +478,7 @@ pub struct Conv2dCuda {
     linear: Option<linear_form::LinearForm>,
     /// The wgmma path for f16 inputs, where it applies (`hopper::applies`).
     hopper: Option<hopper::HopperConv>,
-    /// The decode-kernel route for 1×1 convolutions over a few positions (`gemv::applies`), f16 inputs.
+    /// The decode-kernel route for 1×1 convolutions of 1×1 maps at small batches (`gemv::applies`), f16 inputs.
     gemv: Option<gemv::GemvConv>,
     sm_count: usize,
     tuning: Tuning,
@@ -625,7 +625,7 @@ impl Conv2dCuda {
     }
 
     /// Whether f16 inputs of shape `input` run on the decode (GEMV) kernel: a 1×1, unit-stride, unpadded,
-    /// ungrouped convolution over at most 16 output positions (`gemv.rs`).
+    /// ungrouped convolution over a 1×1 map at a batch of at most 16 (`gemv.rs`).
     pub fn uses_gemv(&self, input: [usize; 4]) -> Result<bool> {
         let geo = ConvGeometry::new(input, &self.shape, &self.params)?;
         Ok(self.gemv.is_some() && gemv::GemvConv::takes(&geo))
@@ -659,7 +659,7 @@ impl Conv2dCuda {
             .gemv
             .as_ref()
             .filter(|_| gemv::GemvConv::takes(&geo))
-            .map_or(0, |g| g.workspace_bytes(&geo));
+            .map_or(0, |g| g.workspace_bytes());
         Ok(own.max(hopper).max(gemv))
     }
 
