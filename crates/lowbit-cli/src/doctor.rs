@@ -121,6 +121,16 @@ fn compile_one(k: &KernelSource, arch: &str, resources: bool) -> lowbit::Result<
             log: format!("uses local memory (spills or a stack frame): {local:?}"),
         });
     }
+    // So is a wgmma pipeline ptxas serialises (C7514, C7515: it cannot prove that no other instruction touches an
+    // in-flight accumulator): every wgmma then waits for the one before, and every test still passes.
+    let serialised: Vec<&str> = compiled.log.lines().filter(|l| l.contains("are serialized")).collect();
+    if !serialised.is_empty() {
+        return Err(lowbit::Error::Compile {
+            kernel: k.name.to_string(),
+            arch: arch.to_string(),
+            log: format!("serialised wgmma pipeline: {serialised:?}"),
+        });
+    }
     Ok(())
 }
 
