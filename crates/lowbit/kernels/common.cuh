@@ -637,18 +637,6 @@ __device__ __forceinline__ void mma_s8_m16n8k32(int (&d)[4], const u32 (&a)[4], 
     }
 }
 
-// mma.sync m16n8k8 tf32 x tf32 -> f32, accumulating into d[0..3]: A(16x8 row-major) fragment a0 = (g, t),
-// a1 = (g + 8, t), a2 = (g, t + 4), a3 = (g + 8, t + 4); B(8x8 column-major) b0 = (k t, column g), b1 = (k t + 4,
-// column g); d = (g, 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1) (g = lane / 4, t = lane % 4). Operands are
-// f32 bit patterns already rounded to tf32. Synchronous, so unlike a wgmma it may accumulate into registers the
-// CUDA cores write while a wgmma is in flight.
-__device__ __forceinline__ void mma_tf32_m16n8k8(float* d, const u32 (&a)[4], u32 b0, u32 b1) {
-    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-                 "{%0, %1, %2, %3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // An int32 of magnitude <= 2^22 as f32, exactly, without the quarter-rate I2F: adding it to the bit pattern of
 // 1.5 * 2^23 (where the f32 step is 1) places it in the mantissa; subtracting 1.5 * 2^23 leaves the value.
 __device__ __forceinline__ float small_int_to_f32(int v) {

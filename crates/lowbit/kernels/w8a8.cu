@@ -576,28 +576,31 @@ __device__ __forceinline__ void gemm(const GemmParams& p) {
 //   zeros), the W tile (TMA over [n_pad, k_pad]) and, when the stage ends a K block, the block's parameters: A's
 //   128 float4 (TMA over the parameters viewed as [blocks * M] rows of 4 f32: rows past the end read as zeros;
 //   rows past M belong to the next block and only reach output rows that are never stored) and W's record (one bulk
-//   copy: the tf32 offset operands and the scales sB, see W_PARAM_BYTES). The TMA swizzle is the layout `swizzled`
+//   copy: the tf32 offset operand and the scales sB, see W_PARAM_BYTES). The TMA swizzle is the layout `swizzled`
 //   describes, so the stage feeds wgmma descriptors directly.
 // - Persistent: one CTA per SM walks the tiles blockIdx.x, + gridDim.x, ... in the grouped raster order; the
 //   producer runs ahead into the next tile while the consumers finish this one's epilogue.
 // - Blocks are >= 128 codes (or one per row), so each stage lies in one block. A block's first wgmma overwrites
-//   its int32 accumulator (scale-d = 0). Two accumulators take turns block by block: while the tensor cores run a
-//   block's wgmmas into one, the CUDA cores apply the previous block's terms from the other (apply_block_terms:
-//   (sA*sB)*dot, and the offset terms as tf32 mma.sync). See consume_block.
-// - A stage is released one stage later, once its wgmmas have retired and the block terms have read its
-//   parameters.
+//   the int32 accumulator (scale-d = 0); at its last stage the warpgroup waits for its wgmmas, adds (sA*sB)*dot on
+//   the CUDA cores and issues the block's offset terms as one tf32 wgmma (issue_offset_terms). The two warpgroups
+//   take turns on the tensor cores, so one corrects while the other multiplies.
+//   (Two accumulators per warpgroup, to overlap within it, left too few registers: ptxas serialised the wgmmas
+//   and the correction ran as one dependent chain.)
+// - A stage is released one stage later, once the wgmmas that read it (the int8 ones, and at a block end the tf32
+//   one, which reads W's record from the stage) have retired.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 
 #define HOPPER_THREADS 384
 #define HOPPER_CONSUMERS 256
 // A block's parameters in a stage: A's float4 per row (SLOT_BYTES), then W's tile record as the host prepares it
-// (W8a8LinearCuda, Hopper layout): the 128 columns' tf32 offset operands (32 B each: the mma B fragments, see
-// apply_block_terms), then their scales sB. Padded so every stage starts 1024-byte aligned.
+// (W8a8LinearCuda, Hopper layout): the 128 columns' tf32 offset operand (32 B each, 32-byte swizzle), then their
+// scales sB. Padded so every stage starts 1024-byte aligned.
 #define W_OFFSET_BYTES (TILE_N * 32)
 #define W_PARAM_BYTES (W_OFFSET_BYTES + TILE_N * 4)
 #define PARAM_BYTES 7168
 #define HOPPER_STAGE_BYTES (2 * TILE_BYTES + PARAM_BYTES)
 #define HOPPER_OUT_BYTES (TILE_M * OUT_PITCH)          // the staged output tile, 64 rows per warpgroup
+#define A_OFFSET_BYTES (64 * 32)                       // a warpgroup's tf32 offset operand (64 rows)
 
 // Walks the k tiles of an output tile in order and tells which end a K block: blocks span `per_block` k tiles, the
 // last k tile always ends one (a partial last block). Counters, not a division per stage.
@@ -615,24 +618,14 @@ struct BlockWalk {
     }
 };
 
-// One block's terms for this warp's rows of the warpgroup tile (`row0`: the warp's first row in the CTA tile), from
-// the block's parameters in its last stage (`params`: A's float4 {sA, oA, sumA, -} per row, then W's record):
-// - out += (sA*sB)*dot, the dots converted with I2FP (on sm_90 it issues once and ran 10% faster than the
-//   two-instruction magic-number conversion, H200);
-// - out += sA*oB*sumA + oA*ot, which does not depend on the dots: a rank-2 product per block, as 16 tf32
-//   mma.sync m16n8k8 (two FFMA per element on the CUDA cores would cost more issue slots). A row m =
-//   (u_hi, oA_hi, u_lo, oA_lo, u_hi, oA_hi, 0, 0) with u = sA*sumA, B column n = (oB_hi, ot_hi, oB_hi, ot_hi,
-//   oB_lo, ot_lo, 0, 0) from the host, where x = x_hi + x_lo in tf32: hi*hi + lo*hi + hi*lo keeps near-f32
-//   accuracy. The host stores a column's k = t, t + 4 pair together, so a lane's B fragment is one 8-byte load.
-//   (A tf32 wgmma did this before; a wgmma accumulating into `out` cannot overlap the CUDA cores' writes of it,
-//   see consume_block.)
-__device__ __forceinline__ void apply_block_terms(float (&out)[64], const int (&dot)[64], u32 params, u32 row0,
-                                                  int lane) {
+// out += (sA*sB)*dot for this warp's rows of the warpgroup tile (`row0`: the warp's first row in the CTA tile),
+// `a_params`: the rows' float4, `scales`: the columns' sB. Returns the rows' params. The dots are converted with
+// I2FP: on sm_90 it issues once and ran 10% faster than the two-instruction magic-number conversion (H200).
+__device__ __forceinline__ void apply_scaled_dots(float (&out)[64], const int (&dot)[64], u32 a_params, u32 scales,
+                                                  u32 row0, int lane, float4 (&rows)[2]) {
     const int g = lane >> 2, t = lane & 3;
-    const u32 w_ops = params + SLOT_BYTES, scales = w_ops + W_OFFSET_BYTES;
-    float4 rows[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) rows[h] = lds128f(params + (row0 + g + 8 * h) * 16);
+    for (int h = 0; h < 2; ++h) rows[h] = lds128f(a_params + (row0 + g + 8 * h) * 16);
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
         const float2 sb = lds64f(scales + (j * 8 + 2 * t) * 4);
@@ -645,34 +638,31 @@ __device__ __forceinline__ void apply_block_terms(float (&out)[64], const int (&
             }
         }
     }
-    // The A fragment: k = t and t + 4 of rows g (a0, a2) and g + 8 (a1, a3).
-    u32 a[4];
+}
+
+// The block's offset terms, out += sA*oB*sumA + oA*ot, as one tf32 wgmma (the tensor cores are idle for it; the CUDA
+// cores would spend two FFMA per element): A row m = (u_hi, oA_hi, u_lo, oA_lo, u_hi, oA_hi, 0, 0) with
+// u = sA*sumA, B column n = (oB_hi, ot_hi, oB_hi, ot_hi, oB_lo, ot_lo, 0, 0) from the host, where x = x_hi + x_lo
+// in tf32: hi*hi + lo*hi + hi*lo keeps near-f32 accuracy. Each thread writes its two rows' k pair 2t, 2t + 1 of
+// the warpgroup's A operand (at `a_offset`), then the warpgroup issues the wgmma and commits it.
+__device__ __forceinline__ void issue_offset_terms(float (&out)[64], const float4 (&rows)[2], u32 a_offset,
+                                                   u32 w_offset, int wg, int warp, int lane) {
+    const int g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const float u = rows[h].x * rows[h].z, oa = rows[h].y;
         const float u_hi = to_tf32(u), oa_hi = to_tf32(oa);
         const float u_lo = to_tf32(u - u_hi), oa_lo = to_tf32(oa - oa_hi);
-        const float k_lo = t == 0 ? u_hi : t == 1 ? oa_hi : t == 2 ? u_lo : oa_lo;
-        const float k_hi = t == 0 ? u_hi : t == 1 ? oa_hi : 0.0f;
-        a[h] = __float_as_uint(k_lo), a[2 + h] = __float_as_uint(k_hi);
+        // k = 2t, 2t + 1 of the row: (u_hi, oa_hi), (u_lo, oa_lo), (u_hi, oa_hi), (0, 0)
+        const float k0 = t == 3 ? 0.0f : t == 1 ? u_lo : u_hi, k1 = t == 3 ? 0.0f : t == 1 ? oa_lo : oa_hi;
+        const u32 r = (warp % 4) * 16 + g + 8 * h;
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(a_offset + sw32_offset(r, 2 * t)), "f"(k0), "f"(k1)
+                     : "memory");
     }
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-        const uint2 b = lds64(w_ops + (j * 8 + g) * 32 + t * 8);
-        mma_tf32_m16n8k8(&out[4 * j], a, b.x, b.y);
-    }
-}
-
-// This stage's four k steps of the running block into `dot` (`fresh`: the block starts here, the first wgmma
-// overwrites the accumulator), committed as one group.
-__device__ __forceinline__ void issue_dots(int (&dot)[64], u32 stage, u32 wg_row, bool fresh) {
+    fence_proxy_async_shared();  // generic-proxy writes, read by wgmma through the async proxy
+    named_barrier_sync(2 + wg, 128);
     wgmma_fence();
-    // All four k steps: past K the codes are zero padding up to k_pad, on both sides.
-    // A k step is 32 bytes further along the rows: + 2 in the descriptors' address field (addr >> 4).
-    const u64 a_desc = smem_desc_sw128(stage + wg_row * TILE_K), b_desc = smem_desc_sw128(stage + TILE_BYTES);
-#pragma unroll
-    for (int ks = 0; ks < STEPS_PER_STAGE; ++ks)
-        wgmma_s8_m64n128k32(dot, a_desc + 2 * ks, b_desc + 2 * ks, (fresh && ks == 0) ? 0 : 1);
+    wgmma_tf32_m64n128k8(out, smem_desc_sw32(a_offset), smem_desc_sw32(w_offset));
     wgmma_commit();
 }
 
@@ -706,103 +696,64 @@ __device__ __forceinline__ void produce(const TensorMap* a_map, const TensorMap*
     }
 }
 
-// Where a consumer warpgroup is in the stage ring (across tiles) and in its tile's k walk.
-struct ConsumerState {
-    u32 buf = 0, use = 0;     // the next stage's buffer, and how many stages were taken so far
-    bool first_turn = true;   // no wgmma issued yet (warpgroup 0 then goes first without waiting its turn)
-    u32 kt = 0;               // the next k tile of the tile
-    bool pending = false;     // a block ended at the previous stage; its terms are not applied yet
-    bool held = false;        // the previous stage is not released yet
-    u32 prev_stage = 0, prev_buf = 0;
-};
-
-// One K block of the tile: its stages' wgmmas into `dot` while the block before it, in `other`, gets its terms.
-// Per stage:
-//   1. wait for every wgmma issued so far (the previous stage's);
-//   2. issue this stage's wgmmas into `dot`;
-//   3. (first stage of a block) apply the previous block's terms from `other` into `out` while they run;
-//   4. release the previous stage: its wgmmas are done and step 3 has read its parameters.
-// The caller alternates the two accumulators, so which one a wgmma writes is known at compile time. ptxas
-// serialises every wgmma (C7514/C7515) when it cannot prove that no other instruction touches an in-flight
-// accumulator: with the accumulator chosen at run time, and with `out` written by the CUDA cores while a wgmma
-// that accumulates into it (the earlier tf32 offset terms) was in the same pipeline stage. Hence the offset terms
-// as mma.sync, and the wait for all groups before issuing: it costs little while step 3 outlasts this
-// warpgroup's wgmmas, as the other warpgroup's turn keeps the tensor cores busy meanwhile.
-template <int STAGES>
-__device__ __forceinline__ void consume_block(ConsumerState& st, BlockWalk& walk, u32 base, u32 bars, u32 k_tiles,
-                                              int (&dot)[64], int (&other)[64], float (&out)[64], int wg, int lane,
-                                              u32 row0) {
-    const int my_turn = 4 + wg, their_turn = 5 - wg;
-    const u32 wg_row = wg * 64;
-    for (bool fresh = true;; fresh = false) {
-        mbar_wait(bars + st.buf * 8, (st.use / STAGES) & 1);
-        const u32 stage = base + st.buf * HOPPER_STAGE_BYTES;
-        wgmma_wait<0>();
-        if (st.pending) wgmma_fence_operands(other);  // step 3's reads stay below the wait
-        if (wg == 1 || !st.first_turn) named_barrier_sync(my_turn, HOPPER_CONSUMERS);
-        st.first_turn = false;
-        issue_dots(dot, stage, wg_row, fresh);
-        named_barrier_arrive(their_turn, HOPPER_CONSUMERS);
-        if (st.pending) {
-            apply_block_terms(out, other, st.prev_stage + 2 * TILE_BYTES, row0, lane);
-            st.pending = false;
-        }
-        if (st.held) mbar_arrive(bars + (STAGES + st.prev_buf) * 8);
-        const bool ends = walk.ends(st.kt, k_tiles);
-        walk.next(ends);
-        st.pending = ends;
-        st.held = true;
-        st.prev_stage = stage;
-        st.prev_buf = st.buf;
-        ++st.kt, ++st.use;
-        if (++st.buf == STAGES) st.buf = 0;
-        if (ends) return;
-    }
-}
-
-// The last block of a tile, in `dot`: wait for it, apply its terms, release its stage.
-template <int STAGES>
-__device__ __forceinline__ void finish_tile(ConsumerState& st, u32 bars, int (&dot)[64], float (&out)[64], int lane,
-                                            u32 row0) {
-    wgmma_wait<0>();
-    wgmma_fence_operands(dot);
-    apply_block_terms(out, dot, st.prev_stage + 2 * TILE_BYTES, row0, lane);
-    mbar_arrive(bars + (STAGES + st.prev_buf) * 8);
-    st.pending = st.held = false;
-}
-
-// A consumer warpgroup (`wg` 0 or 1, `tid` 0..255 over both): rows wg * 64 .. + 64 of every tile of this CTA, block
-// after block into two int32 accumulators in turn (consume_block), so the tensor cores run one block while the CUDA
-// cores apply the terms of the one before. The two warpgroups also take turns issuing (wg 0 first, named barriers 4
-// and 5).
+// A consumer warpgroup (`wg` 0 or 1, `tid` 0..255 over both): rows wg * 64 .. + 64 of every tile of this CTA.
+// The two warpgroups take turns issuing their wgmmas (wg 0 first, named barriers 4 and 5), so the tensor cores run
+// one warpgroup's block while the other applies its correction on the CUDA cores (ping-pong).
 template <class T, int STAGES>
 __device__ __forceinline__ void consume(const GemmParams& p, u32 base, u32 bars, u32 k_tiles, u32 tiles, int wg,
                                         int tid) {
     const int lane = tid % 32, warp = tid / 32;
     const u32 wg_row = wg * 64, row0 = wg_row + (warp % 4) * 16;
     const u32 out_tile = base + STAGES * HOPPER_STAGE_BYTES;
-    ConsumerState st;
+    const u32 a_offset = out_tile + HOPPER_OUT_BYTES + wg * A_OFFSET_BYTES;
+    const int my_turn = 4 + wg, their_turn = 5 - wg;
+    u32 buf = 0, use = 0;
+    bool first_turn = true;
     for (u32 tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
         u32 m0, n0;
         tile_origin(p, tile, m0, n0);
-        int dot0[64], dot1[64];  // (a block's first wgmma overwrites its accumulator)
+        int dot[64];
         float out[64];
 #pragma unroll
-        for (int i = 0; i < 64; ++i) out[i] = 0.0f;
+        for (int i = 0; i < 64; ++i) dot[i] = 0, out[i] = 0.0f;
+        bool block_start = true, held = false;  // held: the previous stage, its wgmmas maybe still running
+        u32 held_buf = 0;
         BlockWalk walk(p);
-        st.kt = 0;
-        for (;;) {
-            consume_block<STAGES>(st, walk, base, bars, k_tiles, dot0, dot1, out, wg, lane, row0);
-            if (st.kt == k_tiles) {
-                finish_tile<STAGES>(st, bars, dot0, out, lane, row0);
-                break;
+        for (u32 kt = 0; kt < k_tiles; ++kt, ++use) {
+            mbar_wait(bars + buf * 8, (use / STAGES) & 1);
+            const u32 stage = base + buf * HOPPER_STAGE_BYTES;
+            if (wg == 1 || !first_turn) named_barrier_sync(my_turn, HOPPER_CONSUMERS);
+            first_turn = false;
+            wgmma_fence();
+            // All four k steps: past K the codes are zero padding up to k_pad, on both sides.
+            // A k step is 32 bytes further along the rows: + 2 in the descriptors' address field (addr >> 4).
+            const u64 a_desc = smem_desc_sw128(stage + wg_row * TILE_K), b_desc = smem_desc_sw128(stage + TILE_BYTES);
+#pragma unroll
+            for (int ks = 0; ks < STEPS_PER_STAGE; ++ks)
+                wgmma_s8_m64n128k32(dot, a_desc + 2 * ks, b_desc + 2 * ks, (block_start && ks == 0) ? 0 : 1);
+            wgmma_commit();
+            named_barrier_arrive(their_turn, HOPPER_CONSUMERS);
+            block_start = walk.ends(kt, k_tiles);
+            walk.next(block_start);
+            if (block_start) {
+                wgmma_wait<0>();  // this block's dots, and the previous block's offset terms
+                wgmma_fence_operands(dot);
+                wgmma_fence_operands(out);
+                const u32 params = stage + 2 * TILE_BYTES, w_offset = params + SLOT_BYTES;
+                float4 rows[2];
+                apply_scaled_dots(out, dot, params, w_offset + W_OFFSET_BYTES, row0, lane, rows);
+                issue_offset_terms(out, rows, a_offset, w_offset, wg, warp, lane);
+            } else {  // the block goes on: keep one stage of wgmmas in flight
+                wgmma_wait<1>();
             }
-            consume_block<STAGES>(st, walk, base, bars, k_tiles, dot1, dot0, out, wg, lane, row0);
-            if (st.kt == k_tiles) {
-                finish_tile<STAGES>(st, bars, dot1, out, lane, row0);
-                break;
-            }
+            if (held) mbar_arrive(bars + (STAGES + held_buf) * 8);  // its wgmmas have retired
+            held = true;
+            held_buf = buf;
+            if (++buf == STAGES) buf = 0;
         }
+        wgmma_wait<0>();  // the last block's offset terms
+        wgmma_fence_operands(out);
+        mbar_arrive(bars + (STAGES + held_buf) * 8);
 
         // Epilogue: + bias, round once to T, stage this warpgroup's 64 rows, 16-byte row stores.
         const int g = lane >> 2, t = lane & 3;
@@ -817,11 +768,9 @@ __device__ __forceinline__ void consume(const GemmParams& p, u32 base, u32 bars,
                               out[4 * j + 2 * h + 1] + bias.y);
         }
         named_barrier_sync(2 + wg, 128);
-        // The thread index re-read (see thread_index): derived from `tid`, the stores' addresses were hoisted out
-        // of the tile loop, held across the main loop and spilled (two accumulators leave no registers for them).
-        store_rows<64, 128>(p, out_tile, m0, n0, wg_row, thread_index() % 128);
+        store_rows<64, 128>(p, out_tile, m0, n0, wg_row, tid % 128);
     }
-    if (wg == 0 && !st.first_turn) named_barrier_sync(4, HOPPER_CONSUMERS);  // wg 1's last hand-over
+    if (wg == 0 && !first_turn) named_barrier_sync(my_turn, HOPPER_CONSUMERS);  // wg 1's last hand-over
 }
 
 template <class T, int STAGES>
@@ -829,7 +778,7 @@ __device__ __forceinline__ void gemm_hopper(const TensorMap* a_map, const Tensor
                                             const GemmParams& p) {
     extern __shared__ __align__(16) unsigned char smem[];
     const u32 base = aligned_smem_base(smem);
-    const u32 bars = base + STAGES * HOPPER_STAGE_BYTES + HOPPER_OUT_BYTES;
+    const u32 bars = base + STAGES * HOPPER_STAGE_BYTES + HOPPER_OUT_BYTES + 2 * A_OFFSET_BYTES;
     const int tid = threadIdx.x, wg = tid / 128;
     const u32 k_tiles = (p.k_steps + STEPS_PER_STAGE - 1) / STEPS_PER_STAGE, tiles = p.tiles_m * p.tiles_n;
     if (tid == 0) init_pipeline_barriers(bars, STAGES, HOPPER_CONSUMERS);

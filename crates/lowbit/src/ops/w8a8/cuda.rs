@@ -31,8 +31,8 @@
 //! kernel (`hopper_weight_params`: the offset terms as a tf32 operand, then the scales).
 //!
 //! On sm_90a the GEMM is the warp-specialised Hopper kernel (TMA producer, two wgmma consumer warpgroups taking
-//! turns, each with two int32 accumulators so that one block's terms are applied while the next block's wgmmas run;
-//! the per-block offset terms as 3xTF32 mma.sync); elsewhere, and for blocks of 32 or 64, the mma.sync kernel. H200 figures and what limits them: `docs/notes/w8a8.md`. Non-finite activations give unspecified (but in-bounds) results: the device
+//! turns, the per-block offset terms as one 3xTF32 wgmma per block); elsewhere, and for blocks of 32 or 64, the
+//! mma.sync kernel. H200 figures and what limits them: `docs/notes/w8a8.md`. Non-finite activations give unspecified (but in-bounds) results: the device
 //! cannot report them; the CPU quantizer does.
 
 use super::{
@@ -75,12 +75,12 @@ const OUT_PITCH: usize = 2 * TILE + 16;
 /// to keep stages 1024-byte aligned).
 const HOPPER_PARAM_BYTES: usize = 7168;
 /// f32s of one (K block, 128-column tile) record of the Hopper kernel's weight parameters (`W_PARAM_BYTES`): the
-/// columns' tf32 offset operands (8 each), then their scales sB.
+/// columns' tf32 offset operand (8 each, 32-byte swizzle), then their scales sB.
 const HOPPER_W_RECORD: usize = TILE * 8 + TILE;
-/// Shared memory of the Hopper GEMM with `stages` stages: the stages, the staged output tile, a full and an empty
-/// mbarrier per stage.
+/// Shared memory of the Hopper GEMM with `stages` stages: the stages, the staged output tile, the two warpgroups'
+/// tf32 offset operands (64 rows x 32 bytes), a full and an empty mbarrier per stage.
 fn hopper_smem_bytes(stages: usize) -> usize {
-    SMEM_ALIGN + stages * (2 * TILE * TILE_K + HOPPER_PARAM_BYTES) + TILE * OUT_PITCH + 2 * stages * 8
+    SMEM_ALIGN + stages * (2 * TILE * TILE_K + HOPPER_PARAM_BYTES) + TILE * OUT_PITCH + 2 * 64 * 32 + 2 * stages * 8
 }
 
 /// `x` rounded to tf32 (10 mantissa bits, to nearest even), as the tensor cores read it.
@@ -94,8 +94,8 @@ fn to_tf32(x: f32) -> f32 {
 
 /// The Hopper kernel's weight parameters from the `[blocks][N_pad]` float4 records `{sB, oB, ot, 0}`: per (block,
 /// 128-column tile) one [`HOPPER_W_RECORD`]. Column c's offset operand is `(oB_hi, ot_hi, oB_hi, ot_hi, oB_lo,
-/// ot_lo, 0, 0)` over k = 0..8 (x = x_hi + x_lo in tf32), stored as the pairs (k, k + 4) for k = 0..4, so a lane t
-/// of the kernel's tf32 mma.sync reads its B fragment (k = t, t + 4) with one 8-byte load; then the 128 scales sB.
+/// ot_lo, 0, 0)` (x = x_hi + x_lo in tf32), stored at row c of a 32-byte-swizzled K-major tile (16-byte chunk
+/// `j ^ ((c >> 2) & 1)`), so the kernel's tf32 wgmma reads it by descriptor; then the 128 scales sB.
 fn hopper_weight_params(records: &[f32], blocks: usize, n_pad: usize) -> Vec<f32> {
     let tiles = n_pad / TILE;
     let mut out = vec![0f32; blocks * tiles * HOPPER_W_RECORD];
@@ -113,7 +113,8 @@ fn hopper_weight_params(records: &[f32], blocks: usize, n_pad: usize) -> Vec<f32
                 .into_iter()
                 .enumerate()
             {
-                out[record + c * 8 + 2 * (k % 4) + k / 4] = v;
+                let chunk = (k / 4) ^ ((c >> 2) & 1);
+                out[record + c * 8 + chunk * 4 + k % 4] = v;
             }
             out[record + TILE * 8 + c] = sb;
         }
