@@ -22,16 +22,18 @@ use lowbit::testing::{random_quant, QuantSpec, SplitMix64};
 use lowbit::DType;
 use std::sync::Arc;
 
-/// `u64` slots per CTA (the kernel's `TRACE_SLOTS`) and their names, in order.
-const EVENTS: [&str; 6] = [
-    "entry",
-    "first_full",
-    "mainloop_end",
-    "partials_seen",
-    "item_end",
-    "exit",
+/// The kernel's `Trace` events: (slot, name), in time order.
+const EVENTS: [(usize, &str); 7] = [
+    (0, "entry"),
+    (1, "first_full"),
+    (2, "mainloop_end"),
+    (3, "partials_seen"),
+    (8, "global_step"),
+    (4, "item_end"),
+    (5, "exit"),
 ];
-const SLOTS: usize = 8;
+/// `u64` slots per CTA (the kernel's `TRACE_SLOTS`): the events, and the counts `items` (6) and `sm` (7).
+const SLOTS: usize = 9;
 /// Weight copies rotated per shape, enough to exceed the 60 MB L2 at the smallest shape.
 const MIN_ROTATION_BYTES: usize = 160 << 20;
 
@@ -226,7 +228,7 @@ fn summarise(t: &[u64], name: &str) {
         )
     };
     let at = |slot: usize| move |c: &[u64]| (c[slot] != 0).then(|| (c[slot] - t0) as f64 / 1e3);
-    for (slot, event) in EVENTS.iter().enumerate() {
+    for (slot, event) in EVENTS {
         println!("  {event:14} at  {}", stat(&at(slot)));
     }
     let span =
@@ -235,16 +237,18 @@ fn summarise(t: &[u64], name: &str) {
     println!("  mainloop       {}", stat(&span(1, 2)));
     println!("  epilogue       {}", stat(&span(2, 4)));
     println!("  exit after     {}", stat(&span(4, 5)));
+    println!("  global step    {}", stat(&span(8, 4)));
     println!("  items/CTA      {}", stat(&|c: &[u64]| Some(c[6] as f64)));
     if let Ok(dir) = std::env::var("LOWBIT_TRACE_CSV") {
         let mut csv = String::from("cta,sm,items");
-        for event in EVENTS {
+        for (_, event) in EVENTS {
             csv += &format!(",{event}_us");
         }
         csv += "\n";
         for (i, c) in t.chunks(SLOTS).enumerate() {
             csv += &format!("{i},{},{}", c[7], c[6]);
-            for &e in &c[..6] {
+            for (slot, _) in EVENTS {
+                let e = c[slot];
                 csv += &format!(",{:.3}", if e == 0 { -1.0 } else { (e - t0) as f64 / 1e3 });
             }
             csv += "\n";

@@ -655,6 +655,7 @@ enum Trace {
     TRACE_EXIT,           // last item done
     TRACE_ITEMS,          // items (decode: units) taken (a count)
     TRACE_SM,             // %smid (a count)
+    TRACE_GLOBAL_STEP,    // GEMM split-K in cluster groups: this CTA's cluster arrived last and starts the global step
     TRACE_SLOTS
 };
 

@@ -516,6 +516,7 @@ struct Gemm {
         if (ctid == 0) sts32(arrival, atomic_add_acq_rel_gpu(counter, 1u));
         consumer_sync(CONSUMERS);
         if (lds32(arrival) != (u32)(s.groups - 1)) return;
+        trace_stamp(a.trace, TRACE_GLOBAL_STEP);
         if (ctid == 0) *counter = 0;  // every cluster has arrived: ready for the next launch
         // The other clusters' slots, in cluster order, past slab 0 (the host checked that they fit).
         const u32 received = base + slab_bytes;
