@@ -23,17 +23,18 @@ use lowbit::DType;
 use std::sync::Arc;
 
 /// The kernel's `Trace` events: (slot, name), in time order.
-const EVENTS: [(usize, &str); 7] = [
+const EVENTS: [(usize, &str); 8] = [
     (0, "entry"),
     (1, "first_full"),
     (2, "mainloop_end"),
     (3, "partials_seen"),
     (8, "global_step"),
+    (9, "step_loaded"),
     (4, "item_end"),
     (5, "exit"),
 ];
 /// `u64` slots per CTA (the kernel's `TRACE_SLOTS`): the events, and the counts `items` (6) and `sm` (7).
-const SLOTS: usize = 9;
+const SLOTS: usize = 10;
 /// Weight copies rotated per shape, enough to exceed the 60 MB L2 at the smallest shape.
 const MIN_ROTATION_BYTES: usize = 160 << 20;
 
@@ -238,6 +239,8 @@ fn summarise(t: &[u64], name: &str) {
     println!("  epilogue       {}", stat(&span(2, 4)));
     println!("  exit after     {}", stat(&span(4, 5)));
     println!("  global step    {}", stat(&span(8, 4)));
+    println!("   loads         {}", stat(&span(8, 9)));
+    println!("   sum, store    {}", stat(&span(9, 4)));
     println!("  items/CTA      {}", stat(&|c: &[u64]| Some(c[6] as f64)));
     if let Ok(dir) = std::env::var("LOWBIT_TRACE_CSV") {
         let mut csv = String::from("cta,sm,items");

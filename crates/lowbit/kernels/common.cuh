@@ -656,6 +656,7 @@ enum Trace {
     TRACE_ITEMS,          // items (decode: units) taken (a count)
     TRACE_SM,             // %smid (a count)
     TRACE_GLOBAL_STEP,    // GEMM split-K in cluster groups: this CTA's cluster arrived last and starts the global step
+    TRACE_STEP_LOADED,    // ... and the other clusters' sums have landed in its shared memory
     TRACE_SLOTS
 };
 
@@ -830,6 +831,9 @@ __device__ __forceinline__ void wgmma_fence_operands(float (&d)[64]) {
     for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 __device__ __forceinline__ void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// Orders this thread's earlier generic-proxy view of global memory (including what an acquire made visible) before
+// its later async-proxy (TMA) accesses.
+__device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
 
 // d[64 x 128] (+)= A[64 x 32] * B[32 x 128] in int32; accumulate = 0 ignores d's old value.
 // d[4j + e] of a thread (warp w of the warpgroup, lane 4g + t): row 16w + g + 8(e / 2), column 8j + 2t + e % 2.

@@ -1216,8 +1216,8 @@ impl LinearW4A16Cuda {
         })
     }
 
-    /// Diagnostics: every later launch writes its CTAs' timelines (9 `u64` per CTA, the kernels' `Trace` in
-    /// `common.cuh`) to the device buffer at `address`, which must hold 9 x [`LinearW4A16Cuda::ctas`] values; 0
+    /// Diagnostics: every later launch writes its CTAs' timelines (10 `u64` per CTA, the kernels' `Trace` in
+    /// `common.cuh`) to the device buffer at `address`, which must hold 10 x [`LinearW4A16Cuda::ctas`] values; 0
     /// turns tracing off.
     #[doc(hidden)]
     pub fn set_trace(&mut self, address: u64) {

@@ -562,7 +562,7 @@ impl LinearW4A16Gemm {
         self.forced_tokens = tokens;
     }
 
-    /// Diagnostics: every later launch writes its CTAs' timelines (`TRACE_SLOTS` = 9 `u64` per CTA, see the kernel's
+    /// Diagnostics: every later launch writes its CTAs' timelines (`TRACE_SLOTS` = 10 `u64` per CTA, see the kernel's
     /// `Trace`) to the device buffer at `address`, which must hold 8 x SMs values; 0 turns tracing off.
     #[doc(hidden)]
     pub fn set_trace(&mut self, address: u64) {
