@@ -8,11 +8,7 @@
 # tree; carry .devbin.
 # Writes to $OUT: test-conv.log, bench-conv.jsonl, bench-conv.err (cuDNN's chosen algorithm per case), memcheck.log.
 set -uo pipefail
-OUT=${OUT:-/tmp/out}; mkdir -p $OUT
-BIN=${BIN:-.devbin}
-export LOWBIT_CACHE_DIR=${LOWBIT_CACHE_DIR:-/tmp/lowbit-cache}
-source "$(dirname "$0")/cudnn-env.sh"
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv | tee $OUT/gpu.txt
+source "$(dirname "$0")/device-prologue.sh"
 echo "== cuda_conv tests"
 timeout 150 $BIN/tests/cuda_conv --test-threads=4 2>&1 | grep -E "^test |result|panicked|hopper=true" | cut -c1-250 | tee $OUT/test-conv.log
 if [ -x $BIN/tests/cuda_conv_int8 ]; then

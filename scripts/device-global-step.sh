@@ -7,10 +7,8 @@
 # `cargo build --release -p lowbit --example gemm_trace && cp target/release/examples/gemm_trace .devbin/`.
 # Writes to $OUT: tests.log, trace.txt, csv/, bench-linear.jsonl.
 set -uo pipefail
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/csv"
-BIN=${BIN:-.devbin}
-export LOWBIT_CACHE_DIR=${LOWBIT_CACHE_DIR:-/tmp/lowbit-cache}
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv
+source "$(dirname "$0")/device-prologue.sh"
+mkdir -p "$OUT/csv"
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   {
     timeout 200 "$BIN/tests/cuda_linear_gemm" --test-threads=2 2>&1 | grep -E "^test |result|panicked" | cut -c1-300

@@ -7,11 +7,7 @@
 # scripts/prepare-devbin.sh` from a clean, committed tree; carry .devbin. Writes to $OUT: test-*.log, memcheck.log,
 # bench-conv.jsonl, bench-linear-w8.jsonl.
 set -uo pipefail
-OUT=${OUT:-/tmp/out}; mkdir -p $OUT
-BIN=${BIN:-.devbin}
-export LOWBIT_CACHE_DIR=${LOWBIT_CACHE_DIR:-/tmp/lowbit-cache}
-source "$(dirname "$0")/cudnn-env.sh"
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv | tee $OUT/gpu.txt
+source "$(dirname "$0")/device-prologue.sh"
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   echo "== cuda_linear_gemm tests"
   timeout 200 $BIN/tests/cuda_linear_gemm --test-threads=2 2>&1 | grep -E "^test |result|panicked|skipped" | cut -c1-300 | tee $OUT/test-gemm.log

@@ -118,11 +118,7 @@ fn check_case(dev: &CudaDevice, rng: &mut SplitMix64, case: &Case, tuning: Tunin
     let input = case.input();
     let conv = Conv2dCuda::with_tuning(dev, &weight, Some(&bias), case.params, tuning).unwrap();
     // Activations exact in f16, so both dtypes convolve the same numbers.
-    let x: Vec<f32> = rng
-        .vec(input.iter().product(), -1.0, 1.0)
-        .into_iter()
-        .map(|v| f16::from_f32(v).to_f32())
-        .collect();
+    let x = f16_activations(rng, input);
     let want = reference::conv2d(&x, input, &weight, Some(&bias), &case.params).unwrap();
     let tile = conv.tile_for(input).unwrap();
     for dtype in [DType::F16, DType::F32] {
@@ -135,6 +131,34 @@ fn check_case(dev: &CudaDevice, rng: &mut SplitMix64, case: &Case, tuning: Tunin
         assert_close(&what, &got, &want, tolerance(&conv, dtype));
     }
     conv.uses_tensor_cores()
+}
+
+/// Activations of shape `input`, uniform in ±1 and exact in f16 (so f16 and f32 runs convolve the same numbers).
+fn f16_activations(rng: &mut SplitMix64, input: [usize; 4]) -> Vec<f32> {
+    rng.vec(input.iter().product(), -1.0, 1.0)
+        .into_iter()
+        .map(|v| f16::from_f32(v).to_f32())
+        .collect()
+}
+
+/// `case` in the exact-integer mode with f16 activations: the output must be the exact result rounded once.
+fn check_exact_integers(dev: &CudaDevice, rng: &mut SplitMix64, case: &Case) {
+    let input = case.input();
+    let weight = make_weight(rng, case, Data::ExactInteger);
+    let bias: Vec<f32> = (0..case.co).map(|_| rng.int(-4, 4) as f32).collect();
+    let x: Vec<f32> = (0..input.iter().product()).map(|_| rng.int(-3, 3) as f32).collect();
+    let want = reference::conv2d(&x, input, &weight, Some(&bias), &case.params).unwrap();
+    let conv = Conv2dCuda::new(dev, &weight, Some(&bias), case.params).unwrap();
+    let got = run_on_gpu::<f16>(dev, &conv, &x, input).unwrap();
+    assert_rounded_once(&format!("{case:?} exact integers"), &got, &want);
+}
+
+/// `got` and `want` are the same bits (`what` names the comparison).
+fn assert_same_bits(what: &str, got: &[f32], want: &[f32]) {
+    assert!(
+        got.len() <= want.len() && got.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits()),
+        "{what}: different bits"
+    );
 }
 
 /// f16 output `got` equals the exact result `want` rounded once to f16, bit for bit.
@@ -446,11 +470,7 @@ fn hopper_path_matches_reference() {
         let conv = Conv2dCuda::new(&dev, &weight, Some(&bias), case.params).unwrap();
         assert_eq!(conv.uses_hopper(), sm90, "{case:?}");
         let input = case.input();
-        let x: Vec<f32> = rng
-            .vec(input.iter().product(), -1.0, 1.0)
-            .into_iter()
-            .map(|v| f16::from_f32(v).to_f32())
-            .collect();
+        let x = f16_activations(&mut rng, input);
         let want = reference::conv2d(&x, input, &weight, Some(&bias), &case.params).unwrap();
         let got = run_on_gpu::<f16>(&dev, &conv, &x, input).unwrap();
         assert_close(
@@ -461,18 +481,9 @@ fn hopper_path_matches_reference() {
         );
         // Repeated runs are byte-identical (deterministic split-K).
         let again = run_on_gpu::<f16>(&dev, &conv, &x, input).unwrap();
-        assert!(
-            got.iter().zip(&again).all(|(a, b)| a.to_bits() == b.to_bits()),
-            "{case:?}: not deterministic"
-        );
+        assert_same_bits(&format!("{case:?}: a repeated run"), &again, &got);
 
-        let weight = make_weight(&mut rng, case, Data::ExactInteger);
-        let bias: Vec<f32> = (0..case.co).map(|_| rng.int(-4, 4) as f32).collect();
-        let x: Vec<f32> = (0..input.iter().product()).map(|_| rng.int(-3, 3) as f32).collect();
-        let want = reference::conv2d(&x, input, &weight, Some(&bias), &case.params).unwrap();
-        let conv = Conv2dCuda::new(&dev, &weight, Some(&bias), case.params).unwrap();
-        let got = run_on_gpu::<f16>(&dev, &conv, &x, input).unwrap();
-        assert_rounded_once(&format!("{case:?} exact integers"), &got, &want);
+        check_exact_integers(&dev, &mut rng, case);
     }
     if !sm90 {
         println!("note: not an sm_90 GPU, the Hopper path was not exercised (the older kernels ran these cases)");
@@ -521,20 +532,13 @@ fn one_by_one_at_few_positions_runs_on_the_decode_kernel() {
         let bias = rng.vec(case.co, -1.0, 1.0);
         let conv = Conv2dCuda::new(&dev, &weight, Some(&bias), case.params).unwrap();
         assert_eq!(conv.uses_gemv(input).unwrap(), gemv_capable, "{case:?}");
-        let x: Vec<f32> = rng
-            .vec(input.iter().product(), -1.0, 1.0)
-            .into_iter()
-            .map(|v| f16::from_f32(v).to_f32())
-            .collect();
+        let x = f16_activations(&mut rng, input);
         let want = reference::conv2d(&x, input, &weight, Some(&bias), &case.params).unwrap();
         // Scales and offsets are rounded to f16 once; products and sums are f32.
         let got = run_on_gpu::<f16>(&dev, &conv, &x, input).unwrap();
         assert_close(&format!("{case:?} gemv"), &got, &want, Tolerance::floored(2e-3, 1e-2));
         let again = run_on_gpu::<f16>(&dev, &conv, &x, input).unwrap();
-        assert!(
-            got.iter().zip(&again).all(|(a, b)| a.to_bits() == b.to_bits()),
-            "{case:?}: not deterministic"
-        );
+        assert_same_bits(&format!("{case:?}: a repeated run"), &again, &got);
         // f32 activations take the other kernels.
         let got32 = run_on_gpu::<f32>(&dev, &conv, &x, input).unwrap();
         assert_close(&format!("{case:?} f32"), &got32, &want, tolerance(&conv, DType::F32));
@@ -542,19 +546,10 @@ fn one_by_one_at_few_positions_runs_on_the_decode_kernel() {
         if case.batch > 1 {
             let first = [1, case.ci, case.hw.0, case.hw.1];
             let alone = run_on_gpu::<f16>(&dev, &conv, &x[..first.iter().product()], first).unwrap();
-            assert!(
-                alone.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()),
-                "{case:?}: image 0 differs from the batch of one"
-            );
+            assert_same_bits(&format!("{case:?}: image 0 alone"), &alone, &got);
         }
 
-        let weight = make_weight(&mut rng, &case, Data::ExactInteger);
-        let bias: Vec<f32> = (0..case.co).map(|_| rng.int(-4, 4) as f32).collect();
-        let x: Vec<f32> = (0..input.iter().product()).map(|_| rng.int(-3, 3) as f32).collect();
-        let want = reference::conv2d(&x, input, &weight, Some(&bias), &case.params).unwrap();
-        let conv = Conv2dCuda::new(&dev, &weight, Some(&bias), case.params).unwrap();
-        let got = run_on_gpu::<f16>(&dev, &conv, &x, input).unwrap();
-        assert_rounded_once(&format!("{case:?} exact integers"), &got, &want);
+        check_exact_integers(&dev, &mut rng, &case);
     }
     // A batch of 17, a 4x4 map, a strided 1x1, blocks of 8 channels: not this route.
     let not_routed = [
@@ -579,8 +574,7 @@ fn one_by_one_at_few_positions_runs_on_the_decode_kernel() {
         let weight = make_weight(&mut rng, &case, Data::Random);
         let conv = Conv2dCuda::new(&dev, &weight, None, case.params).unwrap();
         assert!(!conv.uses_gemv(case.input()).unwrap(), "{why}");
-        let x = rng.vec(case.input().iter().product(), -1.0, 1.0);
-        let x: Vec<f32> = x.into_iter().map(|v| f16::from_f32(v).to_f32()).collect();
+        let x = f16_activations(&mut rng, case.input());
         let want = reference::conv2d(&x, case.input(), &weight, None, &case.params).unwrap();
         let got = run_on_gpu::<f16>(&dev, &conv, &x, case.input()).unwrap();
         assert_close(why, &got, &want, tolerance(&conv, DType::F16));
