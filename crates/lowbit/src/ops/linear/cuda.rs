@@ -963,9 +963,9 @@ impl DeviceW4 {
     }
 
     /// Uploads a symmetric `packed` weight (no zero points, no act-order) whose weights are `(q − midpoint)·s + o`
-    /// with `offsets` `[n][groups]` (row-major, one per scale): the form of a convolution's per-block weights.
-    /// The operators that read offsets: the GEMM's convolution form and the decode kernel (M ≤ 16). Offsets must
-    /// be finite in `act`; they are rounded to it like the scales.
+    /// with `offsets` `[n][groups]` (row-major, one per scale): the form of a convolution's per-block weights, with
+    /// f16 activations. The operators that read offsets: the GEMM's convolution form and the decode kernel (M ≤ 16).
+    /// Offsets must be finite in f16; they are rounded to it like the scales.
     pub fn upload_with_offsets(device: &CudaDevice, packed: &RepackedW4, offsets: &[f32]) -> Result<Arc<Self>> {
         let plan = &packed.plan;
         if packed.zeros.is_some() || packed.perm.is_some() {
@@ -973,6 +973,14 @@ impl DeviceW4 {
                 "weight",
                 "zero points or act-order",
                 "a weight with offsets must be symmetric and in input order",
+            ));
+        }
+        if packed.act != DType::F16 {
+            // The convolution's dtype; the kernels' bf16 offset variants are neither compiled nor tested.
+            return Err(Error::invalid(
+                "act",
+                packed.act,
+                "a weight with offsets takes f16 activations",
             ));
         }
         if offsets.len() != plan.n * plan.groups {
