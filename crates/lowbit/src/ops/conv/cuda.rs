@@ -628,7 +628,12 @@ impl Conv2dCuda {
     /// ungrouped convolution over a 1×1 map at a batch of at most 16 (`gemv.rs`).
     pub fn uses_gemv(&self, input: [usize; 4]) -> Result<bool> {
         let geo = ConvGeometry::new(input, &self.shape, &self.params)?;
-        Ok(self.gemv.is_some() && gemv::GemvConv::takes(&geo))
+        Ok(self.gemv_for(&geo).is_some())
+    }
+
+    /// The decode-kernel route, when it takes a convolution of geometry `geo` (f16 inputs).
+    fn gemv_for(&self, geo: &ConvGeometry) -> Option<&gemv::GemvConv> {
+        self.gemv.as_ref().filter(|_| gemv::GemvConv::takes(geo))
     }
 
     /// Whether f16 inputs run on the Hopper wgmma path (sm_90, int4, one group, stride 1, `Ci % 64 == 0`; see
@@ -655,11 +660,7 @@ impl Conv2dCuda {
             Path::Direct { .. } => 0,
         };
         let hopper = self.hopper.as_ref().map_or(0, |h| h.workspace_bytes(&geo));
-        let gemv = self
-            .gemv
-            .as_ref()
-            .filter(|_| gemv::GemvConv::takes(&geo))
-            .map_or(0, |g| g.workspace_bytes());
+        let gemv = self.gemv_for(&geo).map_or(0, gemv::GemvConv::workspace_bytes);
         Ok(own.max(hopper).max(gemv))
     }
 
@@ -735,7 +736,7 @@ impl Conv2dCuda {
         )?;
         if let (Some(linear), DType::F16) = (&self.linear, T::DTYPE) {
             let buffers = (x_ptr, y_ptr, ws, linear.bias.device_ptr(stream).0);
-            if let Some(gemv) = self.gemv.as_ref().filter(|_| gemv::GemvConv::takes(&geo)) {
+            if let Some(gemv) = self.gemv_for(&geo) {
                 return gemv.run(stream, &geo, self.params.activation, buffers);
             }
             if let Some(hopper) = &self.hopper {

@@ -926,6 +926,11 @@ impl std::fmt::Debug for DeviceW4 {
 impl DeviceW4 {
     /// Uploads `packed` on the device's stream.
     pub fn upload(device: &CudaDevice, packed: &RepackedW4) -> Result<Arc<Self>> {
+        Self::upload_parts(device, packed, None)
+    }
+
+    /// [`DeviceW4::upload`], with `offsets` already in the scales' layout when the weight has them.
+    fn upload_parts(device: &CudaDevice, packed: &RepackedW4, offsets: Option<Vec<u16>>) -> Result<Arc<Self>> {
         let plan = &packed.plan;
         if plan.n_tiles() * plan.k_tiles() > i32::MAX as usize
             || plan.k_pad > i32::MAX as usize
@@ -950,14 +955,18 @@ impl DeviceW4 {
                 .map(|z| stream.clone_htod(z))
                 .transpose()
                 .map_err(upload_err)?,
-            offsets: None,
+            offsets: offsets
+                .as_ref()
+                .map(|o| stream.clone_htod(o))
+                .transpose()
+                .map_err(upload_err)?,
             perm: packed
                 .perm
                 .as_ref()
                 .map(|p| stream.clone_htod(p))
                 .transpose()
                 .map_err(upload_err)?,
-            weight_bytes: packed.weight_bytes(),
+            weight_bytes: packed.weight_bytes() + offsets.map_or(0, |o| o.len() * 2),
             dense_planes: packed.dense_planes(),
         }))
     }
@@ -1007,25 +1016,12 @@ impl DeviceW4 {
                 laid[(nt * plan.group_rows + g) * plan.n_cta + param_slot(c)] = to_bits(packed.act, o);
             }
         }
-        let mut weight = Self::upload(device, packed)?;
-        let offsets = device
-            .stream()
-            .clone_htod(&laid)
-            .map_err(|e| crate::cuda::cuda_error("upload of the weight offsets", e))?;
-        let w = Arc::get_mut(&mut weight).expect("just made");
-        w.weight_bytes += laid.len() * 2;
-        w.offsets = Some(offsets);
-        Ok(weight)
+        Self::upload_parts(device, packed, Some(laid))
     }
 
     /// Whether the weight carries per-group offsets ([`DeviceW4::upload_with_offsets`]).
     pub fn has_offsets(&self) -> bool {
         self.offsets.is_some()
-    }
-
-    /// Device address of the offsets, or 0.
-    pub(crate) fn offsets_pointer(&self, stream: &CudaStream) -> u64 {
-        self.offsets.as_ref().map_or(0, |o| o.device_ptr(stream).0)
     }
 
     /// See the field: `Some(planes)` when the weight can be dequantized to a dense [N, K] matrix in x's order.
@@ -1053,12 +1049,19 @@ impl DeviceW4 {
         self.perm.is_some()
     }
 
-    /// Device addresses of (codes, scales, zeros or 0, act-order permutation or 0).
+    /// Device addresses of (codes, scales, the zero terms or 0, act-order permutation or 0). The zero terms are the
+    /// zero points, or the offsets of a weight that has them (never both: [`DeviceW4::upload_with_offsets`]); the
+    /// kernels read either from their `zeros` argument.
     pub(crate) fn pointers(&self, stream: &CudaStream) -> (u64, u64, u64, u64) {
+        let zero_terms = match (&self.zeros, &self.offsets) {
+            (Some(z), _) => z.device_ptr(stream).0,
+            (None, Some(o)) => o.device_ptr(stream).0,
+            (None, None) => 0,
+        };
         (
             self.qweight.device_ptr(stream).0,
             self.scales.device_ptr(stream).0,
-            self.zeros.as_ref().map_or(0, |z| z.device_ptr(stream).0),
+            zero_terms,
             self.perm.as_ref().map_or(0, |p| p.device_ptr(stream).0),
         )
     }
@@ -1351,11 +1354,6 @@ impl LinearW4A16Cuda {
         // not 16-byte aligned (the kernel's 16-byte cp.async).
         // The TMA producer copies whole 128-k rows, so with it K must also be a multiple of 128.
         let (qweight, scales, zeros, perm) = self.weight.pointers(stream);
-        let zeros = if self.weight.offsets.is_some() {
-            self.weight.offsets_pointer(stream)
-        } else {
-            zeros
-        };
         let direct =
             perm == 0 && x_ptr % 16 == 0 && x_stride % 8 == 0 && p.k % if variant.tma { K_TILE } else { 8 } == 0;
         let (x_ptr, x_stride) = if direct {

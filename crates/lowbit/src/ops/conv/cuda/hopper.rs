@@ -33,15 +33,13 @@ pub(super) struct HopperConv {
 }
 
 /// Whether the Hopper path can run this convolution: an sm_90 GPU, int4 or int8 codes, one group, unit stride, `Ci`
-/// a multiple of 64, blocks of a multiple of 16 channels. (The weight's scales and offsets must also be fp16
-/// numbers: [`LinearForm::new`] checks them.)
+/// a multiple of 64. (The weight must also have a [`LinearForm`]: blocks of a multiple of 16 channels, scales and
+/// offsets that fit fp16.)
 pub(super) fn applies(device: &CudaDevice, weight: &BlockQuantWeight, groups: usize, stride: (usize, usize)) -> bool {
-    let shape = weight.shape();
     device.info().compute_capability.0 == 9
         && groups == 1
         && stride == (1, 1)
-        && shape.channels % BOX_CHANNELS == 0
-        && shape.block_channels % 16 == 0
+        && weight.shape().channels % BOX_CHANNELS == 0
 }
 
 impl HopperConv {

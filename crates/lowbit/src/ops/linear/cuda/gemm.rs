@@ -691,11 +691,11 @@ impl LinearW4A16Gemm {
             return Ok(());
         }
         debug_assert!(self.kernel(m).variant.conv && self.kernel(m).variant.offsets);
-        let (qweight, scales, _, _) = self.weight.pointers(stream);
+        let (qweight, scales, offsets, _) = self.weight.pointers(stream);
         let args = GemmArgs {
             qweight,
             scales,
-            zeros: self.weight.offsets_pointer(stream),
+            zeros: offsets,
             bias: launch.bias,
             y: launch.y,
             ..GemmArgs::default()
