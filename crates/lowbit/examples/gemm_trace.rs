@@ -2,7 +2,7 @@
 //! traced launch and summarises its timeline (the kernel's `Trace` events, %globaltimer) over the CTAs.
 //!
 //! ```text
-//! cargo run --release --example gemm_trace -- 256x4096x4096 64x4096x4096 [--splits 1] [--small-batch 0] [--tokens 64|128] [--look64 2|3] [--decode-splits 1|2|4|8] [--decode-chunk 0|1|2|4|8]
+//! cargo run --release --example gemm_trace -- 256x4096x4096 64x4096x4096 [--splits 1] [--small-batch 0] [--tokens 64|128] [--look64 2|3] [--decode-splits 1|2|4|8]
 //! ```
 //! Each shape is `MxKxN` (f16, group 128, zero points), `decode:MxKxN` for the decode kernel (the same weight; the
 //! stream-K fix-up's partials and counter show as `partials_seen`), or `conv:BxCxHxWxRxCo` for the convolution's
@@ -47,7 +47,6 @@ fn main() -> lowbit::Result<()> {
     let mut tokens = None;
     let mut look64 = None;
     let mut decode_splits = None;
-    let mut decode_chunk = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -56,7 +55,6 @@ fn main() -> lowbit::Result<()> {
             "--tokens" => tokens = args.next().and_then(|v| v.parse().ok()),
             "--look64" => look64 = args.next().and_then(|v| v.parse().ok()),
             "--decode-splits" => decode_splits = args.next().and_then(|v| v.parse().ok()),
-            "--decode-chunk" => decode_chunk = args.next().and_then(|v| v.parse().ok()),
             s if s.starts_with("conv:") => convs.push(s.to_string()),
             s => {
                 let (list, dims) = match s.strip_prefix("decode:") {
@@ -104,7 +102,6 @@ fn main() -> lowbit::Result<()> {
     for (m, k, n) in decodes {
         let tuning = Tuning {
             splits: decode_splits,
-            chunk: decode_chunk,
             ..Tuning::default()
         };
         let (mut ops, x, mut y) = linear_problem(&dev, m, k, n, |weight| {
@@ -117,11 +114,10 @@ fn main() -> lowbit::Result<()> {
         let (us, t) = time_and_trace(&dev, &mut ops, launch, LinearW4A16Cuda::set_trace)?;
         println!(
             "== decode M={m} K={k} N={n}: {us:.1} us/launch ({copies} weights rotated), {} CTAs, tile width {}, \
-             splits {}, chunk {}",
+             splits {}",
             ops[0].ctas(),
             ops[0].plan().n_cta,
-            ops[0].splits(),
-            ops[0].chunk()
+            ops[0].splits()
         );
         for (name, resident) in ops[0].cluster_residency() {
             println!("  {name}: resident clusters of 2 / 4 / 8 CTAs: {resident:?}");

@@ -653,7 +653,7 @@ enum Trace {
     TRACE_PARTIALS_SEEN,  // first item, split-K: every split's partial published (decode: this CTA's counted)
     TRACE_ITEM_END,       // first item: y (or its share of the reduction) written
     TRACE_EXIT,           // last item done
-    TRACE_ITEMS,          // items (decode: units, or dynamic chunks) taken (a count)
+    TRACE_ITEMS,          // items (decode: units) taken (a count)
     TRACE_SM,             // %smid (a count)
     TRACE_GLOBAL_STEP,    // GEMM split-K in cluster groups: this CTA's cluster arrived last and starts the global step
     TRACE_STEP_LOADED,    // ... and the other clusters' sums have landed in its shared memory
@@ -666,21 +666,14 @@ __device__ __forceinline__ void trace_stamp(u64* trace, int slot) {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
     trace[blockIdx.x * TRACE_SLOTS + slot] = now;
 }
-// The CTA's item count, from any one thread.
-__device__ __forceinline__ void trace_items(u64* trace, u32 items) {
-    if (trace != nullptr) trace[blockIdx.x * TRACE_SLOTS + TRACE_ITEMS] = items;
-}
-// The CTA's last stamp: its exit and the SM it ran on (and, when counted here, how many items it took).
-__device__ __forceinline__ void trace_exit(u64* trace) {
+// The CTA's last stamp: its exit, how many items it took and the SM it ran on.
+__device__ __forceinline__ void trace_exit(u64* trace, u32 items) {
     trace_stamp(trace, TRACE_EXIT);
     if (trace == nullptr || threadIdx.x != 0) return;
     u32 sm;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    trace[blockIdx.x * TRACE_SLOTS + TRACE_ITEMS] = items;
     trace[blockIdx.x * TRACE_SLOTS + TRACE_SM] = sm;
-}
-__device__ __forceinline__ void trace_exit(u64* trace, u32 items) {
-    trace_exit(trace);
-    if (threadIdx.x == 0) trace_items(trace, items);
 }
 
 // atomicAdd with acquire-release semantics at GPU scope: publishes this thread's earlier writes (and those ordered

@@ -34,18 +34,6 @@
 //   whose clusters cannot all be resident at once (M > 16 on an H200: one CTA per SM) keeps the same partition
 //   and reduces through the global fix-up, in the same order: every M gives the same bits.
 //
-// * DYNAMIC CHUNKS (TMA variants, wide layers: the host sets `chunk`). Static stream-K gives every CTA the same
-//   bytes, but not the same time: at 8192 x 28672 the CTAs of one launch finished between 29.8 and 37.5 us, and the
-//   launch waits for the last. So each tile's k range is cut into fixed chunks of `chunk` units (the partition
-//   depends on the shape only), and CTAs claim chunks in order from a global counter: a CTA that runs fast takes
-//   more. Every chunk of a split tile publishes its own partial (slot = chunk index) and the tile's last warp sums
-//   them in chunk order, so the bits do not depend on which CTA ran what: repeated runs are identical, and so is
-//   every M of the TMA variants (M <= 32). M = 64 (cp.async, no producer warp to claim chunks) keeps the static
-//   partition and its own, equally deterministic, bits. The producer claims the next chunk when it starts the
-//   current one (the atomic's round trip hides behind a chunk of copies) and tells the consumers which chunk a
-//   stage holds in a per-stage word written before the stage's expect_tx arrival (the mbarrier's release/acquire
-//   orders it). A CTA's first chunk is its index; the last CTA to finish resets the counters for the next launch.
-//
 // * PIPELINE. Each unit is one shared-memory stage (weights, the x rows, the scale and zero rows it touches).
 //   M <= 32 on sm_90 (LB_TMA): a ninth "producer" warp fills stages with TMA bulk copies (one cp.async.bulk for the
 //   16 KB unit, one for the scale rows, one for the zero rows, one per x row), each stage guarded by a "full"
@@ -115,8 +103,6 @@ struct Shape {
     int splits;      // > 1: equal k splits per tile (see CLUSTER SPLIT-K), ctas = NT * splits; 1: stream-K
     int cluster;     // with splits > 1: 1 = launched as clusters of `splits`, reduced in shared memory; 0 = the
                      // global fix-up, same partition and summation order (the variants whose clusters do not fit)
-    int chunk;       // > 0: DYNAMIC CHUNKS of this many units (TMA variants, splits = 1); 0: the static partition
-    int chunks;      // chunks per tile, ceil(KT / chunk)
     long long x_stride;  // elements between rows of x
     long long y_stride;  // elements between rows of y
     int clamp;           // 1: outputs are clamped to [lo, hi] after the bias (relu, relu6 of a convolution)
@@ -154,10 +140,8 @@ struct Linear {
     static constexpr int STAGE_BYTES = W_BYTES + X_BYTES + S_BYTES + Z_BYTES;
     // fp32 partial sums of one split tile, in accumulator-fragment order (see write_partial).
     static constexpr int SLOT_FLOATS = N_CTA * M_ROWS;
-    // Stages, then (TMA) one full and one empty mbarrier per stage and each stage's chunk word (DYNAMIC CHUNKS),
-    // then (RECEIVE) cluster_reduce's area.
-    static constexpr int INFO_BYTES = (STAGES * 4 + 15) / 16 * 16;
-    static constexpr int RECEIVE_OFFSET = STAGES * STAGE_BYTES + (TMA ? STAGES * 16 + INFO_BYTES : 0);
+    // Stages, then (TMA) one full and one empty mbarrier per stage, then (RECEIVE) cluster_reduce's area.
+    static constexpr int RECEIVE_OFFSET = STAGES * STAGE_BYTES + (TMA ? STAGES * 16 : 0);
     static constexpr int SMEM_BYTES = RECEIVE_OFFSET + (RECEIVE ? SLOT_FLOATS * 4 : 0);
 
     struct Args {
@@ -168,9 +152,8 @@ struct Linear {
         const u16* x;          // [M][x_stride] bits of T
         const u16* bias;       // [N] bits of T, or null
         u16* y;                // [M][y_stride] bits of T
-        float* partials;       // [max(2 * ctas, NT * chunks)][SLOT_FLOATS]
-        u32* counters;         // [NT][WARPS], then DYNAMIC CHUNKS' next chunk and finished CTAs; zero between
-                               // launches (a tile's last warp resets its counter, the last CTA the other two)
+        float* partials;       // [2 * ctas][SLOT_FLOATS]
+        u32* counters;         // [NT][WARPS], zero between launches (a tile's last warp resets its counter)
         u64* trace;            // diagnostics, normally null: TRACE_SLOTS timestamps per CTA (common.cuh, Trace)
     };
 
@@ -400,15 +383,9 @@ struct Linear {
         }
     }
 
-    // A partial holds a lane's four accumulators of (warp, t, mt) as one float4, the lanes of one token pair
-    // (lane % 4) together: at M <= 2 the 8 lanes that hold valid tokens write 128 contiguous bytes, and lanes whose
-    // tokens are all past M neither write nor read (their sums are never stored).
     __device__ static __forceinline__ float4* slot_ptr(const Args& a, int slot, int warp, int lane, int t, int mt) {
         return reinterpret_cast<float4*>(a.partials + (long long)slot * SLOT_FLOATS) +
-               ((warp * 2 + t) * MT + mt) * 32 + (lane & 3) * 8 + (lane >> 2);
-    }
-    __device__ static __forceinline__ bool holds_tokens(const Shape& s, int lane, int mt) {
-        return mt * 8 + (lane & 3) * 2 < s.M;
+               ((warp * 2 + t) * MT + mt) * 32 + lane;
     }
 
     // End of a segment that does not cover its whole tile, per warp (its 32 columns are independent of the other
@@ -417,28 +394,19 @@ struct Linear {
     // never waits for the slowest of its CTA, and the last warp's loads of every slot are in flight together.
     // (The timeline of examples/gemm_trace put the per-CTA version at ~1.3 us to publish and ~3.6 us to reduce,
     // half of a 4096 x 4096 launch.)
-    // The static partition's slot of a split tile's part: a CTA's first segment uses slot 2c, a later one 2c + 1
-    // (a CTA has at most two split segments). Dynamic chunks: the chunk's index (`fixup`).
-    __device__ static __forceinline__ int static_slot(const Shape& s, int c, bool first_segment) {
-        return s.splits > 1 || first_segment ? 2 * c : 2 * c + 1;
-    }
-
-    // End of a part (a static segment or a chunk) that does not cover its whole tile: `my_slot` is its partial's
-    // slot. `stamp`: the trace's first-segment event.
-    __device__ static void fixup(const Args& a, const Shape& s, int nt, int my_slot, bool stamp, int warp, int lane,
+    __device__ static void fixup(const Args& a, const Shape& s, int nt, bool first_segment, int warp, int lane,
                                  float (&acc)[2][MT][4]) {
-        const int units = s.NT * s.KT;
-        // The tile's parts in k order: chunks nt * chunks + j, or the segments of CTAs c_first..c_last.
-        const int first = s.chunk ? nt * s.chunks : s.splits > 1 ? nt * s.splits : cta_of(nt * s.KT, units, s.ctas);
-        const int last = s.chunk ? first + s.chunks - 1
-                                 : s.splits > 1 ? first + s.splits - 1 : cta_of(nt * s.KT + s.KT - 1, units, s.ctas);
+        const int c = blockIdx.x, units = s.NT * s.KT;
+        const int c_first = s.splits > 1 ? nt * s.splits : cta_of(nt * s.KT, units, s.ctas);
+        const int c_last = s.splits > 1 ? c_first + s.splits - 1 : cta_of(nt * s.KT + s.KT - 1, units, s.ctas);
+        // A CTA's first segment uses slot 2c, a later one slot 2c + 1 (a CTA has at most two split segments).
+        const int my_slot = first_segment ? 2 * c : 2 * c + 1;
 #pragma unroll
         for (int t = 0; t < 2; ++t)
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
-                if (holds_tokens(s, lane, mt))
-                    __stcg(slot_ptr(a, my_slot, warp, lane, t, mt),
-                           make_float4(acc[t][mt][0], acc[t][mt][1], acc[t][mt][2], acc[t][mt][3]));
+                __stcg(slot_ptr(a, my_slot, warp, lane, t, mt),
+                       make_float4(acc[t][mt][0], acc[t][mt][1], acc[t][mt][2], acc[t][mt][3]));
         // bar.warp.sync orders the lanes' stores before lane 0's release; the acq_rel add both publishes them
         // and, for the last arriver, acquires every other warp's.
         __syncwarp();
@@ -446,38 +414,36 @@ struct Linear {
         u32 arrived = 0;
         if (lane == 0) arrived = atomic_add_acq_rel_gpu(counter, 1u);
         arrived = __shfl_sync(0xFFFFFFFFu, arrived, 0);
-        if (stamp) trace_stamp(a.trace, TRACE_PARTIALS_SEEN);  // warp 0's partial counted
-        if (arrived != (u32)(last - first)) return;
+        if (first_segment) trace_stamp(a.trace, TRACE_PARTIALS_SEEN);  // warp 0's partial counted
+        if (arrived != (u32)(c_last - c_first)) return;
         __syncwarp();
-        // Sum from the slots only (this part's own partial too), in k order, so `acc` can hold the sum. SLOT_BATCH
+        // Sum from the slots only (this CTA's own partial too), in CTA order, so `acc` can hold the sum. SLOT_BATCH
         // slots' loads are in flight at once: four at M <= 8 (8 float4 per lane), one above, what the two-CTA
         // variants' 96 registers leave (the main loop's state stays live across the fix-up).
-        constexpr int SLOT_BATCH = MT == 1 ? 2 : 1;
-        for (int c0 = first; c0 <= last; c0 += SLOT_BATCH) {
+        constexpr int SLOT_BATCH = MT == 1 ? 4 : 1;
+        for (int c0 = c_first; c0 <= c_last; c0 += SLOT_BATCH) {
             float4 p[SLOT_BATCH][2][MT];
 #pragma unroll
             for (int b = 0; b < SLOT_BATCH; ++b) {
                 const int cc = c0 + b;
-                if (cc <= last) {
+                if (cc <= c_last) {
                     const int slot =
-                        s.chunk ? cc : static_slot(s, cc, unit_begin(cc, units, s.ctas) / s.KT == nt);
+                        (s.splits > 1 || unit_begin(cc, units, s.ctas) / s.KT == nt) ? 2 * cc : 2 * cc + 1;
 #pragma unroll
                     for (int t = 0; t < 2; ++t)
 #pragma unroll
-                        for (int mt = 0; mt < MT; ++mt)
-                            p[b][t][mt] = holds_tokens(s, lane, mt) ? __ldcg(slot_ptr(a, slot, warp, lane, t, mt))
-                                                                     : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                        for (int mt = 0; mt < MT; ++mt) p[b][t][mt] = __ldcg(slot_ptr(a, slot, warp, lane, t, mt));
                 }
             }
 #pragma unroll
             for (int b = 0; b < SLOT_BATCH; ++b) {
-                if (c0 + b <= last) {
+                if (c0 + b <= c_last) {
 #pragma unroll
                     for (int t = 0; t < 2; ++t)
 #pragma unroll
                         for (int mt = 0; mt < MT; ++mt) {
                             const float4 q = p[b][t][mt];
-                            if (c0 + b == first) {
+                            if (c0 + b == c_first) {
                                 acc[t][mt][0] = q.x, acc[t][mt][1] = q.y, acc[t][mt][2] = q.z, acc[t][mt][3] = q.w;
                             } else {
                                 acc[t][mt][0] += q.x, acc[t][mt][1] += q.y, acc[t][mt][2] += q.z, acc[t][mt][3] += q.w;
@@ -536,93 +502,33 @@ struct Linear {
 
     // TMA producer (one warp): for each unit, wait until its buffer is free, announce the bytes, issue the copies:
     // the weight unit and the scale/zero rows as one contiguous copy each, x one 256-byte row per lane.
-    // `Pipeline` tracks the stage being filled and its use count.
-    struct Pipeline {
-        u32 bars;
-        int buf = 0, uses = 0;
-        __device__ u32 full() const { return bars + buf * 8; }
-        __device__ u32 empty() const { return bars + (STAGES + buf) * 8; }
-        // The stage's chunk word (DYNAMIC CHUNKS), after the barriers.
-        __device__ u32 info() const { return bars + STAGES * 16 + buf * 4; }
-        // Waits until the stage about to be filled has been read by every consumer.
-        __device__ void acquire() const {
-            if (uses >= STAGES) mbar_wait(empty(), ((uses / STAGES) - 1) & 1);
-        }
-        __device__ void advance() {
-            ++uses;
-            if (++buf == STAGES) buf = 0;
-        }
-    };
-
-    __device__ static void issue_stage(const Args& a, const Shape& s, char* smem, const Pipeline& p, int u, int nt,
-                                       int kt, int lane) {
-        char* stage = smem + p.buf * STAGE_BYTES;
-        const u32 full = p.full();
-        const int k0 = kt * K_TILE;
-        const int g_lo = s.group_shift >= 0 ? k0 >> s.group_shift : k0 / s.group;
-        const int g_hi = s.group_shift >= 0 ? (k0 + K_TILE - 1) >> s.group_shift : (k0 + K_TILE - 1) / s.group;
-        const int rows = g_hi - g_lo + 1;
-        const size_t row0 = (size_t)nt * s.GP + g_lo;
-        const u32 bytes = W_BYTES + s.M * (K_TILE * 2) + rows * (N_CTA * 2 + Z_ROW_BYTES);
-        if (lane == 0) {
-            mbar_arrive_expect_tx(full, bytes);
-            bulk_copy(stage, a.qweight + (size_t)u * (W_BYTES / 16), W_BYTES, full);
-            bulk_copy(stage + W_BYTES + X_BYTES, a.scales + row0 * N_CTA, rows * (N_CTA * 2), full);
-            if (Z_ROW_BYTES > 0)
-                bulk_copy(stage + W_BYTES + X_BYTES + S_BYTES, a.zeros + row0 * Z_ROW_BYTES, rows * Z_ROW_BYTES, full);
-        }
-        __syncwarp();  // expect_tx before the rows' copies (not required, but keeps tx-count non-negative)
-        for (int m = lane; m < s.M; m += 32)
-            bulk_copy(stage + W_BYTES + m * (X_PITCH * 2), a.x + (size_t)m * s.x_stride + k0, K_TILE * 2, full);
-    }
-
-    // The static partition: units [u_begin, u_begin + count).
     __device__ static void produce(const Args& a, const Shape& s, char* smem, u32 bars, int u_begin, int count,
                                    int lane) {
         int nt = u_begin / s.KT, kt = u_begin - nt * s.KT;
-        Pipeline p{bars};
+        int buf = 0;
         for (int i = 0; i < count; ++i) {
-            p.acquire();
-            issue_stage(a, s, smem, p, u_begin + i, nt, kt, lane);
-            if (++kt == s.KT) kt = 0, ++nt;
-            p.advance();
-        }
-    }
-
-    // Chunk c is units [k0, k0 + count) of tile nt.
-    __device__ static __forceinline__ void chunk_range(const Shape& s, int c, int& nt, int& k0, int& count) {
-        nt = c / s.chunks;
-        k0 = (c - nt * s.chunks) * s.chunk;
-        count = min(s.chunk, s.KT - k0);
-    }
-
-    // DYNAMIC CHUNKS: claims chunks until none is left, then writes the end mark (-1) into the next stage's word.
-    __device__ static void produce_chunks(const Args& a, const Shape& s, char* smem, u32 bars, int lane) {
-        const int chunks = s.NT * s.chunks;
-        u32* next = a.counters + s.NT * WARPS;  // [0] chunks claimed beyond the first wave, [1] CTAs finished
-        Pipeline p{bars};
-        int taken = 0;
-        for (int c = blockIdx.x; c < chunks;) {
-            int claimed = 0;
-            if (lane == 0) claimed = (int)atomicAdd(next, 1u) + (int)gridDim.x;  // read after this chunk's copies
-            int nt, k0, count;
-            chunk_range(s, c, nt, k0, count);
-            for (int j = 0; j < count; ++j) {
-                p.acquire();
-                if (lane == 0) sts32(p.info(), (u32)c);  // ordered before the arrival by its release
-                issue_stage(a, s, smem, p, nt * s.KT + k0 + j, nt, k0 + j, lane);
-                p.advance();
+            const u32 full = bars + buf * 8, empty = bars + (STAGES + buf) * 8;
+            if (i >= STAGES) mbar_wait(empty, ((i / STAGES) - 1) & 1);
+            char* stage = smem + buf * STAGE_BYTES;
+            const int k0 = kt * K_TILE;
+            const int g_lo = s.group_shift >= 0 ? k0 >> s.group_shift : k0 / s.group;
+            const int g_hi = s.group_shift >= 0 ? (k0 + K_TILE - 1) >> s.group_shift : (k0 + K_TILE - 1) / s.group;
+            const int rows = g_hi - g_lo + 1;
+            const size_t row0 = (size_t)nt * s.GP + g_lo;
+            const u32 bytes = W_BYTES + s.M * (K_TILE * 2) + rows * (N_CTA * 2 + Z_ROW_BYTES);
+            if (lane == 0) {
+                mbar_arrive_expect_tx(full, bytes);
+                bulk_copy(stage, a.qweight + (size_t)(u_begin + i) * (W_BYTES / 16), W_BYTES, full);
+                bulk_copy(stage + W_BYTES + X_BYTES, a.scales + row0 * N_CTA, rows * (N_CTA * 2), full);
+                if (Z_ROW_BYTES > 0)
+                    bulk_copy(stage + W_BYTES + X_BYTES + S_BYTES, a.zeros + row0 * Z_ROW_BYTES, rows * Z_ROW_BYTES,
+                              full);
             }
-            c = __shfl_sync(0xFFFFFFFFu, claimed, 0);
-            ++taken;
-        }
-        if (lane == 0) trace_items(a.trace, taken);
-        p.acquire();
-        if (lane == 0) {
-            sts32(p.info(), 0xFFFFFFFFu);
-            mbar_arrive(p.full());
-            // Every CTA has made its last claim before it counts itself finished: the last one resets both counters.
-            if (atomicAdd(next + 1, 1u) == gridDim.x - 1) next[0] = 0, next[1] = 0;
+            __syncwarp();  // expect_tx before the rows' copies (not required, but keeps tx-count non-negative)
+            for (int m = lane; m < s.M; m += 32)
+                bulk_copy(stage + W_BYTES + m * (X_PITCH * 2), a.x + (size_t)m * s.x_stride + k0, K_TILE * 2, full);
+            if (++kt == s.KT) kt = 0, ++nt;
+            if (++buf == STAGES) buf = 0;
         }
     }
 
@@ -656,10 +562,6 @@ struct Linear {
             if (tid == 0) init_pipeline_barriers(bars, STAGES, THREADS);
             __syncthreads();
             if (warp == WARPS) {
-                if (s.chunk) {
-                    produce_chunks(a, s, smem, bars, lane);
-                    return;
-                }
                 produce(a, s, smem, bars, u_begin, count, lane);
                 if (s.cluster) {  // cluster_reduce's barriers
                     cluster_sync();
@@ -669,10 +571,7 @@ struct Linear {
             }
         }
 
-        if (TMA && s.chunk)
-            consume_chunks(a, s, smem, bars, tid);
-        else
-            consume(a, s, smem, bars, u_begin, count, tid);
+        consume(a, s, smem, bars, u_begin, count, tid);
     }
 
     // The mma warps' loop over this CTA's units: wait for a stage, compute it, release it; at each segment end
@@ -734,7 +633,7 @@ struct Linear {
                 } else if (seg_start <= 0 && kt == s.KT - 1) {
                     store_output(a, s, nt, warp, lane, acc);
                 } else {
-                    fixup(a, s, nt, static_slot(s, blockIdx.x, seg_start >= 0), seg_start >= 0, warp, lane, acc);
+                    fixup(a, s, nt, seg_start >= 0, warp, lane, acc);
                 }
                 if (seg_start >= 0) trace_stamp(a.trace, TRACE_ITEM_END);
 #pragma unroll
@@ -749,47 +648,6 @@ struct Linear {
         }
         if constexpr (!TMA) cp_async_wait<0>();
         trace_exit(a.trace, count);
-    }
-
-    // DYNAMIC CHUNKS: the mma warps take the chunks in the order the producer claimed them; a chunk ends in y when it
-    // is the whole tile, otherwise in the fix-up (slot = chunk index).
-    __device__ static void consume_chunks(const Args& a, const Shape& s, char* smem, u32 bars, int tid) {
-        const int warp = tid >> 5, lane = tid & 31;
-        int buf = 0;
-        u32 phase = 0;
-        // Few values stay live across the units (the two-CTA variants have 96 registers): the chunk, the k tile,
-        // the stage. The first chunk is always the CTA's index (the trace's first-item events).
-#pragma unroll 1
-        for (;;) {
-            mbar_wait(bars + buf * 8, phase);
-            const int c = (int)lds32(bars + STAGES * 16 + buf * 4);
-            if (c == (int)blockIdx.x) trace_stamp(a.trace, TRACE_FIRST_FULL);
-            if (c < 0) break;
-            int nt, kt, count;
-            chunk_range(s, c, nt, kt, count);
-            float acc[2][MT][4];
-#pragma unroll
-            for (int t = 0; t < 2; ++t)
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) acc[t][mt][i] = 0.0f;
-#pragma unroll 1
-            for (;;) {
-                compute_stage(smem_addr(smem) + buf * STAGE_BYTES, s, kt, warp, lane, acc);
-                mbar_arrive(bars + (STAGES + buf) * 8);
-                if (++buf == STAGES) buf = 0, phase ^= 1;
-                if (++kt == min(s.KT, (c - c / s.chunks * s.chunks + 1) * s.chunk)) break;  // the chunk's end
-                mbar_wait(bars + buf * 8, phase);
-            }
-            if (c == (int)blockIdx.x) trace_stamp(a.trace, TRACE_MAINLOOP_END);
-            if (s.chunks == 1)
-                store_output(a, s, c, warp, lane, acc);  // the chunk is the whole tile: c = nt
-            else
-                fixup(a, s, c / s.chunks, c, c == (int)blockIdx.x, warp, lane, acc);
-            if (c == (int)blockIdx.x) trace_stamp(a.trace, TRACE_ITEM_END);
-        }
-        trace_exit(a.trace);
     }
 };
 

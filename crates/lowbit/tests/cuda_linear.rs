@@ -7,9 +7,7 @@
 //!   f16 / bf16); mean |Δ| / mean |ref| must stay under 1e-3 (f16) and 8e-3 (bf16), the tolerances of that
 //!   weaker scheme, and no output may be NaN/Inf;
 //! - batch invariance: rows of an M-row call equal the same rows of the 64-row call bit for bit (row 0 equals
-//!   M = 1), because the split of K never depends on M; with dynamic chunks (sm_90, layers without split-K) the
-//!   variants up to 32 rows share one partition and those above another, so M <= 32 is checked against the 32-row
-//!   call;
+//!   M = 1), because the split of K never depends on M;
 //! - determinism: a repeated call gives identical bytes;
 //! - guard words around y and the workspace stay untouched, and every output element is written (y is poisoned
 //!   with NaN first).
@@ -19,7 +17,7 @@
 
 use half::{bf16, f16};
 use lowbit::cuda::{CudaDevice, CudaSlice, DevicePtr, DeviceRepr};
-use lowbit::ops::linear::cuda::{repack, repack_int8, LinearW4A16Cuda, Tuning, MAX_M_CHUNKS};
+use lowbit::ops::linear::cuda::{repack, repack_int8, LinearW4A16Cuda, Tuning};
 use lowbit::ops::linear::reference;
 use lowbit::testing::SplitMix64 as Rng;
 use lowbit::{DType, Error, Float, QuantMatrix};
@@ -52,8 +50,6 @@ struct Case {
     ctas: Option<usize>,
     /// Cluster split-K's split count override (1 = stream-K); `None` = the per-shape default.
     splits: Option<usize>,
-    /// Units per dynamic chunk (0 = the static partition); `None` = the per-shape default.
-    chunk: Option<usize>,
 }
 
 /// A random weight of `bits`-bit codes (and zeros) for case `c`.
@@ -230,7 +226,6 @@ fn check_case_bits<T: Float + DeviceRepr>(dev: &CudaDevice, rng: &mut Rng, c: &C
         stages: c.stages,
         ctas: c.ctas,
         splits: c.splits,
-        chunk: c.chunk,
         ..Tuning::default()
     };
     let packed = if bits == 8 {
@@ -240,7 +235,7 @@ fn check_case_bits<T: Float + DeviceRepr>(dev: &CudaDevice, rng: &mut Rng, c: &C
     };
     let op = LinearW4A16Cuda::with_tuning(dev, &packed.unwrap(), 64, tuning).unwrap();
     let label = format!(
-        "W{bits} N={} K={} G={} {} zeros={} act_order={} bias={} {:?} stages={:?} (n_cta {}, {} CTAs, splits {}, chunk {})",
+        "W{bits} N={} K={} G={} {} zeros={} act_order={} bias={} {:?} stages={:?} (n_cta {}, {} CTAs, splits {})",
         c.n,
         c.k,
         c.group,
@@ -252,20 +247,14 @@ fn check_case_bits<T: Float + DeviceRepr>(dev: &CudaDevice, rng: &mut Rng, c: &C
         c.stages,
         op.plan().n_cta,
         op.ctas(),
-        op.splits(),
-        op.chunk()
+        op.splits()
     );
-    // The calls every M is compared with, bit for bit: the 64-row call, and with dynamic chunks the 32-row call
-    // for M <= 32 (the variants above run the static partition).
     let full = run::<T>(dev, &op, &x, 64, bias.as_deref());
-    let chunked = (op.chunk() > 0).then(|| run::<T>(dev, &op, &x, MAX_M_CHUNKS, bias.as_deref()));
-    for (rows, first) in [(64, &full)].into_iter().chain(chunked.as_ref().map(|c| (MAX_M_CHUNKS, c))) {
-        let again = run::<T>(dev, &op, &x, rows, bias.as_deref());
-        assert!(
-            first.iter().zip(&again).all(|(a, b)| a.to_bits() == b.to_bits()),
-            "{label}: repeated {rows}-row run differs"
-        );
-    }
+    let again = run::<T>(dev, &op, &x, 64, bias.as_deref());
+    assert!(
+        full.iter().zip(&again).all(|(a, b)| a.to_bits() == b.to_bits()),
+        "{label}: repeated run differs"
+    );
     let tolerance = if c.act == DType::F16 { 1e-3 } else { 8e-3 };
     for m in MS {
         let got = if m == 64 {
@@ -274,17 +263,13 @@ fn check_case_bits<T: Float + DeviceRepr>(dev: &CudaDevice, rng: &mut Rng, c: &C
             run::<T>(dev, &op, &x, m, bias.as_deref())
         };
         let rows = m * c.n;
-        let (base, base_rows) = match &chunked {
-            Some(c) if m <= MAX_M_CHUNKS => (c, MAX_M_CHUNKS),
-            _ => (&full, 64),
-        };
         let first_diff = got
             .iter()
-            .zip(&base[..rows])
+            .zip(&full[..rows])
             .position(|(a, b)| a.to_bits() != b.to_bits());
         assert!(
             first_diff.is_none(),
-            "{label}: M={m} differs from the {base_rows}-row call at {first_diff:?}"
+            "{label}: M={m} differs from the 64-row call at {first_diff:?}"
         );
         match c.data {
             Data::ExactInteger => {
@@ -349,7 +334,6 @@ fn matches_reference_across_shapes_and_batches() {
                     stages: None,
                     ctas: None,
                     splits: None,
-                    chunk: None,
                 };
                 dispatch(&dev, &mut rng, &case);
             }
@@ -380,7 +364,6 @@ fn exact_integer_mode_is_bit_exact() {
             stages: None,
             ctas: None,
             splits: None,
-            chunk: None,
         };
         dispatch(&dev, &mut rng, &case);
     }
@@ -413,7 +396,6 @@ fn groups_not_aligned_to_units() {
             stages: None,
             ctas: None,
             splits: None,
-            chunk: None,
         };
         dispatch(&dev, &mut rng, &case);
     }
@@ -443,7 +425,6 @@ fn pipeline_depths() {
                 stages: Some(stages),
                 ctas: Some(7),
                 splits: None,
-                chunk: None,
             };
             dispatch(&dev, &mut rng, &case);
         }
@@ -547,60 +528,8 @@ fn cluster_split_k() {
             stages: None,
             ctas: None,
             splits,
-            chunk: None,
         };
         dispatch(&dev, &mut rng, &case);
-    }
-}
-
-/// Dynamic chunks (sm_90, no split-K): CTAs claim fixed k chunks of each tile and the tile's last warp sums the
-/// chunks' partials in k order. Chunk sizes that divide the k tiles and that do not (a short last chunk), one unit,
-/// whole tiles (no fix-up), groups inside units, act-order, bf16, 8-bit codes, a grid larger than the chunk count;
-/// check_case checks every M <= 32 against the 32-row call and repeats bit for bit.
-#[test]
-fn dynamic_chunks() {
-    let Some(dev) = device() else { return };
-    if dev.info().compute_capability.0 < 9 {
-        println!(
-            "skipped: dynamic chunks need the TMA variants of sm_90 (this GPU is sm_{}{})",
-            dev.info().compute_capability.0,
-            dev.info().compute_capability.1
-        );
-        return;
-    }
-    let mut rng = Rng(0xd1a_c0de);
-    #[rustfmt::skip]
-    let cases = [
-        // (n, k, group, act, zeros, act_order, bias, data, chunk, bits)
-        (2048, 4224, 128, DType::F16, true, false, true, Data::Random { x_scale: 1.0 }, Some(4), 4),
-        (2048, 4224, 128, DType::F16, true, false, false, Data::ExactInteger, Some(5), 4),
-        (1536, 1152, 64, DType::Bf16, true, true, true, Data::Random { x_scale: 1.0 }, Some(3), 4),
-        (576, 2048, 32, DType::F16, false, false, true, Data::Random { x_scale: 10.0 }, Some(1), 4),
-        (768, 1024, 128, DType::Bf16, true, false, false, Data::ExactInteger, Some(8), 4),
-        (8192, 2048, 128, DType::F16, true, false, true, Data::Random { x_scale: 1.0 }, None, 4),
-        (2048, 4224, 128, DType::F16, true, false, true, Data::Random { x_scale: 1.0 }, Some(2), 8),
-        (192, 256, 128, DType::F16, true, false, true, Data::ExactInteger, Some(1), 8),
-    ];
-    for (n, k, group, act, zeros, act_order, bias, data, chunk, bits) in cases {
-        let case = Case {
-            n,
-            k,
-            group,
-            act,
-            zeros,
-            act_order,
-            bias,
-            data,
-            ctas_per_sm: None,
-            stages: None,
-            ctas: None,
-            splits: Some(1),
-            chunk,
-        };
-        match act {
-            DType::F16 => check_case_bits::<f16>(&dev, &mut rng, &case, bits),
-            _ => check_case_bits::<bf16>(&dev, &mut rng, &case, bits),
-        }
     }
 }
 
@@ -621,7 +550,6 @@ fn strided_and_unaligned_activation_rows() {
         stages: None,
         ctas: None,
         splits: None,
-        chunk: None,
     };
     let w = quant(&mut rng, &c, 4);
     let op = LinearW4A16Cuda::new(&dev, &w, DType::F16, 16).unwrap();
@@ -685,7 +613,6 @@ fn bad_inputs_give_typed_errors() {
         stages: None,
         ctas: None,
         splits: None,
-        chunk: None,
     };
     let mut w = quant(&mut rng, &c, 4);
     assert!(matches!(repack(&w, DType::F32), Err(Error::Invalid { .. })));
@@ -766,7 +693,6 @@ fn int8_layout() {
             stages: None,
             ctas: None,
             splits,
-            chunk: None,
         };
         check_case_bits::<f16>(&dev, &mut rng, &case, 8);
     }

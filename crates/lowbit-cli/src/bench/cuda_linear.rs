@@ -18,9 +18,7 @@
 //! `LOWBIT_BENCH_VARIANTS=1` adds decode-kernel records with the grid forced to one (`lowbit_1sm`) or two
 //! (`lowbit_2sm`) CTAs per SM; `LOWBIT_BENCH_CTAS=66,88` with exactly that many CTAs (`lowbit_c66`, ...),
 //! `LOWBIT_BENCH_STAGES=3,4` with that pipeline depth (`lowbit_s3`, ...), `LOWBIT_BENCH_SPLITS=1,8` with cluster
-//! split-K forced to that split count, 1 being stream-K (`lowbit_k1`, ...), `LOWBIT_BENCH_CHUNKS=0,4` with dynamic
-//! chunks of that many units, 0 being the static partition (`lowbit_ch0`, ...). Each also gets a graph record
-//! (`_graph`).
+//! split-K forced to that split count, 1 being stream-K (`lowbit_k1`, ...). Each also gets a graph record (`_graph`).
 
 use super::{graph_replay_us, median_of_batches, BenchArgs, BenchRecord, Shape, Sink};
 use half::{bf16, f16};
@@ -67,7 +65,6 @@ pub fn run(args: &BenchArgs, sink: &mut Sink) -> Result<()> {
         ("LOWBIT_BENCH_CTAS", "c"),
         ("LOWBIT_BENCH_STAGES", "s"),
         ("LOWBIT_BENCH_SPLITS", "k"),
-        ("LOWBIT_BENCH_CHUNKS", "ch"),
     ] {
         let Ok(list) = std::env::var(var) else { continue };
         for item in list.split(',').filter(|s| !s.trim().is_empty()) {
@@ -82,10 +79,6 @@ pub fn run(args: &BenchArgs, sink: &mut Sink) -> Result<()> {
                 },
                 "k" => Tuning {
                     splits: Some(value),
-                    ..Tuning::default()
-                },
-                "ch" => Tuning {
-                    chunk: Some(value),
                     ..Tuning::default()
                 },
                 _ => Tuning {

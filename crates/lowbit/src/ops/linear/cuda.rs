@@ -86,8 +86,6 @@ const SMEM_RESERVED_PER_CTA: usize = 1024;
 pub const MAX_M: usize = 64;
 /// Largest batch of the decode kernel for a weight with offsets ([`DeviceW4::upload_with_offsets`]).
 pub const MAX_M_OFFSETS: usize = 16;
-/// Largest batch of the decode kernel's TMA variants, which alone run DYNAMIC CHUNKS ([`LinearW4A16Cuda::chunk`]).
-pub const MAX_M_CHUNKS: usize = 32;
 /// Nibble position of A-fragment element `i` in its word (the AWQ interleave, see the kernel header).
 const NIBBLE_OF: [usize; 8] = [0, 4, 1, 5, 2, 6, 3, 7];
 
@@ -741,9 +739,8 @@ impl Variant {
             } else {
                 0
             };
-        // TMA: a full and an empty mbarrier per stage, then each stage's chunk word (16-byte rounded).
         self.stages * stage
-            + if self.tma { self.stages * 16 + (self.stages * 4).next_multiple_of(16) } else { 0 }
+            + if self.tma { self.stages * 16 } else { 0 }
             + if self.receive { self.slot_floats() * 4 } else { 0 }
     }
 
@@ -821,7 +818,7 @@ struct KernelArgs {
     trace: u64,
 }
 
-/// `lowbit::w4a16::Shape` in the kernel, in field order (13 ints, padding, 2 int64, the clamp flag and bounds).
+/// `lowbit::w4a16::Shape` in the kernel, in field order (11 ints, padding, 2 int64, the clamp flag and bounds).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 struct KernelShape {
@@ -836,8 +833,6 @@ struct KernelShape {
     group_shift: i32,
     splits: i32,
     cluster: i32,
-    chunk: i32,
-    chunks: i32,
     x_stride: i64,
     y_stride: i64,
     clamp: i32,
@@ -869,9 +864,6 @@ pub struct Tuning {
     /// Split-K by clusters of this many CTAs (2, 4 or 8; 1 = stream-K) instead of [`cluster_splits`]'s choice.
     /// Overrides the grid options (the grid is then tiles x splits).
     pub splits: Option<usize>,
-    /// Without split-K, the TMA variants' chunks of this many units (the kernel's DYNAMIC CHUNKS) instead of
-    /// [`dynamic_chunk`]'s choice; 0 = the static stream-K partition.
-    pub chunk: Option<usize>,
 }
 
 /// The split count of cluster split-K for a weight of `n_tiles` x `k_tiles` units of `code_bits`-bit codes on `sms`
@@ -890,16 +882,6 @@ pub fn cluster_splits(n_tiles: usize, k_tiles: usize, sms: usize, code_bits: usi
     };
     fill(sms)
         .or_else(|| if code_bits == 8 { fill(2 * sms) } else { None })
-        .unwrap_or(1)
-}
-
-/// Units per chunk of the decode kernel's DYNAMIC CHUNKS for a weight of `units` units, `k_tiles` per tile, on a
-/// grid of `ctas`: the largest power of two (at most 8, at most the k tiles) that still gives every CTA 12 chunks,
-/// so the last chunks to finish are short; 1 at least. Shape only (batch invariance).
-pub fn dynamic_chunk(k_tiles: usize, units: usize, ctas: usize) -> usize {
-    [8, 4, 2]
-        .into_iter()
-        .find(|&c| c <= k_tiles && units / c >= 12 * ctas)
         .unwrap_or(1)
 }
 
@@ -1085,31 +1067,6 @@ impl DeviceW4 {
     }
 }
 
-/// One loaded variant of the decode kernel and how it is launched.
-struct LoadedKernel {
-    variant: Variant,
-    function: CudaFunction,
-    /// Split-K only: whether it runs as clusters (all of a launch's clusters fit on the GPU at once) or reduces the
-    /// same splits through global memory.
-    cluster: bool,
-    /// Units per chunk of the kernel's DYNAMIC CHUNKS, or 0 (the static partition).
-    chunk: usize,
-    /// Grid size: the operator's `ctas`, or with chunks the CTAs resident at once (no more: a CTA that starts late
-    /// would start its first chunk late).
-    ctas: usize,
-}
-
-impl LoadedKernel {
-    /// Partial-sum slots its launches may use: one per chunk, or two per CTA of the static partition.
-    fn slots(&self, plan: &Plan) -> usize {
-        if self.chunk > 0 {
-            plan.n_tiles() * plan.k_tiles().div_ceil(self.chunk)
-        } else {
-            2 * self.ctas
-        }
-    }
-}
-
 /// A W4A16 linear layer prepared on one GPU: the repacked weight in device memory and its loaded kernels.
 ///
 /// `run` calls on one operator must be ordered (one stream at a time, as with a cuBLAS workspace): the split-tile
@@ -1121,8 +1078,9 @@ pub struct LinearW4A16Cuda {
     ctas: usize,
     weight: Arc<DeviceW4>,
     counters: CudaSlice<u32>,
-    /// Loaded kernels by token tiles.
-    kernels: Vec<LoadedKernel>,
+    /// Loaded kernels by token tiles, each with whether it runs as clusters (split-K only: all of a launch's
+    /// clusters fit on the GPU at once) or reduces the same splits through global memory.
+    kernels: Vec<(Variant, CudaFunction, bool)>,
     /// The x gather/realign kernel (same module as the first variant).
     stage_x: CudaFunction,
     /// Cluster split-K's split count (CTAs per tile), or 1: stream-K over `ctas` CTAs.
@@ -1221,16 +1179,6 @@ impl LinearW4A16Cuda {
         };
         let zeros = weight.zeros.is_some();
         let unit_groups = plan.group % K_TILE == 0;
-        let ctas = match splits {
-            1 => tuning.ctas.unwrap_or(ctas_per_sm * sms).clamp(1, units),
-            _ => plan.n_tiles() * splits,
-        };
-        // Dynamic chunks replace the static stream-K partition for the TMA variants (M <= 32).
-        let chunk = match (splits, tuning.chunk) {
-            (1, Some(c)) => c.min(plan.k_tiles()),
-            (1, None) => dynamic_chunk(plan.k_tiles(), units, ctas),
-            _ => 0,
-        };
         let mut kernels = Vec::new();
         for mt in [1, 2, 4, 8].into_iter().filter(|&mt| mt == 1 || 8 * mt / 2 < max_m) {
             let mut variant = Variant::default_for(act, mt, zeros, unit_groups, plan.warps, ctas_per_sm);
@@ -1248,38 +1196,22 @@ impl LinearW4A16Cuda {
             variant.fit_stages(limits);
             let function =
                 device.function_with_shared_memory(variant.source(), "w4a16_linear", variant.smem_bytes())?;
-            // A variant runs as clusters when all the tiles' clusters fit on the GPU at once; the others (on an
-            // H200, the one-CTA-per-SM variants of M > 16) reduce the same splits in the same order through global
-            // memory.
-            let cluster = splits > 1
-                && gemm::resident_cluster_count(&function, variant.block_threads() as u32, variant.smem_bytes(), splits)
-                    >= plan.n_tiles();
-            let chunk = if variant.tma { chunk } else { 0 };
-            let ctas = if chunk > 0 {
-                let resident = function
-                    .occupancy_max_active_blocks_per_multiprocessor(
-                        variant.block_threads() as u32,
-                        variant.smem_bytes(),
-                        None,
-                    )
-                    .map_err(|e| crate::cuda::cuda_error(format!("occupancy of {}", variant.name()), e))?;
-                ctas.min(resident.max(1) as usize * sms)
-            } else {
-                ctas
-            };
-            kernels.push(LoadedKernel {
-                variant,
-                function,
-                cluster,
-                chunk,
-                ctas,
-            });
+            kernels.push((variant, function, false));
         }
-        let stage_x = device.function(kernels[0].variant.source(), "w4a16_stage_x")?;
-        // Per (tile, warp) arrivals, then the dynamic chunks' two counters.
+        // A variant runs as clusters when all the tiles' clusters fit on the GPU at once; the others (on an H200,
+        // the one-CTA-per-SM variants of M > 16) reduce the same splits in the same order through global memory.
+        for (v, f, cluster) in &mut kernels {
+            *cluster = splits > 1
+                && gemm::resident_cluster_count(f, v.block_threads() as u32, v.smem_bytes(), splits) >= plan.n_tiles();
+        }
+        let ctas = match splits {
+            1 => tuning.ctas.unwrap_or(ctas_per_sm * sms).clamp(1, units),
+            _ => plan.n_tiles() * splits,
+        };
+        let stage_x = device.function(kernels[0].0.source(), "w4a16_stage_x")?;
         let counters = device
             .stream()
-            .alloc_zeros(plan.n_tiles() * plan.warps + 2)
+            .alloc_zeros(plan.n_tiles() * plan.warps)
             .map_err(|e| crate::cuda::cuda_error("split-tile counters", e))?;
         Ok(Self {
             ctas,
@@ -1328,13 +1260,6 @@ impl LinearW4A16Cuda {
         self.ctas
     }
 
-    /// Units per chunk of the kernel's DYNAMIC CHUNKS (the variants for M <= [`MAX_M_CHUNKS`]), or 0 when every
-    /// variant runs the static partition. With chunks, rows of an M-row call equal those of any other call up to
-    /// `MAX_M_CHUNKS` rows bit for bit, and calls above it agree with each other.
-    pub fn chunk(&self) -> usize {
-        self.kernels.iter().map(|k| k.chunk).max().unwrap_or(0)
-    }
-
     /// CTAs per tile with cluster split-K, or 1 with stream-K (see [`cluster_splits`]).
     pub fn splits(&self) -> usize {
         self.splits
@@ -1346,8 +1271,7 @@ impl LinearW4A16Cuda {
     pub fn cluster_residency(&self) -> Vec<(String, [usize; 3])> {
         self.kernels
             .iter()
-            .map(|k| {
-                let (v, f) = (&k.variant, &k.function);
+            .map(|(v, f, _)| {
                 let count = |s| gemm::resident_cluster_count(f, v.block_threads() as u32, v.smem_bytes(), s);
                 (v.name(), [count(2), count(4), count(8)])
             })
@@ -1361,8 +1285,8 @@ impl LinearW4A16Cuda {
 
     /// Device scratch `run` needs for batches of up to `max_m` rows: split-tile partial sums and room to stage x.
     pub fn workspace_bytes(&self) -> usize {
-        let partials = self.kernels.iter().map(|k| k.slots(&self.plan) * k.variant.slot_floats());
-        self.staged_x_bytes() + partials.max().unwrap_or(0) * 4
+        let widest = self.kernels.last().map_or(0, |(v, _, _)| v.slot_floats());
+        self.staged_x_bytes() + 2 * self.ctas * widest * 4
     }
 
     /// `y[m, N] = x[m, K] · W^T (+ bias)` with contiguous rows; see [`LinearW4A16Cuda::run_strided`].
@@ -1420,12 +1344,11 @@ impl LinearW4A16Cuda {
         } = *buffers;
 
         let mt = token_tiles(m);
-        let kernel = self
+        let (variant, function, cluster) = self
             .kernels
             .iter()
-            .find(|k| k.variant.mt == mt)
+            .find(|(v, _, _)| v.mt == mt)
             .ok_or_else(|| Error::invalid("x", format!("{m} rows"), "exceeds the operator's max_m"))?;
-        let (variant, function, cluster) = (&kernel.variant, &kernel.function, kernel.cluster);
 
         // x goes through the workspace when the kernel cannot read it in place: act-order gather, or rows that are
         // not 16-byte aligned (the kernel's 16-byte cp.async).
@@ -1459,16 +1382,14 @@ impl LinearW4A16Cuda {
             nt: p.n_tiles() as i32,
             group: p.group as i32,
             gp: p.group_rows as i32,
-            ctas: kernel.ctas as i32,
+            ctas: self.ctas as i32,
             group_shift: if p.group.is_power_of_two() {
                 p.group.trailing_zeros() as i32
             } else {
                 -1
             },
             splits: self.splits as i32,
-            cluster: i32::from(cluster),
-            chunk: kernel.chunk as i32,
-            chunks: p.k_tiles().div_ceil(kernel.chunk.max(1)) as i32,
+            cluster: i32::from(*cluster),
             x_stride: x_stride as i64,
             y_stride: y_stride as i64,
             clamp: i32::from(clamp.is_some()),
@@ -1477,14 +1398,14 @@ impl LinearW4A16Cuda {
         };
         // SAFETY (both launches): every pointer was checked above to cover what the kernel touches for this shape
         // and m: x rows (K valid columns; the kernel zero-fills past K without reading), y rows (N columns), bias
-        // (N), the workspace (the kernel's partial slots), and the operator's own weight buffers and counters.
-        if cluster {
+        // (N), the workspace (partials of 2 * ctas slots), and the operator's own weight buffers and counters.
+        if *cluster {
             // SAFETY: `params` points at the two kernel parameters, in order.
             let mut params: [*mut std::ffi::c_void; 2] = [
                 &args as *const KernelArgs as *mut _,
                 &shape as *const KernelShape as *mut _,
             ];
-            let (grid, block, smem) = (kernel.ctas as u32, variant.block_threads() as u32, variant.smem_bytes());
+            let (grid, block, smem) = (self.ctas as u32, variant.block_threads() as u32, variant.smem_bytes());
             let mut attributes = [gemm::cluster_attribute(self.splits)];
             unsafe { gemm::launch_with_attributes(function, stream, grid, block, smem, &mut attributes, &mut params) }
                 .map_err(|rc| Error::Cuda {
@@ -1494,7 +1415,7 @@ impl LinearW4A16Cuda {
             return Ok(());
         }
         let cfg = LaunchConfig {
-            grid_dim: (kernel.ctas as u32, 1, 1),
+            grid_dim: (self.ctas as u32, 1, 1),
             block_dim: (variant.block_threads() as u32, 1, 1),
             shared_mem_bytes: variant.smem_bytes() as u32,
         };
