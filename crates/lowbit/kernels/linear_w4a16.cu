@@ -34,6 +34,14 @@
 //   whose clusters cannot all be resident at once (M > 16 on an H200: one CTA per SM) keeps the same partition
 //   and reduces through the global fix-up, in the same order: every M gives the same bits.
 //
+// * DEPENDENT LAUNCH (sm_90; the host launches with programmatic stream serialization). Every CTA lets the next
+//   kernel launch at once (griddepcontrol.launch_dependents), so its CTAs take SMs as this launch's CTAs exit: the
+//   tail of one launch (the slowest CTAs, the fix-ups) overlaps the start of the next. In turn, this kernel's
+//   producer issues its first stages' weight copies (the operator's own, never written by a kernel) before it
+//   waits for the previous kernel (griddepcontrol.wait), and their x copies after; the mma warps wait before
+//   anything else, since they write y, the partials and the counters, which the previous launch may still use.
+//   Without the attribute (older GPUs, graphs that do not keep it) the wait returns at once.
+//
 // * PIPELINE. Each unit is one shared-memory stage (weights, the x rows, the scale and zero rows it touches).
 //   M <= 32 on sm_90 (LB_TMA): a ninth "producer" warp fills stages with TMA bulk copies (one cp.async.bulk for the
 //   16 KB unit, one for the scale rows, one for the zero rows, one per x row), each stage guarded by a "full"
@@ -501,33 +509,44 @@ struct Linear {
     }
 
     // TMA producer (one warp): for each unit, wait until its buffer is free, announce the bytes, issue the copies:
-    // the weight unit and the scale/zero rows as one contiguous copy each, x one 256-byte row per lane.
+    // the weight unit and the scale/zero rows as one contiguous copy each (`issue_weights`), x one 256-byte row per
+    // lane (`issue_x`). DEPENDENT LAUNCH: the first stages' weight copies go out before the wait for the previous
+    // kernel, x's after it.
+    __device__ static void issue_weights(const Args& a, const Shape& s, char* stage, u32 full, int u, int lane) {
+        const int nt = u / s.KT, k0 = (u - nt * s.KT) * K_TILE;
+        const int g_lo = s.group_shift >= 0 ? k0 >> s.group_shift : k0 / s.group;
+        const int g_hi = s.group_shift >= 0 ? (k0 + K_TILE - 1) >> s.group_shift : (k0 + K_TILE - 1) / s.group;
+        const int rows = g_hi - g_lo + 1;
+        const size_t row0 = (size_t)nt * s.GP + g_lo;
+        const u32 bytes = W_BYTES + s.M * (K_TILE * 2) + rows * (N_CTA * 2 + Z_ROW_BYTES);
+        if (lane == 0) {
+            mbar_arrive_expect_tx(full, bytes);
+            bulk_copy(stage, a.qweight + (size_t)u * (W_BYTES / 16), W_BYTES, full);
+            bulk_copy(stage + W_BYTES + X_BYTES, a.scales + row0 * N_CTA, rows * (N_CTA * 2), full);
+            if (Z_ROW_BYTES > 0)
+                bulk_copy(stage + W_BYTES + X_BYTES + S_BYTES, a.zeros + row0 * Z_ROW_BYTES, rows * Z_ROW_BYTES, full);
+        }
+        __syncwarp();  // expect_tx before the rows' copies (not required, but keeps tx-count non-negative)
+    }
+    __device__ static void issue_x(const Args& a, const Shape& s, char* stage, u32 full, int u, int lane) {
+        const int k0 = (u % s.KT) * K_TILE;
+        for (int m = lane; m < s.M; m += 32)
+            bulk_copy(stage + W_BYTES + m * (X_PITCH * 2), a.x + (size_t)m * s.x_stride + k0, K_TILE * 2, full);
+    }
+
     __device__ static void produce(const Args& a, const Shape& s, char* smem, u32 bars, int u_begin, int count,
                                    int lane) {
-        int nt = u_begin / s.KT, kt = u_begin - nt * s.KT;
-        int buf = 0;
-        for (int i = 0; i < count; ++i) {
+        const int early = min(STAGES, count);
+        for (int i = 0; i < early; ++i) issue_weights(a, s, smem + i * STAGE_BYTES, bars + i * 8, u_begin + i, lane);
+        wait_for_prerequisite_grids();
+        for (int i = 0; i < early; ++i) issue_x(a, s, smem + i * STAGE_BYTES, bars + i * 8, u_begin + i, lane);
+        int buf = early % STAGES;
+        for (int i = early; i < count; ++i) {
             const u32 full = bars + buf * 8, empty = bars + (STAGES + buf) * 8;
-            if (i >= STAGES) mbar_wait(empty, ((i / STAGES) - 1) & 1);
+            mbar_wait(empty, ((i / STAGES) - 1) & 1);
             char* stage = smem + buf * STAGE_BYTES;
-            const int k0 = kt * K_TILE;
-            const int g_lo = s.group_shift >= 0 ? k0 >> s.group_shift : k0 / s.group;
-            const int g_hi = s.group_shift >= 0 ? (k0 + K_TILE - 1) >> s.group_shift : (k0 + K_TILE - 1) / s.group;
-            const int rows = g_hi - g_lo + 1;
-            const size_t row0 = (size_t)nt * s.GP + g_lo;
-            const u32 bytes = W_BYTES + s.M * (K_TILE * 2) + rows * (N_CTA * 2 + Z_ROW_BYTES);
-            if (lane == 0) {
-                mbar_arrive_expect_tx(full, bytes);
-                bulk_copy(stage, a.qweight + (size_t)(u_begin + i) * (W_BYTES / 16), W_BYTES, full);
-                bulk_copy(stage + W_BYTES + X_BYTES, a.scales + row0 * N_CTA, rows * (N_CTA * 2), full);
-                if (Z_ROW_BYTES > 0)
-                    bulk_copy(stage + W_BYTES + X_BYTES + S_BYTES, a.zeros + row0 * Z_ROW_BYTES, rows * Z_ROW_BYTES,
-                              full);
-            }
-            __syncwarp();  // expect_tx before the rows' copies (not required, but keeps tx-count non-negative)
-            for (int m = lane; m < s.M; m += 32)
-                bulk_copy(stage + W_BYTES + m * (X_PITCH * 2), a.x + (size_t)m * s.x_stride + k0, K_TILE * 2, full);
-            if (++kt == s.KT) kt = 0, ++nt;
+            issue_weights(a, s, stage, full, u_begin + i, lane);
+            issue_x(a, s, stage, full, u_begin + i, lane);
             if (++buf == STAGES) buf = 0;
         }
     }
@@ -548,6 +567,7 @@ struct Linear {
         }
         const u32 bars = smem_addr(smem + STAGES * STAGE_BYTES);
         trace_stamp(a.trace, TRACE_ENTRY);
+        allow_dependent_launch();  // DEPENDENT LAUNCH: the next kernel may take SMs as this one's CTAs exit
 
         // x rows M..M_ROWS-1 are never loaded: zero them once so the unused mma columns see finite values.
         if (s.M < M_ROWS) {
@@ -579,6 +599,9 @@ struct Linear {
     __device__ static void consume(const Args& a, const Shape& s, char* smem, u32 bars, int u_begin, int count,
                                    int tid) {
         const int warp = tid >> 5, lane = tid & 31;
+        // DEPENDENT LAUNCH: nothing the previous kernel may read or write (x, y, the workspace, the counters) is
+        // touched before it has finished.
+        wait_for_prerequisite_grids();
         // Units advance as (nt, kt) pairs: one division here, none per stage. The loop keeps few registers live
         // (units left, stage and phase instead of an index) so that the two-CTA variants fit in 96 registers.
         int nt = u_begin / s.KT, kt = u_begin - nt * s.KT;  // unit being computed

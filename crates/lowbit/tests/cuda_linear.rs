@@ -533,6 +533,67 @@ fn cluster_split_k() {
     }
 }
 
+/// Programmatic dependent launch: each launch may start while the previous kernel in the stream still runs, so it
+/// must wait for that kernel before it reads x or writes anything. Two layers run back to back without a host
+/// sync, each reading the other's output and overwriting the other's input (and each op reusing its own counters
+/// and workspace across launches), must give the bits of the same chain synchronised after every launch.
+#[test]
+fn back_to_back_launches_see_each_others_writes() {
+    let Some(dev) = device() else { return };
+    let mut rng = Rng(0xb2b);
+    let case = |n, k| Case {
+        n,
+        k,
+        group: 128,
+        act: DType::F16,
+        zeros: true,
+        act_order: false,
+        bias: false,
+        data: Data::Random { x_scale: 1.0 },
+        ctas_per_sm: None,
+        stages: None,
+        ctas: None,
+        splits: None,
+    };
+    // A: 2048 -> 4096 (cluster split-K on an H200), B: 4096 -> 2048 (stream-K with the global fix-up).
+    let (a, b) = (case(4096, 2048), case(2048, 4096));
+    let ops = [&a, &b].map(|c| LinearW4A16Cuda::new(&dev, &quant(&mut rng, c, 4), DType::F16, 16).unwrap());
+    let m = 16;
+    let x0: Vec<f16> = activations(&mut rng, m * a.k, DType::F16, a.data)
+        .iter()
+        .map(|&v| f16::from_f32(v))
+        .collect();
+    let chain = |sync: bool| {
+        let mut bufs = [dev.upload(&x0).unwrap(), dev.alloc_zeros::<f16>(m * a.n).unwrap()];
+        let mut ws: Vec<_> = ops
+            .iter()
+            .map(|op| dev.alloc_zeros::<u8>(op.workspace_bytes()).unwrap())
+            .collect();
+        for _ in 0..3 {
+            for (i, op) in ops.iter().enumerate() {
+                let [first, second] = &mut bufs;
+                let (x, y) = if i == 0 { (&*first, second) } else { (&*second, first) };
+                op.run(dev.stream(), x, m, None, y, &mut ws[i]).unwrap();
+                if sync {
+                    dev.synchronize().unwrap();
+                }
+            }
+        }
+        dev.synchronize().unwrap();
+        bufs.map(|b| dev.download(&b).unwrap())
+    };
+    let (overlapped, serial) = (chain(false), chain(true));
+    for (got, want) in overlapped.iter().zip(&serial) {
+        assert!(
+            want.iter().all(|v| v.is_finite()),
+            "the chain overflowed: pick smaller scales"
+        );
+        let first_diff = got.iter().zip(want).position(|(g, w)| g.to_bits() != w.to_bits());
+        assert!(first_diff.is_none(), "back-to-back launches differ at {first_diff:?}");
+    }
+    println!("ok: 6 chained launches, bit-identical to the synchronised chain");
+}
+
 #[test]
 fn strided_and_unaligned_activation_rows() {
     let Some(dev) = device() else { return };

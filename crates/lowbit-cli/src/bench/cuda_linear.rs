@@ -18,7 +18,8 @@
 //! `LOWBIT_BENCH_VARIANTS=1` adds decode-kernel records with the grid forced to one (`lowbit_1sm`) or two
 //! (`lowbit_2sm`) CTAs per SM; `LOWBIT_BENCH_CTAS=66,88` with exactly that many CTAs (`lowbit_c66`, ...),
 //! `LOWBIT_BENCH_STAGES=3,4` with that pipeline depth (`lowbit_s3`, ...), `LOWBIT_BENCH_SPLITS=1,8` with cluster
-//! split-K forced to that split count, 1 being stream-K (`lowbit_k1`, ...). Each also gets a graph record (`_graph`).
+//! split-K forced to that split count, 1 being stream-K (`lowbit_k1`, ...); `LOWBIT_BENCH_NO_PDL=1` with the decode
+//! kernel launched without programmatic dependent launch (`lowbit_nopdl`). Each also gets a graph record (`_graph`).
 
 use super::{graph_replay_us, median_of_batches, BenchArgs, BenchRecord, Shape, Sink};
 use half::{bf16, f16};
@@ -60,6 +61,13 @@ pub fn run(args: &BenchArgs, sink: &mut Sink) -> Result<()> {
             };
             variants.push((format!("lowbit_{per_sm}sm"), tuning));
         }
+    }
+    if std::env::var("LOWBIT_BENCH_NO_PDL").is_ok_and(|v| v == "1") {
+        let tuning = Tuning {
+            dependent_launch: Some(false),
+            ..Tuning::default()
+        };
+        variants.push(("lowbit_nopdl".to_string(), tuning));
     }
     for (var, prefix) in [
         ("LOWBIT_BENCH_CTAS", "c"),

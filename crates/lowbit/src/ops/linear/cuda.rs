@@ -864,6 +864,8 @@ pub struct Tuning {
     /// Split-K by clusters of this many CTAs (2, 4 or 8; 1 = stream-K) instead of [`cluster_splits`]'s choice.
     /// Overrides the grid options (the grid is then tiles x splits).
     pub splits: Option<usize>,
+    /// Whether to launch as the programmatic dependent of the stream's previous kernel (sm_90; default yes).
+    pub dependent_launch: Option<bool>,
 }
 
 /// The split count of cluster split-K for a weight of `n_tiles` x `k_tiles` units of `code_bits`-bit codes on `sms`
@@ -1087,6 +1089,8 @@ pub struct LinearW4A16Cuda {
     splits: usize,
     /// Diagnostics: device address of a per-CTA timeline buffer, or 0 ([`LinearW4A16Cuda::set_trace`]).
     trace: u64,
+    /// Launch as the programmatic dependent of the stream's previous kernel (the kernel's DEPENDENT LAUNCH; sm_90).
+    dependent_launch: bool,
 }
 
 impl std::fmt::Debug for LinearW4A16Cuda {
@@ -1224,6 +1228,7 @@ impl LinearW4A16Cuda {
             max_m,
             splits,
             trace: 0,
+            dependent_launch: tma_supported && tuning.dependent_launch.unwrap_or(true),
         })
     }
 
@@ -1399,29 +1404,49 @@ impl LinearW4A16Cuda {
         // SAFETY (both launches): every pointer was checked above to cover what the kernel touches for this shape
         // and m: x rows (K valid columns; the kernel zero-fills past K without reading), y rows (N columns), bias
         // (N), the workspace (partials of 2 * ctas slots), and the operator's own weight buffers and counters.
-        if *cluster {
-            // SAFETY: `params` points at the two kernel parameters, in order.
-            let mut params: [*mut std::ffi::c_void; 2] = [
-                &args as *const KernelArgs as *mut _,
-                &shape as *const KernelShape as *mut _,
-            ];
-            let (grid, block, smem) = (self.ctas as u32, variant.block_threads() as u32, variant.smem_bytes());
-            let mut attributes = [gemm::cluster_attribute(self.splits)];
-            unsafe { gemm::launch_with_attributes(function, stream, grid, block, smem, &mut attributes, &mut params) }
-                .map_err(|rc| Error::Cuda {
-                    context: format!("launching w4a16_linear (clusters of {})", self.splits),
-                    message: format!("{rc:?}"),
-                })?;
+        if !self.dependent_launch && !*cluster {
+            let cfg = LaunchConfig {
+                grid_dim: (self.ctas as u32, 1, 1),
+                block_dim: (variant.block_threads() as u32, 1, 1),
+                shared_mem_bytes: variant.smem_bytes() as u32,
+            };
+            let mut b = stream.launch_builder(function);
+            b.arg(&args).arg(&shape);
+            unsafe { b.launch(cfg) }.map_err(launch_error("w4a16_linear"))?;
             return Ok(());
         }
-        let cfg = LaunchConfig {
-            grid_dim: (self.ctas as u32, 1, 1),
-            block_dim: (variant.block_threads() as u32, 1, 1),
-            shared_mem_bytes: variant.smem_bytes() as u32,
-        };
-        let mut b = stream.launch_builder(function);
-        b.arg(&args).arg(&shape);
-        unsafe { b.launch(cfg) }.map_err(launch_error("w4a16_linear"))?;
+        // Clusters and the kernel's DEPENDENT LAUNCH, which cudarc's launch builder does not express. A fixed array:
+        // a launch allocates nothing; slots past `used` are never read.
+        let mut attributes = [gemm::dependent_launch_attribute(); 2];
+        let mut used = usize::from(self.dependent_launch);
+        if *cluster {
+            attributes[used] = gemm::cluster_attribute(self.splits);
+            used += 1;
+        }
+        // SAFETY: `params` points at the two kernel parameters, in order.
+        let mut params: [*mut std::ffi::c_void; 2] = [
+            &args as *const KernelArgs as *mut _,
+            &shape as *const KernelShape as *mut _,
+        ];
+        let (grid, block, smem) = (self.ctas as u32, variant.block_threads() as u32, variant.smem_bytes());
+        unsafe {
+            gemm::launch_with_attributes(
+                function,
+                stream,
+                grid,
+                block,
+                smem,
+                &mut attributes[..used],
+                &mut params,
+            )
+        }
+        .map_err(|rc| Error::Cuda {
+            context: format!(
+                "launching w4a16_linear (clusters of {})",
+                if *cluster { self.splits } else { 1 }
+            ),
+            message: format!("{rc:?}"),
+        })?;
         Ok(())
     }
 }

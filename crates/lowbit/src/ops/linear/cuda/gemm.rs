@@ -909,7 +909,7 @@ pub(super) fn cluster_attribute(ctas: usize) -> sys::CUlaunchAttribute {
 
 /// The launch attribute that lets a kernel start before the previous one in its stream has finished (programmatic
 /// dependent launch): it waits itself (`griddepcontrol.wait`) where it reads that kernel's output.
-fn dependent_launch_attribute() -> sys::CUlaunchAttribute {
+pub(super) fn dependent_launch_attribute() -> sys::CUlaunchAttribute {
     // SAFETY: CUlaunchAttribute is plain old data; all-zero is a valid value to fill in.
     let mut attribute: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
     attribute.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
