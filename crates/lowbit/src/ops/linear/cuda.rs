@@ -1406,29 +1406,19 @@ impl LinearW4A16Cuda {
             lo: clamp.map_or(0.0, |c| c.0),
             hi: clamp.map_or(0.0, |c| c.1),
         };
-        // SAFETY (both launches): every pointer was checked above to cover what the kernel touches for this shape
-        // and m: x rows (K valid columns; the kernel zero-fills past K without reading), y rows (N columns), bias
-        // (N), the workspace (partials of 2 * ctas slots), and the operator's own weight buffers and counters.
-        if !self.dependent_launch && !*cluster {
-            let cfg = LaunchConfig {
-                grid_dim: (self.ctas as u32, 1, 1),
-                block_dim: (variant.block_threads() as u32, 1, 1),
-                shared_mem_bytes: variant.smem_bytes() as u32,
-            };
-            let mut b = stream.launch_builder(function);
-            b.arg(&args).arg(&shape);
-            unsafe { b.launch(cfg) }.map_err(launch_error("w4a16_linear"))?;
-            return Ok(());
-        }
-        // Clusters and the kernel's DEPENDENT LAUNCH, which cudarc's launch builder does not express. A fixed array:
-        // a launch allocates nothing; slots past `used` are never read.
+        // Clusters and the kernel's DEPENDENT LAUNCH are launch attributes, which cudarc's launch builder does not
+        // express: one cuLaunchKernelEx path, with none, one or both. A fixed array: a launch allocates nothing;
+        // slots past `used` are never read.
         let mut attributes = [gemm::dependent_launch_attribute(); 2];
         let mut used = usize::from(self.dependent_launch);
         if *cluster {
             attributes[used] = gemm::cluster_attribute(self.splits);
             used += 1;
         }
-        // SAFETY: `params` points at the two kernel parameters, in order.
+        // SAFETY: every pointer was checked above to cover what the kernel touches for this shape and m: x rows (K
+        // valid columns; the kernel zero-fills past K without reading), y rows (N columns), bias (N), the workspace
+        // (partials of 2 * ctas slots), and the operator's own weight buffers and counters. `params` points at the
+        // two kernel parameters, in order.
         let mut params: [*mut std::ffi::c_void; 2] = [
             &args as *const KernelArgs as *mut _,
             &shape as *const KernelShape as *mut _,
