@@ -53,6 +53,14 @@
 //   activation is a template argument: inlining every activation at every element (erff, expf) outgrew the
 //   instruction cache and cost ~20 us per convolution tile.
 //
+// * DEPENDENT LAUNCH (the host launches with programmatic stream serialization). Every CTA lets the next kernel
+//   launch at once (griddepcontrol.launch_dependents): its CTAs take SMs as this launch's CTAs exit, so one
+//   launch's tail (the last items, the split epilogues) overlaps the next one's first stages. In turn, the producer
+//   issues its first stages' weight copies (the operator's own, never written by a kernel) before it waits for the
+//   previous kernel (griddepcontrol.wait), and their x copies after; the consumers wait before anything else, since
+//   they write y, the partials and the counters, which the previous launch may still use. A convolution's previous
+//   kernel is its pack kernel, which writes the image. Without the attribute the wait returns at once.
+//
 // * CONVOLUTION (LB_CONV): a stride-1 convolution is this GEMM over a zero-padded NHWC input. Tokens are the
 //   positions of the padded grid [B][Hp][Wp] (Hp = H + 2 ph, ...), K runs (tap, channel), and the x rows of
 //   tap (r, s) for tokens m..m+BM are rows m + r dh Wp + s dw .. of the padded image: one TMA box per 64 channels,
@@ -188,41 +196,60 @@ struct Gemm {
         return w;
     }
 
+    // One stage's weight copies (codes, scale rows, zero rows), after announcing all of its bytes, x's included.
+    __device__ static __forceinline__ void issue_weights(const Args& a, const Shape& s, u32 stage, u32 full,
+                                                         const Work& w, int kt) {
+        const int k0 = kt * K_TILE;
+        const int g_lo = group_row(s, k0), rows = group_row(s, k0 + K_TILE - 1) - g_lo + 1;
+        const size_t row0 = (size_t)w.nt * s.GP + g_lo;
+        mbar_arrive_expect_tx(full, X_BYTES + W_BYTES + rows * (N_CTA * 2 + Z_ROW_BYTES));
+        bulk_copy(stage + X_BYTES, a.qweight + ((size_t)w.nt * s.KT + kt) * (W_BYTES / 16), W_BYTES, full);
+        bulk_copy(stage + X_BYTES + W_BYTES, a.scales + row0 * N_CTA, rows * (N_CTA * 2), full);
+        if (Z_ROW_BYTES)
+            bulk_copy(stage + X_BYTES + W_BYTES + S_BYTES, a.zeros + row0 * Z_ROW_BYTES, rows * Z_ROW_BYTES, full);
+    }
+
+    // One stage's x tile: two TMA boxes of 64 k x BM tokens.
+    __device__ static __forceinline__ void issue_x(const TensorMap* xmap, const Shape& s, u32 stage, u32 full,
+                                                   const Work& w, int kt) {
+#pragma unroll
+        for (int box = 0; box < 2; ++box) {
+            const int k = kt * K_TILE + box * X_BOX_K;
+            int col = k, row = w.mt * BM;
+            if (CONV) {  // tap (r, q) and channel c of k; a padding tap reads rows past the end (zeros)
+                const int tap = k / s.channels, r = tap / s.kernel_w;
+                col = k - tap * s.channels;
+                row += tap < s.taps ? r * s.tap_row + (tap - r * s.kernel_w) * s.tap_col : s.batch * s.grid_tokens;
+            }
+            tma_load_2d(stage + box * (BM * 128), xmap, col, row, full);
+        }
+    }
+
     // TMA producer (one thread): for every k tile of every item of this CTA, wait for the stage to be free, announce
     // its bytes, issue the copies. It runs ahead across items, so the next tile's stages fill during an epilogue.
+    // DEPENDENT LAUNCH: the weights of the first item's first stages go out before the wait for the previous
+    // kernel, their x after. (Only the first item's: the producer runs on 40 registers.)
     __device__ static void produce(const TensorMap* xmap, const Args& a, const Shape& s, u32 base, u32 bars,
                                    int items) {
-        // A convolution's image comes from the pack kernel this GEMM may have been launched beside (programmatic
-        // dependent launch): wait for it before the first read. Elsewhere the wait returns at once.
-        if (CONV) wait_for_prerequisite_grids();
+        int early = 0;
+        if (blockIdx.x < items) {
+            const Work w = work(s, blockIdx.x);
+            early = min(STAGES, w.kt1 - w.kt0);
+            for (int i = 0; i < early; ++i)
+                issue_weights(a, s, base + i * STAGE_BYTES, bars + i * 8, w, w.kt0 + i);
+        }
+        wait_for_prerequisite_grids();
         int buf = 0, i = 0;
         for (int item = blockIdx.x; item < items; item += gridDim.x) {
             const Work w = work(s, item);
             for (int kt = w.kt0; kt < w.kt1; ++kt, ++i) {
                 const u32 full = bars + buf * 8, empty = bars + (STAGES + buf) * 8;
-                if (i >= STAGES) mbar_wait(empty, ((i / STAGES) - 1) & 1);
                 const u32 stage = base + buf * STAGE_BYTES;
-                const int k0 = kt * K_TILE;
-                const int g_lo = group_row(s, k0), rows = group_row(s, k0 + K_TILE - 1) - g_lo + 1;
-                const size_t row0 = (size_t)w.nt * s.GP + g_lo;
-                mbar_arrive_expect_tx(full, X_BYTES + W_BYTES + rows * (N_CTA * 2 + Z_ROW_BYTES));
-#pragma unroll
-                for (int box = 0; box < 2; ++box) {
-                    const int k = k0 + box * X_BOX_K;
-                    int col = k, row = w.mt * BM;
-                    if (CONV) {  // tap (r, q) and channel c of k; a padding tap reads rows past the end (zeros)
-                        const int tap = k / s.channels, r = tap / s.kernel_w;
-                        col = k - tap * s.channels;
-                        row += tap < s.taps ? r * s.tap_row + (tap - r * s.kernel_w) * s.tap_col
-                                            : s.batch * s.grid_tokens;
-                    }
-                    tma_load_2d(stage + box * (BM * 128), xmap, col, row, full);
+                if (i >= early) {
+                    if (i >= STAGES) mbar_wait(empty, ((i / STAGES) - 1) & 1);
+                    issue_weights(a, s, stage, full, w, kt);
                 }
-                bulk_copy(stage + X_BYTES, a.qweight + ((size_t)w.nt * s.KT + kt) * (W_BYTES / 16), W_BYTES, full);
-                bulk_copy(stage + X_BYTES + W_BYTES, a.scales + row0 * N_CTA, rows * (N_CTA * 2), full);
-                if (Z_ROW_BYTES)
-                    bulk_copy(stage + X_BYTES + W_BYTES + S_BYTES, a.zeros + row0 * Z_ROW_BYTES, rows * Z_ROW_BYTES,
-                              full);
+                issue_x(xmap, s, stage, full, w, kt);
                 if (++buf == STAGES) buf = 0;
             }
         }
@@ -235,7 +262,6 @@ struct Gemm {
             for (int i = 0; i < ACC; ++i) wgmma_fence_operand(acc[t][i]);
     }
 
-    // The consumer warpgroups' main loop; returns with every wgmma complete and the accumulators in `acc`.
     // The conversion side of the main loop: the stage it reads, its words and group terms, two steps ahead of the
     // wgmmas (see mainloop).
     struct Converter {
@@ -331,6 +357,7 @@ struct Gemm {
         }
     }
 
+    // The consumer warpgroups' main loop; returns with every wgmma complete and the accumulators in `acc`.
     // `buf`/`phase`: the stage the next k tile is in and the parity of its use, carried across items.
     __device__ static __forceinline__ void mainloop(const Shape& s, u32 base, u32 bars, int kt0, int kt1, int wg,
                                                     int& buf, u32& phase, float (&acc)[2][ACC]) {
@@ -728,6 +755,7 @@ struct Gemm {
         const int tid = threadIdx.x, wg = tid >> 7;
 
         const int items = s.NT * s.MT * s.splits;
+        allow_dependent_launch();  // DEPENDENT LAUNCH: the next kernel may take SMs as this one's CTAs exit
 
         if (tid == 0) {
             mbar_init(bars + STAGES * 16 + 8, 1);  // epilogue_split's global step (after the arrival word)
@@ -741,9 +769,12 @@ struct Gemm {
             return;
         }
         setmaxnreg_inc<232>();
+        trace_stamp(a.trace, TRACE_ENTRY);
+        // DEPENDENT LAUNCH: nothing the previous kernel may read or write (y, bias, the partials, the counters) is
+        // touched before it has finished.
+        wait_for_prerequisite_grids();
         int buf = 0;
         u32 phase = 0;
-        trace_stamp(a.trace, TRACE_ENTRY);
         if (a.trace) mbar_wait(bars, 0), trace_stamp(a.trace, TRACE_FIRST_FULL);
         int taken = 0;
         // Persistent: the grid is at most one CTA per SM and each CTA takes items blockIdx.x, + gridDim.x, ...

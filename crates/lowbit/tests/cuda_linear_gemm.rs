@@ -453,3 +453,71 @@ fn eight_bit_weights_in_the_int8_layout() {
         &[None],
     );
 }
+
+#[test]
+fn back_to_back_launches_see_each_others_writes() {
+    let Some(dev) = hopper() else { return };
+    // Every launch is the programmatic dependent of the one before (the kernel's DEPENDENT LAUNCH). Two layers
+    // read each other's output and overwrite each other's input for six launches with no host sync; each reuses
+    // its workspace, and A's tiles split into cluster groups that count arrivals in the operator's counters. The
+    // result must be bit-identical to the same chain synchronised after every launch.
+    let mut rng = Rng(0xb2b6);
+    let (a, b) = (
+        Case {
+            n: 4096,
+            k: 2048,
+            ..BASE
+        },
+        Case {
+            n: 2048,
+            k: 4096,
+            ..BASE
+        },
+    );
+    let m = 200;
+    let upload = |w: &QuantMatrix| DeviceW4::upload(&dev, &repack(w, DType::F16).unwrap()).unwrap();
+    let mut split = LinearW4A16Gemm::with_weight(&dev, upload(&quant(&mut rng, &a)), m, Some(4)).unwrap();
+    split.set_max_cluster(2); // 4 splits as 2 cluster groups of 2
+    let ops = [
+        split,
+        LinearW4A16Gemm::with_weight(&dev, upload(&quant(&mut rng, &b)), m, None).unwrap(),
+    ];
+    assert!(ops[0].split_plan(m).groups > 1, "{:?}", ops[0].split_plan(m));
+    let x0: Vec<f16> = values(&mut rng, m * a.k, &a)
+        .iter()
+        .map(|&v| f16::from_f32(v))
+        .collect();
+    let chain = |sync: bool| {
+        let mut bufs = [dev.upload(&x0).unwrap(), dev.alloc_zeros::<f16>(m * a.n).unwrap()];
+        let mut ws: Vec<_> = ops
+            .iter()
+            .map(|op| dev.alloc_zeros::<u8>(op.workspace_bytes()).unwrap())
+            .collect();
+        for _ in 0..3 {
+            for (i, op) in ops.iter().enumerate() {
+                let [first, second] = &mut bufs;
+                let (x, y) = if i == 0 { (&*first, second) } else { (&*second, first) };
+                op.run(dev.stream(), x, m, None, y, &mut ws[i]).unwrap();
+                if sync {
+                    dev.synchronize().unwrap();
+                }
+            }
+        }
+        dev.synchronize().unwrap();
+        bufs.map(|b| dev.download(&b).unwrap())
+    };
+    let (overlapped, serial) = (chain(false), chain(true));
+    for (got, want) in overlapped.iter().zip(&serial) {
+        assert!(
+            want.iter().all(|v| v.is_finite()),
+            "the chain overflowed: pick smaller scales"
+        );
+        let first_diff = got.iter().zip(want).position(|(g, w)| g.to_bits() != w.to_bits());
+        assert!(first_diff.is_none(), "back-to-back launches differ at {first_diff:?}");
+    }
+    println!(
+        "ok: 6 chained launches (A: {:?}, B: {:?}), bit-identical to the synchronised chain",
+        ops[0].split_plan(m),
+        ops[1].split_plan(m)
+    );
+}

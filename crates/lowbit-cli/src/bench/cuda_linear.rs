@@ -20,6 +20,7 @@
 //! `LOWBIT_BENCH_STAGES=3,4` with that pipeline depth (`lowbit_s3`, ...), `LOWBIT_BENCH_SPLITS=1,8` with cluster
 //! split-K forced to that split count, 1 being stream-K (`lowbit_k1`, ...); `LOWBIT_BENCH_NO_PDL=1` with the decode
 //! kernel launched without programmatic dependent launch (`lowbit_nopdl`). Each also gets a graph record (`_graph`).
+//! `LOWBIT_BENCH_NO_PDL=1` also times the GEMM without it (`lowbit_gemm_nopdl`, M >= 64 on sm_90).
 
 use super::{graph_replay_us, median_of_batches, BenchArgs, BenchRecord, Shape, Sink};
 use half::{bf16, f16};
@@ -194,6 +195,19 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
     let mut layers: Vec<QuantLinear> = (0..sets)
         .map(|_| QuantLinear::new(&device, &w, None, Activation::None, dtype, max_m))
         .collect::<Result<_>>()?;
+    // The GEMM launched without programmatic dependent launch (LOWBIT_BENCH_NO_PDL=1), against `lowbit_gemm`.
+    let mut gemm_nopdl: Vec<LinearW4A16Gemm> = Vec::new();
+    if std::env::var("LOWBIT_BENCH_NO_PDL").is_ok_and(|v| v == "1") && ms.iter().any(|&m| m >= 64) {
+        for _ in 0..sets {
+            let weight = DeviceW4::upload(dev, &packed)?;
+            if !supported(dev, &weight) {
+                break;
+            }
+            let mut gemm = LinearW4A16Gemm::with_weight(dev, weight, max_m, None)?;
+            gemm.set_dependent_launch(false);
+            gemm_nopdl.push(gemm);
+        }
+    }
     let mut variant_ops: Vec<(&str, Vec<LinearW4A16Cuda>)> = Vec::new();
     for (label, tuning) in tunings {
         let v = (0..sets)
@@ -289,6 +303,13 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
                 gemm.run(&stream, &xs[i], m, None, &mut ys[i], &mut ws_planes)
             })?;
             sink.push(record("lowbit_gemm_planes", quant_bytes, us))?;
+        }
+        if !gemm_nopdl.is_empty() && m >= 64 {
+            sink.status(format!("linear lowbit_gemm_nopdl {m}x{k}x{n} {dtype}"));
+            let us = median_of_batches(dev, &stream, sets, |i| {
+                gemm_nopdl[i].run(&stream, &xs[i], m, None, &mut ys[i], &mut ws)
+            })?;
+            sink.push(record("lowbit_gemm_nopdl", quant_bytes, us))?;
         }
         if let Some((kernel, _)) = best {
             table.entries.push(DispatchEntry {

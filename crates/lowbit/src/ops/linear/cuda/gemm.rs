@@ -321,6 +321,9 @@ pub struct LinearW4A16Gemm {
     max_cluster: usize,
     /// Diagnostics: device address of a per-CTA timeline buffer, or 0 ([`LinearW4A16Gemm::set_trace`]).
     trace: u64,
+    /// Launch as the programmatic dependent of the stream's previous kernel (the kernel's DEPENDENT LAUNCH);
+    /// always, unless turned off for benchmarking ([`LinearW4A16Gemm::set_dependent_launch`]).
+    dependent_launch: bool,
     /// Split-K arrival counters of tiles split into several cluster groups, `[sms][MAX_CLUSTER]`, zero between
     /// launches (the last arrival resets its counter).
     counters: cudarc::driver::CudaSlice<u32>,
@@ -429,6 +432,7 @@ impl LinearW4A16Gemm {
             forced_tokens: None,
             max_cluster: MAX_SPLITS,
             trace: 0,
+            dependent_launch: true,
             counters,
         })
     }
@@ -567,6 +571,13 @@ impl LinearW4A16Gemm {
     #[doc(hidden)]
     pub fn set_trace(&mut self, address: u64) {
         self.trace = address;
+    }
+
+    /// Launches with (true, the default) or without programmatic dependent launch (benchmarking). A convolution
+    /// always overlaps its pack kernel.
+    #[doc(hidden)]
+    pub fn set_dependent_launch(&mut self, on: bool) {
+        self.dependent_launch = on;
     }
 
     /// The device weight.
@@ -775,8 +786,9 @@ impl LinearW4A16Gemm {
             conv,
         };
         let grid = items.min(self.sms) as u32;
-        // Split-K runs clusters of `cluster` CTAs (grid = items, a multiple of splits); a convolution is
-        // the programmatic dependent of its pack kernel (the producer waits for the image before reading it).
+        // Split-K runs clusters of `cluster` CTAs (grid = items, a multiple of splits); every launch is the
+        // programmatic dependent of the stream's previous kernel (the kernel's DEPENDENT LAUNCH: the next GEMM's
+        // first weight stages load during this one's tail; a convolution's image comes from its pack kernel).
         // cudarc's launch builder expresses neither, hence cuLaunchKernelEx.
         // A fixed array, not a Vec: a launch allocates nothing. Slots past `used` are never read.
         let mut attrs = [dependent_launch_attribute(); 2];
@@ -785,7 +797,7 @@ impl LinearW4A16Gemm {
             attrs[used] = cluster_attribute(split.cluster);
             used += 1;
         }
-        if conv.taps > 0 {
+        if self.dependent_launch || conv.taps > 0 {
             attrs[used] = dependent_launch_attribute();
             used += 1;
         }

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The decode kernel's programmatic dependent launch: the GPU tests of everything that launches it (cuda_linear,
-# quant_linear, cuda_conv), memcheck on the back-to-back test, then `lowbit bench --op linear` at M in MS on the
-# four anchor shapes, f16 and bf16 (DTYPES), with the decode kernel also launched without it (`lowbit_nopdl`) in the
-# same process.
+# Programmatic dependent launch (the decode kernel's and the GEMM's DEPENDENT LAUNCH): the GPU tests in TESTS,
+# memcheck on the back-to-back test of each binary in MEMCHECK, then `lowbit bench --op linear` at M in MS on the
+# four anchor shapes, f16 and bf16 (DTYPES), with each kernel also launched without it in the same process
+# (`lowbit_nopdl` for the decode kernel at M <= 64, `lowbit_gemm_nopdl` for the GEMM at M >= 64).
 # Binaries: `DEVBIN=.devbin TESTS="cuda_linear quant_linear cuda_conv" bash scripts/prepare-devbin.sh`.
 # Writes to $OUT: tests.log, bench-pdl.jsonl (and bench.err).
 set -uo pipefail
@@ -10,17 +10,19 @@ source "$(dirname "$0")/device-prologue.sh"
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   {
     for t in ${TESTS:-cuda_linear quant_linear cuda_conv}; do
-      timeout 240 "$BIN/tests/$t" --test-threads=4 2>&1 | grep -E "^test |result|panicked" | cut -c1-400
+      timeout 240 "$BIN/tests/$t" --test-threads=4 2>&1 | grep -E "^test |result|panicked|^ok:" | cut -c1-400
     done
-    timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/tests/cuda_linear" --test-threads=1 \
-      back_to_back 2>&1 | tail -n 3
+    for t in ${MEMCHECK:-cuda_linear}; do
+      timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/tests/$t" --test-threads=1 \
+        back_to_back 2>&1 | tail -n 3
+    done
   } > "$OUT/tests.log" 2>&1
   cat "$OUT/tests.log"
 fi
 shapes=""
 for kn in 8192x28672 4096x4096 4096x14336 14336x4096; do for m in ${MS:-1 16}; do shapes="$shapes --shape ${m}x$kn"; done; done
 for d in ${DTYPES:-f16}; do
-  LOWBIT_BENCH_NO_PDL=1 timeout 300 "$BIN/lowbit" bench --device cuda --op linear --dtype "$d" --json $shapes \
+  LOWBIT_BENCH_NO_PDL=1 timeout 420 "$BIN/lowbit" bench --device cuda --op linear --dtype "$d" --json $shapes \
     >> "$OUT/bench-pdl.jsonl" 2>> "$OUT/bench.err" || tail -n 5 "$OUT/bench.err"
 done
 python3 - "$OUT/bench-pdl.jsonl" <<'PY'
