@@ -757,7 +757,7 @@ __device__ __forceinline__ u64 smem_desc_sw128(u32 addr) {
 
 // D[64 x N] (+)= A[64 x 16] * B[16 x N], fp32 accumulators, A from registers (this warp's 16 rows as an
 // m16n8k16-style A fragment), B a K-major shared-memory tile by descriptor; accumulate = 0 ignores D's old value.
-// T: F16 or BF16; N: 64 or 128 (one macro per shape: the operand lists differ in length).
+// T: F16 or BF16; N: 16, 64 or 128 (one macro per shape: the operand lists differ in length).
 // Accumulator d[4j + e] of a thread (warp w, lane = 4g + t): row 16w + g + 8(e / 2), column 8j + 2t + e % 2.
 template <class T, int N>
 __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], uint4 a, u64 desc, int accumulate);
@@ -782,10 +782,23 @@ __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], uint4 a, u64 des
                      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])                                                                            \
                      : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "l"(desc), "r"(accumulate));                    \
     }
+// N = 16: the GEMM's tile for a handful of tokens, where it streams weights like the decode kernel.
+#define LB_WGMMA_M64N16K16_RS(T, TYPE)                                                                  \
+    template <>                                                                                           \
+    __device__ __forceinline__ void wgmma_m64k16<T, 16>(float(&d)[8], uint4 a, u64 desc, int accumulate) {  \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"                                              \
+                     "wgmma.mma_async.sync.aligned.m64n16k16.f32." TYPE "." TYPE " "                          \
+                     "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"          \
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]) \
+                     : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "l"(desc), "r"(accumulate));                    \
+    }
+LB_WGMMA_M64N16K16_RS(F16, "f16")
+LB_WGMMA_M64N16K16_RS(BF16, "bf16")
 LB_WGMMA_M64N64K16_RS(F16, "f16")
 LB_WGMMA_M64N64K16_RS(BF16, "bf16")
 LB_WGMMA_M64N128K16_RS(F16, "f16")
 LB_WGMMA_M64N128K16_RS(BF16, "bf16")
+#undef LB_WGMMA_M64N16K16_RS
 #undef LB_WGMMA_M64N64K16_RS
 #undef LB_WGMMA_M64N128K16_RS
 // clang-format on

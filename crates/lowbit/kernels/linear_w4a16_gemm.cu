@@ -16,8 +16,10 @@
 //   boxes of 64 k x BM tokens) per pipeline stage. Two consumer warpgroups split the tile: by columns when
 //   N_CTA = 256 (each owns 4 decode warps' 128 columns), by tokens when N_CTA = 128. A warpgroup issues two
 //   m64nWG_TOKENSk16 per k16 step (the two 16-row tiles of its warps' repacked words): WG_TOKENS = 128 holds 128
-//   fp32 accumulators per thread, WG_TOKENS = 64 (small batches, half the wasted rows) 64. A third warpgroup is the
-//   TMA producer; setmaxnreg moves its registers to the consumers.
+//   fp32 accumulators per thread, WG_TOKENS = 64 (small batches, half the wasted rows) 64, WG_TOKENS = 16 (a
+//   linear layer's batches of up to 16 rows: the GEMM then streams the weight like the decode kernel, with a
+//   quarter of the 64-token tile's tensor work) 16. A third warpgroup is the TMA producer; setmaxnreg moves its
+//   registers to the consumers.
 //
 // * OVERLAP. Each k16 step: wgmma.fence, two wgmmas, commit, wait until at most LOOK - 1 groups are in flight,
 //   then convert the A fragments of the step LOOK ahead (LB_LOOKAHEAD, 2 or 3; 4 or 8 fragment buffers, so the one
@@ -133,7 +135,7 @@ constexpr int MAX_CLUSTER = 8;  // counters per tile
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 
-// WG_TOKENS: the wgmma N, tokens per consumer warpgroup (64 for small batches, 128 otherwise).
+// WG_TOKENS: the wgmma N, tokens per consumer warpgroup (16 or 64 for small batches, 128 otherwise).
 template <class T, int ZMODE, int WG_N, int WG_TOKENS, int STAGES, bool UNIT_GROUPS, bool CONV, int LOOK, int WBITS>
 struct Gemm {
     static_assert(LOOK == 2 || LOOK == 3, "k16 steps converted ahead of the wgmmas: 2 or 3");

@@ -235,6 +235,30 @@ fn f16_g128_zeros_token_tails_and_split_k() {
 }
 
 #[test]
+fn tiny_batches_on_the_16_token_tile() {
+    let Some(dev) = hopper() else { return };
+    // Up to 16 rows run the 16-token tile (wgmma m64n16k16): both tile widths, with and without split-K, exact
+    // integers bit-equal to the reference; M = 17 is the 64-token tile again.
+    let c = Case {
+        k: 2048,
+        bias: true,
+        ..BASE
+    };
+    let mut seen = Vec::new();
+    check_with::<f16>(&dev, c, &[1, 2, 7, 16, 17], &[None, Some(1), Some(4)], |op| {
+        seen.extend([1, 16, 17].map(|m| op.variant(m).wg_tokens));
+    });
+    assert_eq!(&seen[..3], &[16, 16, 64], "{seen:?}");
+    check::<f16>(&dev, Case { exact: true, ..c }, &[3, 16], &[None, Some(1), Some(4)]);
+    let narrow = Case {
+        n: 384,
+        act: DType::Bf16,
+        ..c
+    };
+    check::<bf16>(&dev, narrow, &[1, 11], &[None, Some(2)]);
+}
+
+#[test]
 fn bf16_narrow_tiles_k_tail_group_64_bias() {
     let Some(dev) = hopper() else { return };
     // N = 384: 128-column tiles (the token-split variant); K = 4160: a partial last k tile; g64: two groups a unit.
@@ -259,7 +283,7 @@ fn act_order_group_32_and_per_channel() {
         act_order: true,
         ..BASE
     };
-    check::<f16>(&dev, c, &[130], &[None, Some(1)]);
+    check::<f16>(&dev, c, &[16, 130], &[None, Some(1)]);
     let c = Case {
         n: 768,
         k: 2048,
@@ -280,7 +304,7 @@ fn fused_activations_after_bias() {
             activation,
             ..BASE
         };
-        check::<f16>(&dev, c, &[200], &[None]);
+        check::<f16>(&dev, c, &[9, 200], &[None]);
     }
 }
 
@@ -292,7 +316,7 @@ fn exact_integers_bit_equal_with_and_without_split_k() {
         bias: true,
         ..BASE
     };
-    check::<f16>(&dev, c, &[1, 100, 256], &[Some(1), Some(4)]);
+    check::<f16>(&dev, c, &[1, 16, 100, 256], &[Some(1), Some(4)]);
     check::<bf16>(&dev, Case { act: DType::Bf16, ..c }, &[100], &[Some(1), Some(2)]);
     // K = 4096 allows every split count: the odd ones give the epilogue's owners uneven shares of the tile.
     check::<f16>(

@@ -39,6 +39,9 @@ pub const KERNEL: KernelSource = KernelSource {
 
 /// Batches up to this many rows use the kernel with 64 tokens per warpgroup, larger ones 128.
 pub const SMALL_BATCH: usize = 64;
+/// A linear layer's batches up to this many rows use the kernel with 16 tokens per warpgroup: it converts the
+/// weight as every tile does, but spends a quarter of the 64-token tile's tensor work on padding rows.
+pub const TINY_BATCH: usize = 16;
 /// Threads per CTA: two consumer warpgroups and the TMA producer warpgroup.
 const BLOCK: u32 = 384;
 /// Most CTAs one tile is split into along K.
@@ -71,8 +74,14 @@ impl SplitPlan {
 
 /// The launch-cost model that picks the tile and the split (`estimated_cost`), in microseconds of an H200
 /// (examples/gemm_trace timelines, M = 64 and 256, K = 4096 and 14336). One k tile (128 k) of a 256-column tile
-/// with 128 tokens per warpgroup, and with 64:
-const KT_US: [f64; 2] = [0.97, 1.42];
+/// with 16, 64 and 128 tokens per warpgroup:
+fn kt_us(wg_tokens: usize) -> f64 {
+    match wg_tokens {
+        16 => 0.45,
+        64 => 0.97,
+        _ => 1.42,
+    }
+}
 /// The split-K epilogue: a fixed part, then the partial's bytes pushed to other CTAs of the cluster through
 /// distributed shared memory (~15 GB/s per SM; 64-token tiles: 3.3 us at 2 splits, 5.6 at 6; 128-token: 7.0 at 3).
 const SPLIT_EPILOGUE_US: f64 = 1.0;
@@ -98,7 +107,7 @@ pub struct GemmVariant {
     pub zeros: bool,
     /// Consumer warpgroups along the columns: 2 for 256-column tiles, 1 for 128 (the two then split the tokens).
     pub wg_n: usize,
-    /// Tokens per consumer warpgroup (the wgmma N): 64 or 128.
+    /// Tokens per consumer warpgroup (the wgmma N): 16, 64 or 128.
     pub wg_tokens: usize,
     /// Pipeline stages.
     pub stages: usize,
@@ -306,9 +315,10 @@ unsafe impl DeviceRepr for GemmShape {}
 /// counters the operator owns.
 pub struct LinearW4A16Gemm {
     weight: Arc<DeviceW4>,
-    /// The kernels for small (64 tokens per warpgroup) and large (128) batches.
-    kernels: [GemmKernel; 2],
-    /// Batches up to this many rows use `kernels[0]`.
+    /// The kernels by tokens per warpgroup: 64 (small batches) and 128 (large), and for a linear layer first 16
+    /// (up to [`TINY_BATCH`] rows).
+    kernels: Vec<GemmKernel>,
+    /// Batches up to this many rows use the 64-token kernel (or the 16-token one).
     small_batch: usize,
     stage_x: CudaFunction,
     max_m: usize,
@@ -332,7 +342,7 @@ pub struct LinearW4A16Gemm {
 impl std::fmt::Debug for LinearW4A16Gemm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LinearW4A16Gemm")
-            .field("kernels", &self.kernels.each_ref().map(|k| k.variant))
+            .field("kernels", &self.kernels.iter().map(|k| k.variant).collect::<Vec<_>>())
             .field("max_m", &self.max_m)
             .finish_non_exhaustive()
     }
@@ -414,7 +424,9 @@ impl LinearW4A16Gemm {
                 },
             )
         };
-        let kernels = [load(64)?, load(128)?];
+        // The 16-token tile is the linear layer's: the convolution epilogue stores 32 tokens per round.
+        let tokens: &[usize] = if conv { &[64, 128] } else { &[16, 64, 128] };
+        let kernels = tokens.iter().map(|&t| load(t)).collect::<Result<Vec<_>>>()?;
         let stage_x = device.function(kernels[0].variant.source(), "w4a16_gemm_stage_x")?;
         let sms = device.info().sm_count as usize;
         let counters = device
@@ -442,20 +454,42 @@ impl LinearW4A16Gemm {
         self.kernel(m).variant
     }
 
-    /// The 64-token kernel for batches of up to [`SMALL_BATCH`] rows; above, the kernel whose launch
-    /// [`LinearW4A16Gemm::estimated_cost`] finds cheaper. A convolution keeps the rule it was tuned with: 64 tokens
-    /// when the 128-token tiles would not cover half the SMs.
+    /// The 16-token kernel for a linear layer's batches of up to [`TINY_BATCH`] rows, the 64-token one up to
+    /// [`SMALL_BATCH`]; above, the kernel whose launch [`LinearW4A16Gemm::estimated_cost`] finds cheaper. A
+    /// convolution keeps the rule it was tuned with: 64 tokens when the 128-token tiles would not cover half the
+    /// SMs.
     fn kernel(&self, m: usize) -> &GemmKernel {
-        let small = match self.forced_tokens {
-            Some(tokens) => tokens == 64,
-            None if m <= self.small_batch => true,
-            None if self.kernels[0].variant.conv => 2 * self.tiles(&self.kernels[1], m) < self.sms,
-            None => {
+        let by_tokens = |tokens: usize| self.kernels.iter().find(|k| k.variant.wg_tokens == tokens);
+        let (small, large) = (self.slot(64), self.slot(128));
+        let tokens = match self.forced_tokens {
+            Some(tokens) if by_tokens(tokens).is_some() => tokens,
+            _ if m <= TINY_BATCH && m <= self.small_batch && by_tokens(16).is_some() => 16,
+            _ if m <= self.small_batch => 64,
+            _ if self.kernels[small].variant.conv => {
+                if 2 * self.tiles(&self.kernels[large], m) < self.sms {
+                    64
+                } else {
+                    128
+                }
+            }
+            _ => {
                 let cost = |k: &GemmKernel| self.estimated_cost(k, m, self.split_plan_for(k, m));
-                cost(&self.kernels[0]) <= cost(&self.kernels[1])
+                if cost(&self.kernels[small]) <= cost(&self.kernels[large]) {
+                    64
+                } else {
+                    128
+                }
             }
         };
-        &self.kernels[usize::from(!small)]
+        &self.kernels[self.slot(tokens)]
+    }
+
+    /// The index in `kernels` of the kernel with `tokens` per warpgroup (64 and 128 always exist).
+    fn slot(&self, tokens: usize) -> usize {
+        self.kernels
+            .iter()
+            .position(|k| k.variant.wg_tokens == tokens)
+            .unwrap_or(self.kernels.len() - 1)
     }
 
     fn tiles(&self, kernel: &GemmKernel, m: usize) -> usize {
@@ -468,7 +502,7 @@ impl LinearW4A16Gemm {
         let v = &kernel.variant;
         let waves = (self.tiles(kernel, m) * plan.splits).div_ceil(self.sms);
         let kt = self.weight.plan.k_tiles().div_ceil(plan.splits);
-        let mut cost = (waves * kt) as f64 * KT_US[usize::from(v.wg_tokens == 128)];
+        let mut cost = (waves * kt) as f64 * kt_us(v.wg_tokens);
         if plan.splits > 1 {
             let tile_kb = (v.bm() * v.n_cta() * 4) as f64 / 1024.0;
             let pushed = tile_kb * (plan.cluster - 1) as f64 / plan.cluster as f64;
@@ -543,14 +577,14 @@ impl LinearW4A16Gemm {
         self.small_batch = rows;
     }
 
-    /// Reloads the kernel with `tokens` (64 or 128) tokens per warpgroup to convert `steps` (2 or 3) k16 steps
-    /// ahead (benchmarking).
+    /// Reloads the kernel with `tokens` (16, 64 or 128) tokens per warpgroup to convert `steps` (2 or 3) k16
+    /// steps ahead (benchmarking).
     #[doc(hidden)]
     pub fn set_lookahead(&mut self, device: &CudaDevice, tokens: usize, steps: usize) -> Result<()> {
         if !matches!(steps, 2 | 3) {
             return Err(Error::invalid("lookahead", steps, "must be 2 or 3"));
         }
-        let slot = usize::from(tokens != 64);
+        let slot = self.slot(tokens);
         let variant = GemmVariant {
             lookahead: steps,
             ..self.kernels[slot].variant
@@ -559,7 +593,7 @@ impl LinearW4A16Gemm {
         Ok(())
     }
 
-    /// Runs every batch on the kernel with `Some(64)` or `Some(128)` tokens per warpgroup; `None` restores the
+    /// Runs every batch on the kernel with `Some(16)` (linear), `Some(64)` or `Some(128)` tokens per warpgroup; `None` restores the
     /// choice by batch size (benchmarking).
     #[doc(hidden)]
     pub fn force_tile_tokens(&mut self, tokens: Option<usize>) {
@@ -606,7 +640,7 @@ impl LinearW4A16Gemm {
         if self.kernels[0].variant.conv {
             return 0;
         }
-        let k = &self.kernels[1].variant;
+        let k = &self.kernels[self.slot(128)].variant;
         self.sms * (k.bm() / 2 + 2) * k.n_cta() * 4
     }
 
@@ -929,10 +963,10 @@ pub(super) fn dependent_launch_attribute() -> sys::CUlaunchAttribute {
     attribute
 }
 
-/// The lookahead a variant is built with: 3 for 64-token tiles, whose wgmma groups are too short to cover a
-/// conversion two steps ahead; 2 for 128-token tiles, whose 128 accumulators leave no registers for 8 buffers.
+/// The lookahead a variant is built with: 3 for 16- and 64-token tiles, whose wgmma groups are too short to cover
+/// a conversion two steps ahead; 2 for 128-token tiles, whose 128 accumulators leave no registers for 8 buffers.
 fn default_lookahead(wg_tokens: usize) -> usize {
-    if wg_tokens == 64 {
+    if wg_tokens <= 64 {
         3
     } else {
         2
@@ -973,10 +1007,10 @@ mod tests {
         }
         let limits = smem_limits((9, 0));
         for (act, wbits) in [(DType::F16, 4), (DType::Bf16, 4), (DType::F16, 8)] {
-            for (wg_n, wg_tokens) in [(1, 64), (1, 128), (2, 64), (2, 128)] {
+            for (wg_n, wg_tokens) in [(1, 16), (1, 64), (1, 128), (2, 16), (2, 64), (2, 128)] {
                 for (zeros, offsets, conv) in [(true, false, false), (false, true, true)] {
-                    if conv && act != DType::F16 {
-                        continue; // the convolution path is f16 only
+                    if conv && (act != DType::F16 || wg_tokens == 16) {
+                        continue; // the convolution path is f16 only, on 64- and 128-token tiles
                     }
                     let mut v = GemmVariant {
                         wbits,
