@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # QuantLinear and its W4A16 kernels on the device, in one call: the GPU tests (tests/cuda_linear_gemm,
 # tests/quant_linear, and tests/cuda_linear when DECODE_TESTS=1), compute-sanitizer memcheck on the exact-integer
-# GEMM test and the QuantLinear dispatch test, then `lowbit bench --op linear` on the four target shapes x
+# and back-to-back GEMM tests and the QuantLinear dispatch test, then `lowbit bench --op linear` on the four target shapes x
 # M in $MS (default 1 4 16 64 256 1024 4096), writing QuantLinear's measured dispatch table to $OUT/dispatch.json.
 # Binaries: `DEVBIN=.devbin TESTS="cuda_linear_gemm quant_linear cuda_linear" scripts/prepare-devbin.sh`.
 # Logs/JSON under $OUT. Knobs: DTYPES (default f16), MS, SKIP_TESTS=1, DECODE_TESTS=1, W8_MS="1 64 ..." (also
@@ -15,7 +15,7 @@ status=0
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv 2>&1 | tee "$OUT/gpu.txt"
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   echo "== tests/cuda_linear_gemm"
-  timeout 240 "$BIN/tests/cuda_linear_gemm" --test-threads=1 --nocapture 2>&1 | tee "$OUT/test-gemm.log" \
+  timeout 300 "$BIN/tests/cuda_linear_gemm" --test-threads=2 --nocapture 2>&1 | tee "$OUT/test-gemm.log" \
     | grep -E "^test |panicked|skipped|result|mean rel" | cut -c1-220 | tail -n 60 || status=1
   echo "== tests/quant_linear"
   timeout 240 "$BIN/tests/quant_linear" --test-threads=1 --nocapture 2>&1 | tee "$OUT/test-quant-linear.log" \
@@ -28,6 +28,8 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
     echo "== compute-sanitizer memcheck (GEMM, exact integers)"
     timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/tests/cuda_linear_gemm" --test-threads=1 \
       exact_integers 2>&1 | tail -n 4 | tee "$OUT/memcheck.log" || status=1
+    timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/tests/cuda_linear_gemm" --test-threads=1 \
+      back_to_back 2>&1 | tail -n 4 | tee -a "$OUT/memcheck.log" || status=1
     timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/tests/quant_linear" --test-threads=1 \
       cuda_every_kernel 2>&1 | tail -n 4 | tee -a "$OUT/memcheck.log" || status=1
   fi
