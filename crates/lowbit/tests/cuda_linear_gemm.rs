@@ -486,15 +486,17 @@ fn back_to_back_launches_see_each_others_writes() {
     // its workspace, and A's tiles split into cluster groups that count arrivals in the operator's counters. The
     // result must be bit-identical to the same chain synchronised after every launch.
     let mut rng = Rng(0xb2b6);
+    // A: 2048 -> 1024 in 16 tiles of 64 tokens (at M = 200), whose 4 splits as 2 clusters of 2 are all resident;
+    // B: 1024 -> 2048 on the default plan.
     let (a, b) = (
         Case {
-            n: 4096,
+            n: 1024,
             k: 2048,
             ..BASE
         },
         Case {
             n: 2048,
-            k: 4096,
+            k: 1024,
             ..BASE
         },
     );
