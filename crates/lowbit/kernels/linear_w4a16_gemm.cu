@@ -151,15 +151,13 @@ struct Gemm {
     static constexpr int CONSUMERS = 256;     // two consumer warpgroups
     static constexpr int BLOCK = 384;         // + the producer warpgroup
     // The 16-token tile is bound by converting weights, not by its wgmmas: two CTAs per SM double the warps that
-    // convert. setmaxnreg only moves registers within the CTA's launch allocation (BLOCK x the launch bound's
-    // per-thread count, 168 or 80; asking for more blocks forever): the producer keeps 40, the consumers share the
-    // rest (232 or 96).
+    // convert. Registers per thread after setmaxnreg: the producer's 40, the consumers' the rest of the SM's 64K
+    // (multiples of 8).
     static constexpr int CTAS_PER_SM = WG_TOKENS == 16 ? 2 : 1;
-    static constexpr int LAUNCH_REGS = 65536 / (BLOCK * CTAS_PER_SM) / 8 * 8;
     static constexpr int PRODUCER_REGS = 40;
-    static constexpr int CONSUMER_REGS = (BLOCK * LAUNCH_REGS - (BLOCK - CONSUMERS) * PRODUCER_REGS) / CONSUMERS / 8 * 8;
-    static_assert(CONSUMER_REGS * CONSUMERS + PRODUCER_REGS * (BLOCK - CONSUMERS) <= BLOCK * LAUNCH_REGS,
-                  "setmaxnreg cannot hand out more registers than the CTA was launched with");
+    static constexpr int CONSUMER_REGS = ((65536 / CTAS_PER_SM - 128 * PRODUCER_REGS) / CONSUMERS) / 8 * 8 > 232
+                                             ? 232
+                                             : ((65536 / CTAS_PER_SM - 128 * PRODUCER_REGS) / CONSUMERS) / 8 * 8;
     static constexpr int X_BYTES = BM * K_TILE * 2;  // two boxes of BM rows x 128 B
     static constexpr int W_BYTES = N_CTA * K_TILE * WBITS / 8;
     static constexpr int GROUP_ROWS = UNIT_GROUPS ? 1 : K_TILE / 16;

@@ -978,7 +978,7 @@ pub(super) fn dependent_launch_attribute() -> sys::CUlaunchAttribute {
 
 /// The lookahead a variant is built with: 3 for 64-token tiles, whose wgmma groups are too short to cover a
 /// conversion two steps ahead; 2 for 128-token tiles, whose 128 accumulators leave no registers for 8 buffers, and
-/// for 16-token tiles, whose consumers have 96 registers (two CTAs per SM) and a second CTA to hide latency.
+/// for 16-token tiles, whose consumers have 104 registers (two CTAs per SM) and a second CTA to hide latency.
 fn default_lookahead(wg_tokens: usize) -> usize {
     if wg_tokens == 64 {
         3
