@@ -150,14 +150,6 @@ struct Gemm {
     static constexpr int BM = WG_M * WG_TOKENS;
     static constexpr int CONSUMERS = 256;     // two consumer warpgroups
     static constexpr int BLOCK = 384;         // + the producer warpgroup
-    // The 16-token tile is bound by converting weights, not by its wgmmas: two CTAs per SM double the warps that
-    // convert. Registers per thread after setmaxnreg: the producer's 40, the consumers' the rest of the SM's 64K
-    // (multiples of 8).
-    static constexpr int CTAS_PER_SM = WG_TOKENS == 16 ? 2 : 1;
-    static constexpr int PRODUCER_REGS = 40;
-    static constexpr int CONSUMER_REGS = ((65536 / CTAS_PER_SM - 128 * PRODUCER_REGS) / CONSUMERS) / 8 * 8 > 232
-                                             ? 232
-                                             : ((65536 / CTAS_PER_SM - 128 * PRODUCER_REGS) / CONSUMERS) / 8 * 8;
     static constexpr int X_BYTES = BM * K_TILE * 2;  // two boxes of BM rows x 128 B
     static constexpr int W_BYTES = N_CTA * K_TILE * WBITS / 8;
     static constexpr int GROUP_ROWS = UNIT_GROUPS ? 1 : K_TILE / 16;
@@ -773,12 +765,12 @@ struct Gemm {
         }
         __syncthreads();
         if (wg == 2) {
-            setmaxnreg_dec<PRODUCER_REGS>();
+            setmaxnreg_dec<40>();
             if (tid == CONSUMERS) produce(xmap, a, s, base, bars, items);
             if (s.splits > 1) cluster_sync(), cluster_sync();  // epilogue_split's two barriers
             return;
         }
-        setmaxnreg_inc<CONSUMER_REGS>();
+        setmaxnreg_inc<232>();
         trace_stamp(a.trace, TRACE_ENTRY);
         // DEPENDENT LAUNCH: nothing the previous kernel may read or write (y, bias, the partials, the counters) is
         // touched before it has finished.
@@ -841,7 +833,7 @@ typedef lowbit::w4a16_gemm::Gemm<lowbit::LB_DTYPE, LB_ZEROS, LB_WG_N, LB_WG_TOKE
                                  LB_CONV != 0, LB_LOOKAHEAD, LB_WBITS>
     GemmVariant;
 
-extern "C" __global__ void __launch_bounds__(GemmVariant::BLOCK, GemmVariant::CTAS_PER_SM)
+extern "C" __global__ void __launch_bounds__(GemmVariant::BLOCK, 1)
     w4a16_gemm(const __grid_constant__ lowbit::TensorMap xmap, lowbit::w4a16_gemm::Args args,
                lowbit::w4a16_gemm::Shape shape) {
     GemmVariant::run(&xmap, args, shape);

@@ -18,10 +18,7 @@
 //! `round((q − z) · s)` in the activation type, as dequantize + cuBLAS computes it; fp32 accumulation; bias and
 //! activation in fp32; one rounding of y.
 
-use super::{
-    call_buffers, smem_limits, stage_x, CallBuffers, DeviceW4, RepackedW4, SmemLimits, K_TILE, MAX_GROUP_ROWS,
-    SMEM_RESERVED_PER_CTA,
-};
+use super::{call_buffers, smem_limits, stage_x, CallBuffers, DeviceW4, RepackedW4, K_TILE, MAX_GROUP_ROWS};
 use crate::cuda::{tensor_map_2d, KernelSource, MapElement, TensorMap};
 use crate::cuda::{CudaDevice, CudaFunction, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
 use crate::dtype::{DType, Float};
@@ -136,16 +133,6 @@ impl GemmVariant {
     /// Output columns per CTA tile.
     pub fn n_cta(&self) -> usize {
         128 * self.wg_n
-    }
-
-    /// CTAs that share an SM (the kernel's `CTAS_PER_SM`): two for the 16-token tile, whose weight conversion
-    /// wants more warps per SM; one otherwise.
-    pub fn ctas_per_sm(&self) -> usize {
-        if self.wg_tokens == 16 {
-            2
-        } else {
-            1
-        }
     }
 
     fn stage_bytes(&self) -> usize {
@@ -513,7 +500,7 @@ impl LinearW4A16Gemm {
     /// split x the cost of one, plus the epilogue of a split tile. Only its order matters: it chooses.
     fn estimated_cost(&self, kernel: &GemmKernel, m: usize, plan: SplitPlan) -> f64 {
         let v = &kernel.variant;
-        let waves = (self.tiles(kernel, m) * plan.splits).div_ceil(self.sms * v.ctas_per_sm());
+        let waves = (self.tiles(kernel, m) * plan.splits).div_ceil(self.sms);
         let kt = self.weight.plan.k_tiles().div_ceil(plan.splits);
         let mut cost = (waves * kt) as f64 * kt_us(v.wg_tokens);
         if plan.splits > 1 {
@@ -832,7 +819,7 @@ impl LinearW4A16Gemm {
             y_stride,
             conv,
         };
-        let grid = items.min(self.sms * kernel.variant.ctas_per_sm()) as u32;
+        let grid = items.min(self.sms) as u32;
         // Split-K runs clusters of `cluster` CTAs (grid = items, a multiple of splits); every launch is the
         // programmatic dependent of the stream's previous kernel (the kernel's DEPENDENT LAUNCH: the next GEMM's
         // first weight stages load during this one's tail; a convolution's image comes from its pack kernel).
@@ -976,28 +963,21 @@ pub(super) fn dependent_launch_attribute() -> sys::CUlaunchAttribute {
     attribute
 }
 
-/// The lookahead a variant is built with: 3 for 64-token tiles, whose wgmma groups are too short to cover a
-/// conversion two steps ahead; 2 for 128-token tiles, whose 128 accumulators leave no registers for 8 buffers, and
-/// for 16-token tiles, whose consumers have 104 registers (two CTAs per SM) and a second CTA to hide latency.
+/// The lookahead a variant is built with: 3 for 16- and 64-token tiles, whose wgmma groups are too short to cover
+/// a conversion two steps ahead; 2 for 128-token tiles, whose 128 accumulators leave no registers for 8 buffers.
 fn default_lookahead(wg_tokens: usize) -> usize {
-    if wg_tokens == 64 {
+    if wg_tokens <= 64 {
         3
     } else {
         2
     }
 }
 
-/// Whether `variant`'s shared memory fits its CTAs per SM.
-fn fits(variant: &GemmVariant, limits: SmemLimits) -> bool {
-    let per_cta = variant.smem_bytes();
-    per_cta <= limits.per_cta && variant.ctas_per_sm() * (per_cta + SMEM_RESERVED_PER_CTA) <= limits.per_sm
-}
-
 /// Compiles (or fetches) `variant` with as many pipeline stages as fit, up to its `stages`, and allows it that
 /// much dynamic shared memory.
 fn load_variant(device: &CudaDevice, mut variant: GemmVariant) -> Result<GemmKernel> {
     let limits = smem_limits(device.info().compute_capability);
-    while variant.stages > 2 && !fits(&variant, limits) {
+    while variant.stages > 2 && variant.smem_bytes() > limits.per_cta {
         variant.stages -= 1;
     }
     let function = device.function_with_shared_memory(variant.source(), "w4a16_gemm", variant.smem_bytes())?;
@@ -1044,7 +1024,7 @@ mod tests {
                         conv,
                         lookahead: default_lookahead(wg_tokens),
                     };
-                    while v.stages > 2 && !fits(&v, limits) {
+                    while v.stages > 2 && v.smem_bytes() > limits.per_cta {
                         v.stages -= 1;
                     }
                     let compiled = crate::cuda::compile(v.source(), "sm_90a").unwrap();
