@@ -513,34 +513,10 @@ fn back_to_back_launches_see_each_others_writes() {
         .iter()
         .map(|&v| f16::from_f32(v))
         .collect();
-    let chain = |sync: bool| {
-        let mut bufs = [dev.upload(&x0).unwrap(), dev.alloc_zeros::<f16>(m * a.n).unwrap()];
-        let mut ws: Vec<_> = ops
-            .iter()
-            .map(|op| dev.alloc_zeros::<u8>(op.workspace_bytes()).unwrap())
-            .collect();
-        for _ in 0..3 {
-            for (i, op) in ops.iter().enumerate() {
-                let [first, second] = &mut bufs;
-                let (x, y) = if i == 0 { (&*first, second) } else { (&*second, first) };
-                op.run(dev.stream(), x, m, None, y, &mut ws[i]).unwrap();
-                if sync {
-                    dev.synchronize().unwrap();
-                }
-            }
-        }
-        dev.synchronize().unwrap();
-        bufs.map(|b| dev.download(&b).unwrap())
-    };
-    let (overlapped, serial) = (chain(false), chain(true));
-    for (got, want) in overlapped.iter().zip(&serial) {
-        assert!(
-            want.iter().all(|v| v.is_finite()),
-            "the chain overflowed: pick smaller scales"
-        );
-        let first_diff = got.iter().zip(want).position(|(g, w)| g.to_bits() != w.to_bits());
-        assert!(first_diff.is_none(), "back-to-back launches differ at {first_diff:?}");
-    }
+    let workspaces = [ops[0].workspace_bytes(), ops[1].workspace_bytes()];
+    common::assert_back_to_back_matches_synchronised(&dev, &x0, m * a.n, workspaces, |i, x, y, ws| {
+        ops[i].run(dev.stream(), x, m, None, y, ws).unwrap()
+    });
     println!(
         "ok: 6 chained launches (A: {:?}, B: {:?}), bit-identical to the synchronised chain",
         ops[0].split_plan(m),

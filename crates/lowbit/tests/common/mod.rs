@@ -322,3 +322,49 @@ pub fn random_int8_params(rng: &mut SplitMix64, conv: Conv2dParams) -> ConvInt8P
         },
     }
 }
+
+use half::f16;
+use lowbit::cuda::{CudaDevice, CudaSlice};
+
+/// Programmatic dependent launch (the decode kernel's and the GEMM's DEPENDENT LAUNCH): two layers chained for three
+/// rounds, A reading buffer 0 (first `x0`) into buffer 1 (`a_out` elements), B the reverse, so each launch reads the
+/// previous one's output and overwrites the input of the one before it. `run(layer, x, y, workspace)` launches one
+/// layer; each layer keeps its own workspace of `workspaces[layer]` bytes (and its counters) across the chain. Run
+/// with no host sync and again synchronised after every launch, both buffers must end bit-identical.
+pub fn assert_back_to_back_matches_synchronised(
+    dev: &CudaDevice,
+    x0: &[f16],
+    a_out: usize,
+    workspaces: [usize; 2],
+    mut run: impl FnMut(usize, &CudaSlice<f16>, &mut CudaSlice<f16>, &mut CudaSlice<u8>),
+) {
+    let mut chain = |sync: bool| {
+        let mut bufs = [dev.upload(x0).unwrap(), dev.alloc_zeros::<f16>(a_out).unwrap()];
+        let mut ws = workspaces.map(|bytes| dev.alloc_zeros::<u8>(bytes.max(1)).unwrap());
+        for _ in 0..3 {
+            for (layer, ws) in ws.iter_mut().enumerate() {
+                let [first, second] = &mut bufs;
+                let (x, y) = if layer == 0 {
+                    (&*first, second)
+                } else {
+                    (&*second, first)
+                };
+                run(layer, x, y, ws);
+                if sync {
+                    dev.synchronize().unwrap();
+                }
+            }
+        }
+        dev.synchronize().unwrap();
+        bufs.map(|b| dev.download(&b).unwrap())
+    };
+    let (overlapped, serial) = (chain(false), chain(true));
+    for (got, want) in overlapped.iter().zip(&serial) {
+        assert!(
+            want.iter().all(|v| v.is_finite()),
+            "the chain overflowed: pick smaller scales"
+        );
+        let first_diff = got.iter().zip(want).position(|(g, w)| g.to_bits() != w.to_bits());
+        assert!(first_diff.is_none(), "back-to-back launches differ at {first_diff:?}");
+    }
+}
