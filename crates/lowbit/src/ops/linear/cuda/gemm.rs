@@ -459,14 +459,13 @@ impl LinearW4A16Gemm {
     /// convolution keeps the rule it was tuned with: 64 tokens when the 128-token tiles would not cover half the
     /// SMs.
     fn kernel(&self, m: usize) -> &GemmKernel {
-        let by_tokens = |tokens: usize| self.kernels.iter().find(|k| k.variant.wg_tokens == tokens);
-        let (small, large) = (self.slot(64), self.slot(128));
+        let (small, large) = (&self.kernels[self.slot(64)], &self.kernels[self.slot(128)]);
         let tokens = match self.forced_tokens {
-            Some(tokens) if by_tokens(tokens).is_some() => tokens,
-            _ if m <= TINY_BATCH && m <= self.small_batch && by_tokens(16).is_some() => 16,
+            Some(tokens) if self.has_tile(tokens) => tokens,
+            _ if m <= TINY_BATCH && m <= self.small_batch && self.has_tile(16) => 16,
             _ if m <= self.small_batch => 64,
-            _ if self.kernels[small].variant.conv => {
-                if 2 * self.tiles(&self.kernels[large], m) < self.sms {
+            _ if small.variant.conv => {
+                if 2 * self.tiles(large, m) < self.sms {
                     64
                 } else {
                     128
@@ -474,7 +473,7 @@ impl LinearW4A16Gemm {
             }
             _ => {
                 let cost = |k: &GemmKernel| self.estimated_cost(k, m, self.split_plan_for(k, m));
-                if cost(&self.kernels[small]) <= cost(&self.kernels[large]) {
+                if cost(small) <= cost(large) {
                     64
                 } else {
                     128
@@ -484,12 +483,15 @@ impl LinearW4A16Gemm {
         &self.kernels[self.slot(tokens)]
     }
 
-    /// The index in `kernels` of the kernel with `tokens` per warpgroup (64 and 128 always exist).
+    /// Whether this operator has a tile of `tokens` per warpgroup (64 and 128 always; 16 for a linear layer).
+    fn has_tile(&self, tokens: usize) -> bool {
+        self.kernels.iter().any(|k| k.variant.wg_tokens == tokens)
+    }
+
+    /// The index in `kernels` of the tile with `tokens` per warpgroup, which the caller checked exists.
     fn slot(&self, tokens: usize) -> usize {
-        self.kernels
-            .iter()
-            .position(|k| k.variant.wg_tokens == tokens)
-            .unwrap_or(self.kernels.len() - 1)
+        let slot = self.kernels.iter().position(|k| k.variant.wg_tokens == tokens);
+        slot.expect("64 and 128 always exist; other tiles are checked with has_tile")
     }
 
     fn tiles(&self, kernel: &GemmKernel, m: usize) -> usize {
@@ -583,6 +585,13 @@ impl LinearW4A16Gemm {
     pub fn set_lookahead(&mut self, device: &CudaDevice, tokens: usize, steps: usize) -> Result<()> {
         if !matches!(steps, 2 | 3) {
             return Err(Error::invalid("lookahead", steps, "must be 2 or 3"));
+        }
+        if !self.has_tile(tokens) {
+            return Err(Error::invalid(
+                "tokens",
+                tokens,
+                "this operator has no tile of that many tokens",
+            ));
         }
         let slot = self.slot(tokens);
         let variant = GemmVariant {
