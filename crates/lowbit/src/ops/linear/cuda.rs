@@ -1406,15 +1406,14 @@ impl LinearW4A16Cuda {
             lo: clamp.map_or(0.0, |c| c.0),
             hi: clamp.map_or(0.0, |c| c.1),
         };
-        // Clusters and the kernel's DEPENDENT LAUNCH are launch attributes, which cudarc's launch builder does not
-        // express: one cuLaunchKernelEx path, with none, one or both. A fixed array: a launch allocates nothing;
-        // slots past `used` are never read.
-        let mut attributes = [gemm::dependent_launch_attribute(); 2];
-        let mut used = usize::from(self.dependent_launch);
-        if *cluster {
-            attributes[used] = gemm::cluster_attribute(self.splits);
-            used += 1;
-        }
+        // Cluster split-K and the kernel's DEPENDENT LAUNCH, each when this operator uses it.
+        let launch = gemm::Launch {
+            grid: self.ctas as u32,
+            block: variant.block_threads() as u32,
+            smem: variant.smem_bytes(),
+            cluster: cluster.then_some(self.splits),
+            dependent: self.dependent_launch,
+        };
         // SAFETY: every pointer was checked above to cover what the kernel touches for this shape and m: x rows (K
         // valid columns; the kernel zero-fills past K without reading), y rows (N columns), bias (N), the workspace
         // (partials of 2 * ctas slots), and the operator's own weight buffers and counters. `params` points at the
@@ -1423,19 +1422,7 @@ impl LinearW4A16Cuda {
             &args as *const KernelArgs as *mut _,
             &shape as *const KernelShape as *mut _,
         ];
-        let (grid, block, smem) = (self.ctas as u32, variant.block_threads() as u32, variant.smem_bytes());
-        unsafe {
-            gemm::launch_with_attributes(
-                function,
-                stream,
-                grid,
-                block,
-                smem,
-                &mut attributes[..used],
-                &mut params,
-            )
-        }
-        .map_err(|rc| Error::Cuda {
+        unsafe { gemm::launch_ex(function, stream, launch, &mut params) }.map_err(|rc| Error::Cuda {
             context: format!(
                 "launching w4a16_linear (clusters of {})",
                 if *cluster { self.splits } else { 1 }

@@ -616,8 +616,7 @@ impl LinearW4A16Gemm {
         self.trace = address;
     }
 
-    /// Launches with (true, the default) or without programmatic dependent launch (benchmarking). A convolution
-    /// always overlaps its pack kernel.
+    /// Launches with (true, the default) or without programmatic dependent launch (benchmarking).
     #[doc(hidden)]
     pub fn set_dependent_launch(&mut self, on: bool) {
         self.dependent_launch = on;
@@ -828,22 +827,16 @@ impl LinearW4A16Gemm {
             y_stride,
             conv,
         };
-        let grid = items.min(self.sms) as u32;
-        // Split-K runs clusters of `cluster` CTAs (grid = items, a multiple of splits); every launch is the
+        // Split-K runs clusters of `cluster` CTAs (grid = items, a multiple of splits). Every launch is the
         // programmatic dependent of the stream's previous kernel (the kernel's DEPENDENT LAUNCH: the next GEMM's
         // first weight stages load during this one's tail; a convolution's image comes from its pack kernel).
-        // cudarc's launch builder expresses neither, hence cuLaunchKernelEx.
-        // A fixed array, not a Vec: a launch allocates nothing. Slots past `used` are never read.
-        let mut attrs = [dependent_launch_attribute(); 2];
-        let mut used = 0;
-        if splits > 1 {
-            attrs[used] = cluster_attribute(split.cluster);
-            used += 1;
-        }
-        if self.dependent_launch || conv.taps > 0 {
-            attrs[used] = dependent_launch_attribute();
-            used += 1;
-        }
+        let launch = Launch {
+            grid: items.min(self.sms) as u32,
+            block: BLOCK,
+            smem: kernel.variant.smem_bytes(),
+            cluster: (splits > 1).then_some(split.cluster),
+            dependent: self.dependent_launch,
+        };
         let mut params: [*mut std::ffi::c_void; 3] = [
             &xmap as *const TensorMap as *mut _,
             &args as *const GemmArgs as *mut _,
@@ -852,19 +845,7 @@ impl LinearW4A16Gemm {
         // SAFETY: x is read through the tensor map (zeros outside its bounds); y, bias and (conv) offsets were
         // checked by the caller for this m; the weight buffers are the operator's own. `params` points at the three
         // kernel parameters, in order.
-        let smem = kernel.variant.smem_bytes();
-        unsafe {
-            launch_with_attributes(
-                &kernel.function,
-                stream,
-                grid,
-                BLOCK,
-                smem,
-                &mut attrs[..used],
-                &mut params,
-            )
-        }
-        .map_err(|rc| Error::Cuda {
+        unsafe { launch_ex(&kernel.function, stream, launch, &mut params) }.map_err(|rc| Error::Cuda {
             context: format!("launching w4a16_gemm (splits {splits}, convolution {})", conv.taps > 0),
             message: format!("{rc:?}"),
         })?;
@@ -895,22 +876,47 @@ pub(super) fn resident_cluster_count(function: &CudaFunction, block: u32, smem: 
     }
 }
 
-/// Launches `function` on a grid of `grid` CTAs along x with launch `attributes` (clusters, programmatic dependent
-/// launch), which cudarc's launch builder does not express, hence cuLaunchKernelEx. The driver copies `attributes`
-/// and the parameters at launch.
+/// A one-dimensional launch: `grid` CTAs of `block` threads with `smem` bytes of dynamic shared memory, in
+/// thread-block clusters of `cluster` CTAs along x if given, and as the programmatic dependent of the stream's
+/// previous kernel if `dependent` (the kernel then waits itself where it reads that kernel's output).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Launch {
+    pub grid: u32,
+    pub block: u32,
+    pub smem: usize,
+    pub cluster: Option<usize>,
+    pub dependent: bool,
+}
+
+/// Launches `function` as `launch` says. Clusters and dependent launch are launch attributes, which cudarc's launch
+/// builder does not express, hence cuLaunchKernelEx. The driver copies the attributes and the parameters at launch.
 ///
 /// # Safety
 /// `params` must point at the kernel's parameters, in order, each valid for everything the kernel does with it.
-pub(super) unsafe fn launch_with_attributes(
+pub(super) unsafe fn launch_ex(
     function: &CudaFunction,
     stream: &CudaStream,
-    grid: u32,
-    block: u32,
-    smem: usize,
-    attributes: &mut [sys::CUlaunchAttribute],
+    launch: Launch,
     params: &mut [*mut std::ffi::c_void],
 ) -> std::result::Result<(), sys::CUresult> {
-    let config = launch_config(grid, block, smem, stream.cu_stream(), attributes);
+    // A fixed array, not a Vec: a launch allocates nothing. Slots past `used` are never read.
+    let mut attributes = [dependent_launch_attribute(); 2];
+    let mut used = 0;
+    if let Some(ctas) = launch.cluster {
+        attributes[used] = cluster_attribute(ctas);
+        used += 1;
+    }
+    if launch.dependent {
+        attributes[used] = dependent_launch_attribute();
+        used += 1;
+    }
+    let config = launch_config(
+        launch.grid,
+        launch.block,
+        launch.smem,
+        stream.cu_stream(),
+        &mut attributes[..used],
+    );
     // SAFETY: `config` and `attributes` are alive across the call; the caller vouches for `params`.
     let rc = unsafe {
         sys::cuLaunchKernelEx(
@@ -950,7 +956,7 @@ fn launch_config(
 }
 
 /// The launch attribute for clusters of `ctas` CTAs along x.
-pub(super) fn cluster_attribute(ctas: usize) -> sys::CUlaunchAttribute {
+fn cluster_attribute(ctas: usize) -> sys::CUlaunchAttribute {
     // SAFETY: CUlaunchAttribute is plain old data; all-zero is a valid value to fill in.
     let mut attribute: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
     attribute.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
@@ -964,7 +970,7 @@ pub(super) fn cluster_attribute(ctas: usize) -> sys::CUlaunchAttribute {
 
 /// The launch attribute that lets a kernel start before the previous one in its stream has finished (programmatic
 /// dependent launch): it waits itself (`griddepcontrol.wait`) where it reads that kernel's output.
-pub(super) fn dependent_launch_attribute() -> sys::CUlaunchAttribute {
+fn dependent_launch_attribute() -> sys::CUlaunchAttribute {
     // SAFETY: CUlaunchAttribute is plain old data; all-zero is a valid value to fill in.
     let mut attribute: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
     attribute.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
