@@ -278,6 +278,52 @@ fn median_of_batches(
     Ok(median(samples))
 }
 
+/// Launchers timed in turn, so that every one of them runs at the same clocks.
+///
+/// Under sustained tensor-core load the H200 leaves its 1980 MHz boost for ~1500 MHz (its power cap) within
+/// ~100 ms (`docs/notes/w4a16-gemm.md`, "Timing in turn"). Timed one after the other, the launcher timed first (the
+/// baseline) ran partly at the boost clock and those after it did not. Here one untimed round brings the GPU to the
+/// state it then stays in, and each of the `BATCHES` rounds times one batch of every launcher, starting one
+/// launcher further on each round.
+pub(super) struct Rounds<'a> {
+    entries: Vec<(usize, Box<dyn FnMut(usize) -> Result<()> + 'a>)>,
+}
+
+impl<'a> Rounds<'a> {
+    pub(super) fn new() -> Self {
+        Self { entries: Vec::new() }
+    }
+
+    /// Adds `launch(set)`, rotating through `sets`; returns its index in [`Rounds::run`]'s result.
+    pub(super) fn add(&mut self, sets: usize, launch: impl FnMut(usize) -> Result<()> + 'a) -> usize {
+        self.entries.push((sets, Box::new(launch)));
+        self.entries.len() - 1
+    }
+
+    /// Median µs per call of each launcher, in the order they were added.
+    pub(super) fn run(mut self, dev: &CudaDevice, stream: &Arc<CudaStream>) -> Result<Vec<f64>> {
+        let mut reps = Vec::with_capacity(self.entries.len());
+        for (sets, launch) in &mut self.entries {
+            let probe = timed(dev, stream, 5, *sets, launch)?; // module load, and a batch size
+            reps.push(((BATCH_MS * 1e3 / probe.max(0.5)) as usize).clamp(5, 20_000));
+        }
+        let n = self.entries.len();
+        let mut samples = vec![Vec::with_capacity(BATCHES); n];
+        for round in 0..=BATCHES {
+            for j in 0..n {
+                let e = (round + j) % n;
+                let (sets, launch) = &mut self.entries[e];
+                let us = timed(dev, stream, reps[e], *sets, launch)?;
+                if round > 0 {
+                    samples[e].push(us);
+                }
+            }
+        }
+        dev.synchronize()?;
+        Ok(samples.into_iter().map(median).collect())
+    }
+}
+
 /// Median µs per call of `launch(set)` replayed from a CUDA graph of `calls` calls cycling through the sets (no
 /// launch gaps). Fails when the calls cannot be captured.
 fn graph_replay_us(

@@ -11,8 +11,9 @@
 //! Default problem: K × N ∈ {4096 × 4096, 4096 × 14336, 14336 × 4096, 8192 × 28672} × M ∈ {1, 4, 16, 64, 256,
 //! 1024, 4096}, group `--group` (128), zero points unless `--symmetric`, f16 unless `--dtype`. Every weight (and,
 //! for cuBLAS, every dense weight) is rotated among as many copies as it takes to exceed 2 × L2, so each launch
-//! reads device memory. Timing: warm-up, then 7 batches of ~20 ms of launches between CUDA events; the median
-//! batch is reported. `bytes` is what the call must move at least: codes, scales and zeros (or the dense weight),
+//! reads device memory. Timing: the launchers of one M take turns (`Rounds`): an untimed round, then 7 rounds of
+//! one ~20 ms batch of launches each between CUDA events, so all of them run at the same clocks; the median batch is
+//! reported. CUDA-graph replays are timed after them. `bytes` is what the call must move at least: codes, scales and zeros (or the dense weight),
 //! x and y.
 //!
 //! `LOWBIT_BENCH_VARIANTS=1` adds decode-kernel records with the grid forced to one (`lowbit_1sm`) or two
@@ -22,7 +23,7 @@
 //! kernel launched without programmatic dependent launch (`lowbit_nopdl`). Each also gets a graph record (`_graph`).
 //! `LOWBIT_BENCH_NO_PDL=1` also times the GEMM without it (`lowbit_gemm_nopdl`, M >= 64 on sm_90).
 
-use super::{graph_replay_us, median_of_batches, BenchArgs, BenchRecord, Shape, Sink};
+use super::{graph_replay_us, median_of_batches, BenchArgs, BenchRecord, Rounds, Shape, Sink};
 use half::{bf16, f16};
 use lowbit::cuda::Device;
 use lowbit::cuda::{CudaDevice, CudaSlice, ValidAsZeroBits};
@@ -31,9 +32,10 @@ use lowbit::ops::linear::cuda::{
     repack, repack_preferred, CublasLinear, DenseElement, DeviceW4, LinearW4A16Cuda, Tuning,
 };
 use lowbit::ops::linear::quant_linear::DispatchEntry;
-use lowbit::ops::linear::{Activation, DispatchTable, LinearKernel, QuantLinear};
+use lowbit::ops::linear::{Activation, DispatchTable, QuantLinear};
 use lowbit::testing::SplitMix64;
 use lowbit::{DType, Error, QuantMatrix, Result};
+use std::cell::RefCell;
 use std::sync::Arc;
 
 /// The (K, N) shapes of the speed targets.
@@ -269,49 +271,82 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
         } else {
             "cublas_fp16"
         };
-        sink.status(format!("linear {baseline} {m}x{k}x{n}"));
-        let theirs = median_of_batches(dev, &stream, dense_sets, |i| {
-            blas.run(&dense_w[i], &xs[i], m, &mut ys[i])
-        })?;
-        sink.push(record(baseline, dense_bytes, theirs))?;
-
-        // Every kernel QuantLinear has for this M, forced; the fastest goes into the dispatch table.
-        let mut best: Option<(LinearKernel, f64)> = None;
-        for kernel in layers[0].available(m) {
-            layers.iter_mut().for_each(|l| l.force_kernel(Some(kernel)));
-            sink.status(format!("linear lowbit_{} {m}x{k}x{n} {dtype}", kernel.name()));
-            let us = median_of_batches(dev, &stream, sets, |i| {
-                layers[i].run(&stream, &xs[i], m, &mut ys[i], &mut ws)
-            })?;
-            sink.push(record(&format!("lowbit_{}", kernel.name()), quant_bytes, us))?;
-            if best.map_or(true, |(_, b)| us < b) {
-                best = Some((kernel, us));
+        // Every launcher of this M, timed in turn (`Rounds`): cuBLAS; each kernel QuantLinear has for this M, forced
+        // (the fastest goes into the dispatch table); the two-plane and no-PDL comparisons; QuantLinear with its
+        // own dispatch.
+        let kernels = layers[0].available(m);
+        let dispatched = layers[0].kernel_for(m).name();
+        let times = {
+            let (layers_c, ys_c) = (RefCell::new(&mut layers), RefCell::new(&mut ys));
+            let (ws_c, ws_planes_c) = (RefCell::new(&mut ws), RefCell::new(&mut ws_planes));
+            let (layers_c, ys_c, ws_c, ws_planes_c) = (&layers_c, &ys_c, &ws_c, &ws_planes_c);
+            let (stream, xs, dense_w, blas, planes, nopdl) = (&stream, &xs, &dense_w, &blas, &planes, &gemm_nopdl);
+            let mut rounds = Rounds::new();
+            let mut timed: Vec<(String, usize)> = Vec::new(); // (impl, bytes) of each launcher, in order
+            rounds.add(dense_sets, move |i| {
+                blas.run(&dense_w[i], &xs[i], m, &mut ys_c.borrow_mut()[i])
+            });
+            timed.push((baseline.into(), dense_bytes));
+            for forced in kernels.iter().copied().map(Some).chain([None]) {
+                rounds.add(sets, move |i| {
+                    let mut layers = layers_c.borrow_mut();
+                    layers[i].force_kernel(forced);
+                    layers[i].run(stream, &xs[i], m, &mut ys_c.borrow_mut()[i], &mut **ws_c.borrow_mut())
+                });
+                let name = forced.map_or("lowbit".to_string(), |kernel| format!("lowbit_{}", kernel.name()));
+                timed.push((name, quant_bytes));
             }
-        }
+            if !planes.is_empty() && m <= MAX_DECODE_M {
+                rounds.add(sets, move |i| {
+                    let (ys, ws) = (&mut ys_c.borrow_mut()[i], &mut **ws_planes_c.borrow_mut());
+                    planes[i].0.run(stream, &xs[i], m, None, ys, ws)
+                });
+                timed.push(("lowbit_decode_planes".into(), quant_bytes));
+            }
+            if planes.first().is_some_and(|p| p.1.is_some()) && m >= 64 {
+                rounds.add(sets, move |i| {
+                    let gemm = planes[i].1.as_ref().expect("checked");
+                    gemm.run(
+                        stream,
+                        &xs[i],
+                        m,
+                        None,
+                        &mut ys_c.borrow_mut()[i],
+                        &mut **ws_planes_c.borrow_mut(),
+                    )
+                });
+                timed.push(("lowbit_gemm_planes".into(), quant_bytes));
+            }
+            if !nopdl.is_empty() && m >= 64 {
+                rounds.add(sets, move |i| {
+                    nopdl[i].run(
+                        stream,
+                        &xs[i],
+                        m,
+                        None,
+                        &mut ys_c.borrow_mut()[i],
+                        &mut **ws_c.borrow_mut(),
+                    )
+                });
+                timed.push(("lowbit_gemm_nopdl".into(), quant_bytes));
+            }
+            sink.status(format!(
+                "linear {m}x{k}x{n} {dtype}: {} launchers in turn (QuantLinear: {dispatched})",
+                timed.len()
+            ));
+            timed.into_iter().zip(rounds.run(dev, stream)?).collect::<Vec<_>>()
+        };
         layers.iter_mut().for_each(|l| l.force_kernel(None));
-        if !planes.is_empty() && m <= MAX_DECODE_M {
-            sink.status(format!("linear lowbit_decode_planes {m}x{k}x{n} {dtype}"));
-            let us = median_of_batches(dev, &stream, sets, |i| {
-                planes[i].0.run(&stream, &xs[i], m, None, &mut ys[i], &mut ws_planes)
-            })?;
-            sink.push(record("lowbit_decode_planes", quant_bytes, us))?;
+        for ((name, bytes), us) in &times {
+            sink.push(record(name, *bytes, *us))?;
         }
-        if planes.first().is_some_and(|p| p.1.is_some()) && m >= 64 {
-            sink.status(format!("linear lowbit_gemm_planes {m}x{k}x{n} {dtype}"));
-            let us = median_of_batches(dev, &stream, sets, |i| {
-                let gemm = planes[i].1.as_ref().expect("checked");
-                gemm.run(&stream, &xs[i], m, None, &mut ys[i], &mut ws_planes)
-            })?;
-            sink.push(record("lowbit_gemm_planes", quant_bytes, us))?;
-        }
-        if !gemm_nopdl.is_empty() && m >= 64 {
-            sink.status(format!("linear lowbit_gemm_nopdl {m}x{k}x{n} {dtype}"));
-            let us = median_of_batches(dev, &stream, sets, |i| {
-                gemm_nopdl[i].run(&stream, &xs[i], m, None, &mut ys[i], &mut ws)
-            })?;
-            sink.push(record("lowbit_gemm_nopdl", quant_bytes, us))?;
-        }
-        if let Some((kernel, _)) = best {
+        // The fastest forced kernel: the records right after the baseline, one per kernel.
+        let best = kernels
+            .iter()
+            .zip(&times[1..])
+            .min_by(|a, b| a.1 .1.total_cmp(&b.1 .1))
+            .map(|(&kernel, _)| kernel);
+        if let Some(kernel) = best {
             table.entries.push(DispatchEntry {
                 device: name.clone(),
                 wbits: args.wbits,
@@ -322,14 +357,6 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
             });
         }
 
-        sink.status(format!(
-            "linear lowbit {m}x{k}x{n} {dtype} ({})",
-            layers[0].kernel_for(m).name()
-        ));
-        let ours = median_of_batches(dev, &stream, sets, |i| {
-            layers[i].run(&stream, &xs[i], m, &mut ys[i], &mut ws)
-        })?;
-        sink.push(record("lowbit", quant_bytes, ours))?;
         if m <= MAX_DECODE_M {
             sink.status(format!("linear lowbit_graph {m}x{k}x{n} {dtype}"));
             let replay = graph_replay_us(dev, &stream, sets, GRAPH_CALLS, |i| {

@@ -14,10 +14,10 @@
 //!
 //! Default problem: K × N ∈ {4096 × 4096, 4096 × 14336, 14336 × 4096, 8192 × 28672} × M ∈ {1024, 4096}, f16 unless
 //! `--dtype`. Every weight is rotated among as many copies as it takes to exceed 2 × L2 (activations and outputs
-//! rotate with it), so each call reads its weight from device memory. Timing as `bench --op linear`: warm-up, then
-//! 7 batches of ~20 ms between CUDA events, median batch. `bytes`: weight, x and y at their stored sizes.
+//! rotate with it), so each call reads its weight from device memory. Timing as `bench --op linear`: the launchers
+//! take turns (`Rounds`), 7 rounds of one ~20 ms batch each after an untimed one, median batch. `bytes`: weight, x and y at their stored sizes.
 
-use super::{median_of_batches, BenchArgs, BenchRecord, Shape, Sink};
+use super::{BenchArgs, BenchRecord, Rounds, Shape, Sink};
 use half::{bf16, f16};
 use lowbit::cuda::{CudaDevice, CudaSlice, ValidAsZeroBits};
 use lowbit::formats::block::{BlockBits, BlockQuantWeight, BlockShape};
@@ -26,6 +26,7 @@ use lowbit::ops::w8a8::cuda::{CublasLtInt8, GemmKernel, QuantizedActivationsCuda
 use lowbit::ops::w8a8::ActivationQuant;
 use lowbit::testing::SplitMix64;
 use lowbit::{DType, Error, Result};
+use std::cell::RefCell;
 use std::sync::Arc;
 
 /// The (K, N) shapes of the speed targets.
@@ -118,51 +119,50 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
         let int8_bytes = n * k + (m * k + m * n) * 2;
         let group = BenchArgs::group_field(block, k);
 
-        sink.status(format!("w8a8 lowbit {m}x{k}x{n} {dtype} ({})", blocks[0].kernel_name()));
-        let us = median_of_batches(dev, &stream, sets, |i| {
-            blocks[i].run(&stream, &xs[i], m, &mut ys[i], &mut ws)
-        })?;
-        sink.push(record("lowbit", int8_bytes, group, us))?;
-
-        sink.status(format!("w8a8 lowbit_gemm {m}x{k}x{n} {dtype}"));
-        let mut a = QuantizedActivationsCuda::alloc(dev, m, k, block)?;
-        blocks[0].quantizer().run(&stream, &xs[0], m, &mut a)?;
-        let us = median_of_batches(dev, &stream, sets, |i| blocks[i].run_quantized(&stream, &a, &mut ys[i]))?;
-        sink.push(record("lowbit_gemm", int8_bytes, group, us))?;
-
-        if let Some(first) = mma.first() {
-            sink.status(format!("w8a8 lowbit_mma {m}x{k}x{n} {dtype} ({})", first.kernel_name()));
-            let us = median_of_batches(dev, &stream, sets, |i| {
-                mma[i].run(&stream, &xs[i], m, &mut ys[i], &mut ws)
-            })?;
-            sink.push(record("lowbit_mma", int8_bytes, group, us))?;
-        }
-
-        sink.status(format!("w8a8 lowbit_smoothquant {m}x{k}x{n} {dtype}"));
-        let mut ws_smooth = dev.alloc_zeros::<u8>(smooth[0].workspace_bytes(m))?;
-        let us = median_of_batches(dev, &stream, sets, |i| {
-            smooth[i].run(&stream, &xs[i], m, &mut ys[i], &mut ws_smooth)
-        })?;
-        sink.push(record("lowbit_smoothquant", int8_bytes, -1, us))?;
-
         let baseline = if dtype == DType::Bf16 {
             "cublas_bf16"
         } else {
             "cublas_fp16"
         };
-        sink.status(format!("w8a8 {baseline} {m}x{k}x{n}"));
-        let us = median_of_batches(dev, &stream, dense_sets, |i| {
-            blas.run(&dense_w[i], &xs[i], m, &mut ys[i])
-        })?;
-        sink.push(record(baseline, (n * k + m * k + m * n) * 2, -1, us))?;
-
-        sink.status(format!("w8a8 cublaslt_int8 {m}x{k}x{n}"));
+        let mut a = QuantizedActivationsCuda::alloc(dev, m, k, block)?;
+        blocks[0].quantizer().run(&stream, &xs[0], m, &mut a)?;
+        let mut ws_smooth = dev.alloc_zeros::<u8>(smooth[0].workspace_bytes(m))?;
         let mut lt = CublasLtInt8::new(dev, m, n, k)?;
         let mut ys_i32: Vec<CudaSlice<i32>> = (0..2).map(|_| dev.alloc_zeros(m * n)).collect::<Result<_>>()?;
-        let us = median_of_batches(dev, &stream, sets, |i| {
-            lt.run(&stream, &codes_i8[i], &xs_i8[i], &mut ys_i32[i % 2])
-        })?;
-        sink.push(record("cublaslt_int8", n * k + m * k + 4 * m * n, -1, us))?;
+        // Every launcher in turn (`Rounds`), so that all run at the same clocks.
+        sink.status(format!(
+            "w8a8 {m}x{k}x{n} {dtype}: launchers in turn ({})",
+            blocks[0].kernel_name()
+        ));
+        let (ys, ws) = (RefCell::new(&mut ys), RefCell::new(&mut ws));
+        let (ys, ws, a, stream) = (&ys, &ws, &a, &stream);
+        let mut rounds = Rounds::new();
+        let mut timed: Vec<(&str, usize, i64)> = Vec::new(); // (impl, bytes, group) of each launcher, in order
+        rounds.add(sets, |i| {
+            blocks[i].run(stream, &xs[i], m, &mut ys.borrow_mut()[i], &mut **ws.borrow_mut())
+        });
+        timed.push(("lowbit", int8_bytes, group));
+        rounds.add(sets, |i| blocks[i].run_quantized(stream, a, &mut ys.borrow_mut()[i]));
+        timed.push(("lowbit_gemm", int8_bytes, group));
+        if !mma.is_empty() {
+            rounds.add(sets, |i| {
+                mma[i].run(stream, &xs[i], m, &mut ys.borrow_mut()[i], &mut **ws.borrow_mut())
+            });
+            timed.push(("lowbit_mma", int8_bytes, group));
+        }
+        rounds.add(sets, |i| {
+            smooth[i].run(stream, &xs[i], m, &mut ys.borrow_mut()[i], &mut ws_smooth)
+        });
+        timed.push(("lowbit_smoothquant", int8_bytes, -1));
+        rounds.add(dense_sets, |i| {
+            blas.run(&dense_w[i], &xs[i], m, &mut ys.borrow_mut()[i])
+        });
+        timed.push((baseline, (n * k + m * k + m * n) * 2, -1));
+        rounds.add(sets, |i| lt.run(stream, &codes_i8[i], &xs_i8[i], &mut ys_i32[i % 2]));
+        timed.push(("cublaslt_int8", n * k + m * k + 4 * m * n, -1));
+        for ((implementation, bytes, group), us) in timed.into_iter().zip(rounds.run(dev, stream)?) {
+            sink.push(record(implementation, bytes, group, us))?;
+        }
     }
     Ok(())
 }
