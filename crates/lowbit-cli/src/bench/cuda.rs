@@ -286,8 +286,11 @@ fn median_of_batches(
 /// state it then stays in, and each of the `BATCHES` rounds times one batch of every launcher, starting one
 /// launcher further on each round.
 pub(super) struct Rounds<'a> {
-    entries: Vec<(usize, Box<dyn FnMut(usize) -> Result<()> + 'a>)>,
+    entries: Vec<(usize, Launcher<'a>)>,
 }
+
+/// `launch(set)`: one call on rotation set `set`.
+type Launcher<'a> = Box<dyn FnMut(usize) -> Result<()> + 'a>;
 
 impl<'a> Rounds<'a> {
     pub(super) fn new() -> Self {
