@@ -49,9 +49,8 @@
 //   tiles have only 32 k tiles, and a drained and refilled pipeline per tile cost ~7% there.
 //
 // * EPILOGUE. Without split-K, from registers through a little staging per warp, past the pipeline stages so it
-//   never races the producer: stmatrix.trans turns the accumulator fragments into token rows (epilogue_staged),
-//   which one TMA store per 8 x 32 box writes to y while the warp goes on (16-byte stores per lane where y's rows
-//   do not suit a tensor map), or stmatrix into channel rows for runs along NCHW planes (epilogue_conv). With split-K
+//   never races the producer: stmatrix.trans turns the accumulator fragments into token rows for 16-byte stores
+//   (epilogue_staged), or stmatrix into channel rows for runs along NCHW planes (epilogue_conv). With split-K
 //   (then every CTA has one item) through the fp32 tile in the stages' shared memory (epilogue_split). The
 //   activation is a template argument: inlining every activation at every element (erff, expf) outgrew the
 //   instruction cache and cost ~20 us per convolution tile.
@@ -102,7 +101,6 @@ struct Shape {
     int split_pairs_recip;  // ceil(2^16 / split_pairs): pair / split_pairs = (pair * recip) >> 16 (exact, pair < 128)
     int activation;   // Activation code (common.cuh)
     int y_vector;     // y rows are 16-byte aligned: 16-byte stores
-    int y_tma;        // and the staged epilogue stores them through the y tensor map (EPILOGUE)
     long long y_stride;
     // LB_CONV only (see the header): x is the padded NHWC input [B * Hp * Wp][channels].
     int channels;     // C: input channels, a multiple of 64 (one TMA box never straddles two taps)
@@ -694,17 +692,12 @@ struct Gemm {
 
     // Epilogue without split-K (the producer may already be filling stages for the next item): bias and activation
     // in fp32, one rounding, then through the warp's 1 KB of staging. A lane's registers hold (column, token pair)s;
-    // stmatrix.trans writes them as token rows of the warp's 32 columns.
-    // * Y BY TMA (s.y_tma): lane 0 hands each 8-token slice to one TMA store and the warp goes on; it only waits,
-    //   two slices later, until that store has read the slot out. The stores' global writes overlap the next
-    //   item's main loop. With every SM's epilogue at the same moment (the items all take as long), storing from
-    //   the lanes held the warps ~2.3 us per 128 x 256 tile, ~4.5% of a K = 4096 item.
-    // * Otherwise each lane stores 16 contiguous bytes: a warp store covers 8 rows x 64 bytes in whole sectors,
-    //   where storing the registers directly took 4-byte pieces over 8 rows and ~5 us per tile.
+    // stmatrix.trans writes them as token rows of the warp's 32 columns, so each lane then stores 16 contiguous
+    // bytes: a warp store covers 8 rows x 64 bytes in whole sectors, where storing the registers directly took
+    // 4-byte pieces over 8 rows and ~5 us per tile (the CTA timeline of examples/gemm_trace).
     template <int ACT>
-    __device__ static __forceinline__ void epilogue_staged(const Args& a, const Shape& s, const TensorMap* ymap,
-                                                           u32 staging, int nt, int mt, int wg,
-                                                           const float (&acc)[2][ACC]) {
+    __device__ static __forceinline__ void epilogue_staged(const Args& a, const Shape& s, u32 staging, int nt, int mt,
+                                                           int wg, const float (&acc)[2][ACC]) {
         const int ctid = thread_index();  // (see thread_index)
         const int lane = ctid & 31, warp = ctid >> 5, g = lane >> 2;
         const int wm = WG_N == 2 ? 0 : wg;
@@ -712,8 +705,7 @@ struct Gemm {
         float bias[2][2];
         load_lane_bias(a, s, n_warp, g, bias);
         // Staging rows are 64 bytes (8 tokens x 4 chunks of 8 columns); chunk c of row r sits at c ^ ((r >> 1) & 3),
-        // which puts the 8 rows of one stmatrix matrix (and the lanes of one read) on distinct banks. It is also
-        // the tensor map's 64-byte swizzle (address bits 4-5 ^= bits 7-8; the slots are 512-byte aligned).
+        // which puts the 8 rows of one stmatrix matrix (and the lanes of one read) on distinct banks.
         const u32 buf = staging + warp * 1024;
         const int r = lane & 7, matrix = lane >> 3;  // stmatrix: this lane addresses row r of matrix 2t + h
         const u32 put = buf + r * 64 + ((matrix ^ ((r >> 1) & 3)) << 4);
@@ -726,15 +718,6 @@ struct Gemm {
             u32 v[4];
             pack_slice<ACT>(acc, j, bias, v);
             const u32 slot = (j & 1) * 512;
-            if (s.y_tma) {
-                if (lane == 0) bulk_wait_read<1>();  // the store of this slot two slices ago has read it
-                __syncwarp();
-                stmatrix_x4<true>(put + slot, v);
-                fence_proxy_async_shared();  // the generic-proxy rows, before the async proxy reads them
-                __syncwarp();
-                if (lane == 0) tma_store_2d(ymap, buf + slot, n_warp, mt * BM + wm * WG_TOKENS + j * 8), bulk_commit();
-                continue;
-            }
             __syncwarp();  // every lane has read what it last read from this slot
             stmatrix_x4<true>(put + slot, v);
             __syncwarp();
@@ -755,18 +738,18 @@ struct Gemm {
 
     // The epilogue of one work item.
     template <int ACT>
-    __device__ static __forceinline__ void finish_item(const Args& a, const Shape& s, const TensorMap* ymap, u32 base,
-                                                       const Work& w, int wg, const float (&acc)[2][ACC]) {
+    __device__ static __forceinline__ void finish_item(const Args& a, const Shape& s, u32 base, const Work& w, int wg,
+                                                       const float (&acc)[2][ACC]) {
         if (s.splits > 1) {
             epilogue_split<ACT>(a, s, base, w, wg, acc);
         } else if (CONV) {
             epilogue_conv<ACT>(a, s, base + STAGES * STAGE_BYTES, w.nt, w.mt, wg, acc);
         } else {
-            epilogue_staged<ACT>(a, s, ymap, base + STAGES * STAGE_BYTES, w.nt, w.mt, wg, acc);
+            epilogue_staged<ACT>(a, s, base + STAGES * STAGE_BYTES, w.nt, w.mt, wg, acc);
         }
     }
 
-    __device__ static void run(const TensorMap* xmap, const TensorMap* ymap, const Args& a, const Shape& s) {
+    __device__ static void run(const TensorMap* xmap, const Args& a, const Shape& s) {
         extern __shared__ __align__(16) char smem_raw[];
         // Swizzled TMA tiles need 1024-byte alignment: the host allocates 1 KB of slack.
         const u32 raw = smem_addr(smem_raw), base = (raw + 1023) & ~1023u;
@@ -807,15 +790,14 @@ struct Gemm {
             // One compile-time activation per launch keeps the unrolled epilogue small (see activate). A
             // convolution clamps at most (none/relu/relu6): its variants leave GELU and SiLU out.
             switch (s.activation) {
-                case ACT_RELU: finish_item<ACT_RELU>(a, s, ymap, base, w, wg, acc); break;
-                case ACT_RELU6: finish_item<ACT_RELU6>(a, s, ymap, base, w, wg, acc); break;
-                case ACT_GELU: if (!CONV) finish_item<ACT_GELU>(a, s, ymap, base, w, wg, acc); break;
-                case ACT_SILU: if (!CONV) finish_item<ACT_SILU>(a, s, ymap, base, w, wg, acc); break;
-                default: finish_item<ACT_NONE>(a, s, ymap, base, w, wg, acc); break;
+                case ACT_RELU: finish_item<ACT_RELU>(a, s, base, w, wg, acc); break;
+                case ACT_RELU6: finish_item<ACT_RELU6>(a, s, base, w, wg, acc); break;
+                case ACT_GELU: if (!CONV) finish_item<ACT_GELU>(a, s, base, w, wg, acc); break;
+                case ACT_SILU: if (!CONV) finish_item<ACT_SILU>(a, s, base, w, wg, acc); break;
+                default: finish_item<ACT_NONE>(a, s, base, w, wg, acc); break;
             }
             if (taken++ == 0) trace_stamp(a.trace, TRACE_ITEM_END);
         }
-        if (s.y_tma && (tid & 31) == 0) bulk_wait<0>();  // Y BY TMA: the staging outlives every store
         trace_exit(a.trace, taken);
     }
 };
@@ -852,9 +834,9 @@ typedef lowbit::w4a16_gemm::Gemm<lowbit::LB_DTYPE, LB_ZEROS, LB_WG_N, LB_WG_TOKE
     GemmVariant;
 
 extern "C" __global__ void __launch_bounds__(GemmVariant::BLOCK, 1)
-    w4a16_gemm(const __grid_constant__ lowbit::TensorMap xmap, const __grid_constant__ lowbit::TensorMap ymap,
-               lowbit::w4a16_gemm::Args args, lowbit::w4a16_gemm::Shape shape) {
-    GemmVariant::run(&xmap, &ymap, args, shape);
+    w4a16_gemm(const __grid_constant__ lowbit::TensorMap xmap, lowbit::w4a16_gemm::Args args,
+               lowbit::w4a16_gemm::Shape shape) {
+    GemmVariant::run(&xmap, args, shape);
 }
 #endif
 
@@ -1007,8 +989,8 @@ extern "C" __global__ void w4a16_gemm_stage_x(const unsigned short* x, long long
 
 #if !(defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900)
 // wgmma and TMA tensor copies are sm_90a features; older GPUs use the decode kernel or dequantize + cuBLAS.
-extern "C" __global__ void w4a16_gemm(const lowbit::TensorMap xmap, const lowbit::TensorMap ymap,
-                                      lowbit::w4a16_gemm::Args args, lowbit::w4a16_gemm::Shape shape) {
+extern "C" __global__ void w4a16_gemm(const lowbit::TensorMap xmap, lowbit::w4a16_gemm::Args args,
+                                      lowbit::w4a16_gemm::Shape shape) {
     __trap();
 }
 #endif

@@ -19,7 +19,7 @@
 //! activation in fp32; one rounding of y.
 
 use super::{call_buffers, smem_limits, stage_x, CallBuffers, DeviceW4, RepackedW4, K_TILE, MAX_GROUP_ROWS};
-use crate::cuda::{tensor_map_2d, KernelSource, MapElement, Swizzle, TensorMap};
+use crate::cuda::{tensor_map_2d, KernelSource, MapElement, TensorMap};
 use crate::cuda::{CudaDevice, CudaFunction, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
 use crate::dtype::{DType, Float};
 use crate::error::{Error, Result};
@@ -263,7 +263,6 @@ struct GemmShape {
     split_pairs_recip: i32,
     activation: i32,
     y_vector: i32,
-    y_tma: i32,
     y_stride: i64,
     conv: ConvFields,
 }
@@ -789,7 +788,7 @@ impl LinearW4A16Gemm {
             MapElement::F16
         };
         // Boxes of 64 columns: one 128-byte swizzled row of 16-bit values.
-        let xmap = tensor_map_2d("x", element, x, (m, x_cols, x_stride), (bm, 64), Swizzle::B128)?;
+        let xmap = tensor_map_2d("x", element, x, (m, x_cols, x_stride), (bm, 64), true)?;
         let m_tiles = m.div_ceil(bm);
         let split = self.split_plan_for(kernel, m);
         let splits = split.splits;
@@ -804,14 +803,6 @@ impl LinearW4A16Gemm {
             ));
         }
         args.trace = self.trace;
-        // The staged epilogue (a linear layer without split-K) stores y in 8 x 32 boxes through a tensor map when
-        // its rows are 16-byte aligned, swizzled like the kernel's staging (its EPILOGUE, "Y BY TMA").
-        let y_tma = y_vector != 0 && conv.taps == 0 && splits == 1;
-        let ymap = if y_tma {
-            tensor_map_2d("y", element, args.y, (m, p.n, y_stride as usize), (8, 32), Swizzle::B64)?
-        } else {
-            xmap // not read
-        };
         let shape = GemmShape {
             m: m as i32,
             n: p.n as i32,
@@ -833,7 +824,6 @@ impl LinearW4A16Gemm {
             split_pairs_recip: 65536_usize.div_ceil(split_pairs) as i32,
             activation: activation.code(),
             y_vector,
-            y_tma: i32::from(y_tma),
             y_stride,
             conv,
         };
@@ -847,15 +837,14 @@ impl LinearW4A16Gemm {
             cluster: (splits > 1).then_some(split.cluster),
             dependent: self.dependent_launch,
         };
-        let mut params: [*mut std::ffi::c_void; 4] = [
+        let mut params: [*mut std::ffi::c_void; 3] = [
             &xmap as *const TensorMap as *mut _,
-            &ymap as *const TensorMap as *mut _,
             &args as *const GemmArgs as *mut _,
             &shape as *const GemmShape as *mut _,
         ];
-        // SAFETY: x is read through the tensor map (zeros outside its bounds); y (written through its map, which
-        // drops what lies outside [m, N]), bias and (conv) offsets were checked by the caller for this m; the weight
-        // buffers are the operator's own. `params` points at the four kernel parameters, in order.
+        // SAFETY: x is read through the tensor map (zeros outside its bounds); y, bias and (conv) offsets were
+        // checked by the caller for this m; the weight buffers are the operator's own. `params` points at the three
+        // kernel parameters, in order.
         unsafe { launch_ex(&kernel.function, stream, launch, &mut params) }.map_err(|rc| Error::Cuda {
             context: format!("launching w4a16_gemm (splits {splits}, convolution {})", conv.taps > 0),
             message: format!("{rc:?}"),
