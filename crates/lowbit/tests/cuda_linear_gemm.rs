@@ -391,11 +391,11 @@ fn persistent_grid_with_several_tiles_per_cta() {
 #[test]
 fn strided_rows_leave_the_gaps_alone() {
     let Some(dev) = hopper() else { return };
-    // Rows of x and y with gaps between them (y through its tensor map, whose rows are then y_stride apart): the
-    // result equals the contiguous call's bit for bit, and no gap element is written. N = 320 leaves a partial
-    // column tile, M = 300 a partial token tile.
+    // Rows of x and y with gaps between them, both 16-byte aligned (x read in place through its tensor map, y
+    // stored 16 bytes per lane): the result equals the contiguous call's bit for bit, and no gap element is
+    // written. M = 300 leaves a partial token tile.
     let c = Case {
-        n: 320,
+        n: 384,
         k: 512,
         bias: true,
         ..BASE
