@@ -43,6 +43,9 @@
 //   A GPC holds whole clusters: on an H200 only 30 clusters of 4 one-CTA-per-SM CTAs are resident, so 32 tiles
 //   could not split 4 ways in one cluster each. They split as `groups` clusters per tile instead (4 = 2 x 2):
 //   each cluster reduces in shared memory, then the clusters add their sums through global memory.
+//   HYBRID: with more tiles than CTAs and the last wave at most half full (448 tiles on 132 SMs: 3 waves and 52
+//   tiles), the first `whole` tiles (the full waves) run unsplit and only the rest split (clusters of 2 over the
+//   whole grid), so the last wave takes half as long instead of leaving most SMs idle.
 //
 // * PERSISTENT. The grid is at most one CTA per SM; CTA c takes work items (tile x split) c, c + grid, ... and the
 //   producer runs ahead across items, so the next tile's stages fill while the consumers run an epilogue: K = 4096
@@ -97,6 +100,7 @@ struct Shape {
     int splits;       // CTAs per output tile (split-K), at most 8: `groups` clusters of `cluster` CTAs
     int cluster;      // CTAs per thread-block cluster (split-K; 1 without)
     int groups;       // clusters per tile: 1, or more when clusters of `splits` do not all fit (SPLIT-K)
+    int whole;        // tiles run unsplit before the split ones: 0, or a multiple of the grid (HYBRID)
     int split_pairs;  // split-K epilogue: row pairs per CTA of a cluster, ceil(BM / 2 / cluster)
     int split_pairs_recip;  // ceil(2^16 / split_pairs): pair / split_pairs = (pair * recip) >> 16 (exact, pair < 128)
     int activation;   // Activation code (common.cuh)
@@ -179,22 +183,30 @@ struct Gemm {
         return s.group_shift >= 0 ? k >> s.group_shift : k / s.group;
     }
 
-    // One work item: a tile (nt, mt) and a split of its k range.
+    // One work item: a tile (nt, mt) and a split of its k range (`splits` 1: the whole tile).
     struct Work {
-        int nt, mt, split, kt0, kt1;
+        int nt, mt, split, splits, kt0, kt1;
     };
-    // Items in order: the splits of a tile consecutively; tiles in groups of RASTER_N column tiles, token tiles inner
-    // within a group (L2 reuse among the CTAs in flight).
+    // The work items of a launch: the whole tiles, then the splits of the others.
+    __device__ static __forceinline__ int item_count(const Shape& s) {
+        return s.whole + (s.NT * s.MT - s.whole) * s.splits;
+    }
+    // Items in order: the whole tiles, then the splits of each other tile consecutively (HYBRID); tiles in groups
+    // of RASTER_N column tiles, token tiles inner within a group (L2 reuse among the CTAs in flight).
     __device__ static __forceinline__ Work work(const Shape& s, int item) {
         Work w;
-        w.split = item % s.splits;
-        const int tile_seq = item / s.splits;
+        int tile_seq = item;
+        w.split = 0, w.splits = 1;
+        if (item >= s.whole) {
+            const int rest = item - s.whole;
+            tile_seq = s.whole + rest / s.splits, w.split = rest % s.splits, w.splits = s.splits;
+        }
         const int per_group = RASTER_N * s.MT, group = tile_seq / per_group;
         const int first_n = group * RASTER_N, width = min(RASTER_N, s.NT - first_n);
         const int local = tile_seq - group * per_group;
         w.nt = first_n + local % width, w.mt = local / width;
-        w.kt0 = (int)((long long)w.split * s.KT / s.splits);
-        w.kt1 = (int)((long long)(w.split + 1) * s.KT / s.splits);
+        w.kt0 = (int)((long long)w.split * s.KT / w.splits);
+        w.kt1 = (int)((long long)(w.split + 1) * s.KT / w.splits);
         return w;
     }
 
@@ -740,7 +752,7 @@ struct Gemm {
     template <int ACT>
     __device__ static __forceinline__ void finish_item(const Args& a, const Shape& s, u32 base, const Work& w, int wg,
                                                        const float (&acc)[2][ACC]) {
-        if (s.splits > 1) {
+        if (w.splits > 1) {
             epilogue_split<ACT>(a, s, base, w, wg, acc);
         } else if (CONV) {
             epilogue_conv<ACT>(a, s, base + STAGES * STAGE_BYTES, w.nt, w.mt, wg, acc);
@@ -756,7 +768,9 @@ struct Gemm {
         const u32 bars = base + DATA_BYTES;
         const int tid = threadIdx.x, wg = tid >> 7;
 
-        const int items = s.NT * s.MT * s.splits;
+        const int items = item_count(s);
+        // Whether this CTA takes a split item: then its last one (the host's rule; whole is a multiple of the grid).
+        const bool splits_a_tile = s.splits > 1 && s.whole + (int)blockIdx.x < items;
         allow_dependent_launch();  // DEPENDENT LAUNCH: the next kernel may take SMs as this one's CTAs exit
 
         if (tid == 0) {
@@ -767,7 +781,7 @@ struct Gemm {
         if (wg == 2) {
             setmaxnreg_dec<40>();
             if (tid == CONSUMERS) produce(xmap, a, s, base, bars, items);
-            if (s.splits > 1) cluster_sync(), cluster_sync();  // epilogue_split's two barriers
+            if (splits_a_tile) cluster_sync(), cluster_sync();  // epilogue_split's two barriers
             return;
         }
         setmaxnreg_inc<232>();
@@ -780,8 +794,8 @@ struct Gemm {
         if (a.trace) mbar_wait(bars, 0), trace_stamp(a.trace, TRACE_FIRST_FULL);
         int taken = 0;
         // Persistent: the grid is at most one CTA per SM and each CTA takes items blockIdx.x, + gridDim.x, ...
-        // With split-K there are no more items than CTAs (the host's rule), so the shared-memory epilogue, which
-        // reuses the stages, never races the producer.
+        // A CTA's split item is its last (the host's rule), so the shared-memory epilogue, which reuses the stages,
+        // never races the producer.
         for (int item = blockIdx.x; item < items; item += gridDim.x) {
             const Work w = work(s, item);
             float acc[2][ACC];  // written by the first wgmma (accumulate = 0)

@@ -389,6 +389,34 @@ fn persistent_grid_with_several_tiles_per_cta() {
 }
 
 #[test]
+fn hybrid_plan_splits_only_the_last_wave() {
+    let Some(dev) = hopper() else { return };
+    // 8 column tiles x 18 token tiles of 128 = 144 tiles: on 132 SMs, one wave of whole tiles, then 12 tiles split
+    // in two (clusters of 2 over the whole grid). M = 2200 leaves a ragged last token tile; the exact mode checks
+    // the split tiles' sums bit for bit.
+    let c = Case {
+        n: 2048,
+        k: 2048,
+        bias: true,
+        activation: Activation::Silu,
+        ..BASE
+    };
+    let probe = {
+        let w = quant(&mut Rng(1), &c);
+        let weight = DeviceW4::upload(&dev, &repack(&w, c.act).unwrap()).unwrap();
+        LinearW4A16Gemm::with_weight(&dev, weight, 2200, None).unwrap()
+    };
+    let plan = probe.split_plan(2200);
+    println!("M=2200: {plan:?} on a grid of {}", probe.hybrid_grid());
+    if probe.hybrid_grid() == 132 {
+        assert_eq!((plan.whole, plan.splits), (132, 2), "the H100/H200 plan");
+    }
+    check::<f16>(&dev, c, &[2200], &[None]);
+    check::<f16>(&dev, Case { exact: true, ..c }, &[2200], &[None]);
+    check::<bf16>(&dev, Case { act: DType::Bf16, ..c }, &[2200], &[None]);
+}
+
+#[test]
 fn strided_rows_leave_the_gaps_alone() {
     let Some(dev) = hopper() else { return };
     // Rows of x and y with gaps between them, both 16-byte aligned (x read in place through its tensor map, y

@@ -58,10 +58,13 @@ const MAX_CLUSTER: usize = 8;
 /// reduce in shared memory, then (groups > 1) add their sums through global memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SplitPlan {
-    /// CTAs per tile: `cluster · groups`.
+    /// CTAs per split tile: `cluster · groups`.
     pub splits: usize,
     pub cluster: usize,
     pub groups: usize,
+    /// Tiles that run unsplit before the split ones (the kernel's HYBRID): 0, or the full waves of a grid of
+    /// [`LinearW4A16Gemm::hybrid_grid`] CTAs when only the last, at most half-full wave splits.
+    pub whole: usize,
 }
 
 impl SplitPlan {
@@ -69,6 +72,7 @@ impl SplitPlan {
         splits: 1,
         cluster: 1,
         groups: 1,
+        whole: 0,
     };
 }
 
@@ -259,6 +263,7 @@ struct GemmShape {
     splits: i32,
     cluster: i32,
     groups: i32,
+    whole: i32,
     split_pairs: i32,
     split_pairs_recip: i32,
     activation: i32,
@@ -499,12 +504,15 @@ impl LinearW4A16Gemm {
     }
 
     /// A launch's main loop and split-K epilogue in microseconds (see [`KT_US`]): waves of CTAs x the k tiles of a
-    /// split x the cost of one, plus the epilogue of a split tile. Only its order matters: it chooses.
+    /// split x the cost of one (the whole tiles' waves of a hybrid plan first), plus the epilogue of a split tile.
+    /// Only its order matters: it chooses.
     fn estimated_cost(&self, kernel: &GemmKernel, m: usize, plan: SplitPlan) -> f64 {
         let v = &kernel.variant;
-        let waves = (self.tiles(kernel, m) * plan.splits).div_ceil(self.sms);
-        let kt = self.weight.plan.k_tiles().div_ceil(plan.splits);
-        let mut cost = (waves * kt) as f64 * kt_us(v.wg_tokens);
+        let k_tiles = self.weight.plan.k_tiles();
+        let whole_waves = plan.whole.div_ceil(self.hybrid_grid());
+        let waves = ((self.tiles(kernel, m) - plan.whole) * plan.splits).div_ceil(self.sms);
+        let kt = k_tiles.div_ceil(plan.splits);
+        let mut cost = (whole_waves * k_tiles + waves * kt) as f64 * kt_us(v.wg_tokens);
         if plan.splits > 1 {
             let tile_kb = (v.bm() * v.n_cta() * 4) as f64 / 1024.0;
             let pushed = tile_kb * (plan.cluster - 1) as f64 / plan.cluster as f64;
@@ -537,6 +545,7 @@ impl LinearW4A16Gemm {
                     splits,
                     cluster,
                     groups: splits / cluster,
+                    whole: 0,
                 })
         };
         if kernel.variant.conv {
@@ -552,8 +561,21 @@ impl LinearW4A16Gemm {
                 .unwrap_or(SplitPlan::NONE);
         }
         let candidates = (2..=wanted).filter_map(|s| fitting(s, true));
+        // HYBRID: the full waves of whole tiles, then the rest (at most half a wave) split in two, as clusters of 2
+        // over the whole grid.
+        let grid = self.hybrid_grid();
+        let (waves, rest) = (tiles / grid, tiles % grid);
+        let hybrid = (waves > 0 && rest > 0 && 2 * rest <= grid && wanted >= 2 && self.max_cluster >= 2)
+            .then_some(SplitPlan {
+                splits: 2,
+                cluster: 2,
+                groups: 1,
+                whole: waves * grid,
+            })
+            .filter(|_| 2 * kernel.resident_clusters[2] >= grid);
         // Fewer splits first, so a tie keeps the cheaper epilogue.
         std::iter::once(SplitPlan::NONE)
+            .chain(hybrid)
             .chain(candidates)
             .fold((SplitPlan::NONE, f64::INFINITY), |best, plan| {
                 let cost = self.estimated_cost(kernel, m, plan);
@@ -635,6 +657,11 @@ impl LinearW4A16Gemm {
     /// How a batch of `m` rows splits its tiles (see the kernel's SPLIT-K).
     pub fn split_plan(&self, m: usize) -> SplitPlan {
         self.split_plan_for(self.kernel(m), m)
+    }
+
+    /// The grid of a hybrid plan: every SM, in whole clusters of 2.
+    pub fn hybrid_grid(&self) -> usize {
+        self.sms - self.sms % 2
     }
 
     fn staged_x_bytes(&self) -> usize {
@@ -794,7 +821,8 @@ impl LinearW4A16Gemm {
         let splits = split.splits;
         // The split-K epilogue's share of the tile per CTA of a cluster, in row pairs (see `epilogue_split`).
         let split_pairs = (bm / 2).div_ceil(split.cluster);
-        let items = p.n_tiles() * m_tiles * splits;
+        let tiles = p.n_tiles() * m_tiles;
+        let items = split.whole + (tiles - split.whole) * splits;
         if m > i32::MAX as usize || items > i32::MAX as usize {
             return Err(Error::invalid(
                 "x",
@@ -820,6 +848,7 @@ impl LinearW4A16Gemm {
             splits: splits as i32,
             cluster: split.cluster as i32,
             groups: split.groups as i32,
+            whole: split.whole as i32,
             split_pairs: split_pairs as i32,
             split_pairs_recip: 65536_usize.div_ceil(split_pairs) as i32,
             activation: activation.code(),
@@ -827,11 +856,17 @@ impl LinearW4A16Gemm {
             y_stride,
             conv,
         };
-        // Split-K runs clusters of `cluster` CTAs (grid = items, a multiple of splits). Every launch is the
+        // Split-K runs clusters of `cluster` CTAs (grid = items, a multiple of splits; a hybrid plan: every SM, in
+        // whole clusters, each CTA's last item its split one). Every launch is the
         // programmatic dependent of the stream's previous kernel (the kernel's DEPENDENT LAUNCH: the next GEMM's
         // first weight stages load during this one's tail; a convolution's image comes from its pack kernel).
+        let grid = if split.whole > 0 {
+            self.hybrid_grid()
+        } else {
+            items.min(self.sms)
+        };
         let launch = Launch {
-            grid: items.min(self.sms) as u32,
+            grid: grid as u32,
             block: BLOCK,
             smem: kernel.variant.smem_bytes(),
             cluster: (splits > 1).then_some(split.cluster),
