@@ -392,8 +392,7 @@ fn persistent_grid_with_several_tiles_per_cta() {
 fn hybrid_plan_splits_only_the_last_wave() {
     let Some(dev) = hopper() else { return };
     // 8 column tiles x 18 token tiles of 128 = 144 tiles: on 132 SMs, one wave of whole tiles, then 12 tiles split
-    // in two (clusters of 2 over the whole grid). M = 2200 leaves a ragged last token tile; the exact mode checks
-    // the split tiles' sums bit for bit.
+    // in two (clusters of 2 over the whole grid). M = 2200 leaves a ragged last token tile.
     let c = Case {
         n: 2048,
         k: 2048,
@@ -412,8 +411,14 @@ fn hybrid_plan_splits_only_the_last_wave() {
         assert_eq!((plan.whole, plan.splits), (132, 2), "the H100/H200 plan");
     }
     check::<f16>(&dev, c, &[2200], &[None]);
-    check::<f16>(&dev, Case { exact: true, ..c }, &[2200], &[None]);
     check::<bf16>(&dev, Case { act: DType::Bf16, ..c }, &[2200], &[None]);
+    // Bit for bit without the activation (SiLU in fp32 and the reference's in f64 may round apart).
+    let exact = Case {
+        exact: true,
+        activation: Activation::None,
+        ..c
+    };
+    check::<f16>(&dev, exact, &[2200], &[None]);
 }
 
 #[test]
