@@ -9,6 +9,8 @@
 //!   quantizer's share.
 //! - `lowbit_mma`: `lowbit` with the mma.sync kernel forced, where the default is the wgmma one.
 //! - `lowbit_smoothquant`: SmoothQuant (per-token quantization included, per-channel weights).
+//! - `lowbit_quantize` / `lowbit_smoothquant_quantize`: the activation quantizer alone, per K block / per token
+//!   (`bytes`: x read and the codes written).
 //! - `cublas_fp16` / `cublas_bf16`: the dense `x · W^T` in the activation dtype, fp32 accumulation.
 //! - `cublaslt_int8`: cuBLASLt int8 × int8 → int32 ([`CublasLtInt8`]), no scales: the int8 ceiling.
 //!
@@ -126,6 +128,9 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
         };
         let mut a = QuantizedActivationsCuda::alloc(dev, m, k, block)?;
         blocks[0].quantizer().run(&stream, &xs[0], m, &mut a)?;
+        // The quantizers alone write into codes of their own (the GEMM alone reads `a`).
+        let mut a_block = QuantizedActivationsCuda::alloc(dev, m, k, block)?;
+        let mut a_token = QuantizedActivationsCuda::alloc(dev, m, k, k)?;
         let mut ws_smooth = dev.alloc_zeros::<u8>(smooth[0].workspace_bytes(m))?;
         let mut lt = CublasLtInt8::new(dev, m, n, k)?;
         let mut ys_i32: Vec<CudaSlice<i32>> = (0..2).map(|_| dev.alloc_zeros(m * n)).collect::<Result<_>>()?;
@@ -154,6 +159,11 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
             smooth[i].run(stream, &xs[i], m, &mut ys.borrow_mut()[i], &mut ws_smooth)
         });
         timed.push(("lowbit_smoothquant", int8_bytes, -1));
+        let quantize_bytes = m * k * 3; // x read, codes written
+        rounds.add(sets, |i| blocks[i].quantizer().run(stream, &xs[i], m, &mut a_block));
+        timed.push(("lowbit_quantize", quantize_bytes, group));
+        rounds.add(sets, |i| smooth[i].quantizer().run(stream, &xs[i], m, &mut a_token));
+        timed.push(("lowbit_smoothquant_quantize", quantize_bytes, -1));
         rounds.add(dense_sets, |i| {
             blas.run(&dense_w[i], &xs[i], m, &mut ys.borrow_mut()[i])
         });
