@@ -8,9 +8,8 @@
 //   w8a8_quantize_<t>_<mode>_<v>  fp16/bf16 activations [M, K] -> int8 codes [M, K_pad] (zero padded) and per
 //       (row, block) params float4 {scale, offset, code sum, 0} stored [blocks][M]. <v>: r1/r2/r4/r8 (a warp per
 //       block, its values in registers), v2/v4/v8 (the same with vector loads), v8g4/g8/g16 (16-byte loads, groups
-//       of 4-16 lanes per block, several blocks per warp), w2..w16 (a warp per block, up to 4096 values held in
-//       registers), cta2/4/8 (a CTA per block up to 16384, held), cta (a CTA per block, two passes), loop (a warp,
-//       two passes, any block). Bit-exact with the CPU quantizer: every step is an IEEE-rounded f32 operation.
+//       of 4-16 lanes per block, several blocks per warp), cta (a CTA per block: SmoothQuant's per-token rows),
+//       loop (two passes, any block). Bit-exact with the CPU quantizer: every step is an IEEE-rounded f32 operation.
 //   w8a8_gemm_<t>_s<stages>  the mma.sync GEMM (sm_80+), applying each block's correction in registers.
 //   w8a8_wgmma_<t>_s<stages>  the Hopper GEMM (sm_90a): warp-specialised, TMA, wgmma; see its section below.
 //
@@ -286,60 +285,6 @@ __device__ __forceinline__ void quantize_block_vec(const QuantizeParams& p) {
     if (lane == 0) p.params[(u64)b * p.m + row] = make_float4(q.scale, q.offset, (float)sum, 0.0f);
     if (b == p.blocks - 1) {
         for (u32 idx = p.k + lane; idx < p.k_pad; idx += GROUP) p.codes[(u64)row * p.k_pad + idx] = 0;
-    }
-}
-
-// One warp per (row, block) of at most 256 H values, held in registers (`_w<H>`: the host launches it when K and the
-// block are multiples of 8 and x is 16-byte aligned): chunk c of lane l is values 8 (32 c + l) .. + 7, one 16-byte
-// load, so each chunk is one coalesced 512-byte warp access and all H loads of a lane are in flight at once. Only
-// shuffles reduce: a CTA per row of 4096 values (SmoothQuant at K = 4096) spent its time on two CTA barriers and
-// too little data per CTA (~1.9 TB/s).
-template <class T, bool SYM, int H>
-__device__ __forceinline__ void quantize_block_warp_held(const QuantizeParams& p) {
-    const u64 unit = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / 32;  // (row, block) of this warp
-    if (unit >= (u64)p.m * p.blocks) return;  // whole warps
-    const int lane = threadIdx.x % 32;
-    const u32 row = (u32)(unit / p.blocks), b = (u32)(unit % p.blocks);
-    const u32 start = b * p.block, len = min(p.block, p.k - start);  // a multiple of 8
-    const uint4* x = reinterpret_cast<const uint4*>(reinterpret_cast<const unsigned short*>(p.x) + (u64)row * p.ldx + start);
-    signed char* codes = p.codes + (u64)row * p.k_pad + start;
-
-    uint4 held[H];
-#pragma unroll
-    for (int c = 0; c < H; ++c)
-        if ((c * 32 + lane) * 8 < len) held[c] = x[c * 32 + lane];
-    float lo = __int_as_float(0x7F800000), hi = -lo;  // +inf, -inf
-#pragma unroll
-    for (int c = 0; c < H; ++c) {
-        if ((c * 32 + lane) * 8 >= len) break;
-        float v[8];
-        unpack8<T>(held[c], v);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) lo = fminf(lo, v[e]), hi = fmaxf(hi, v[e]);
-    }
-    lo = warp_min(lo);
-    hi = warp_max(hi);
-    const BlockQuantizer<SYM> q(lo, hi);
-    int sum = 0;
-#pragma unroll
-    for (int c = 0; c < H; ++c) {
-        const u32 i = (c * 32 + lane) * 8;
-        if (i >= len) break;
-        float v[8];
-        unpack8<T>(held[c], v);
-        u32 packed[2] = {0, 0};
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-            const int code = q.code(v[e]);
-            sum += code;
-            packed[e / 4] |= (u32)(code & 0xFF) << (8 * (e % 4));
-        }
-        *reinterpret_cast<uint2*>(codes + i) = make_uint2(packed[0], packed[1]);
-    }
-    sum = warp_sum(sum);
-    if (lane == 0) p.params[(u64)b * p.m + row] = make_float4(q.scale, q.offset, (float)sum, 0.0f);
-    if (b == p.blocks - 1) {
-        for (u32 idx = p.k + lane; idx < p.k_pad; idx += 32) p.codes[(u64)row * p.k_pad + idx] = 0;
     }
 }
 
@@ -940,21 +885,8 @@ __device__ __forceinline__ void gemm_hopper(const TensorMap* a_map, const Tensor
     extern "C" __global__ void __launch_bounds__(256) NAME(const QuantizeParams p) {                \
         quantize_block_cta<T, SYM, HELD>(p);                                                        \
     }
-#define QUANTIZE_WARP_HELD_KERNEL(NAME, T, SYM, H)                                                  \
-    extern "C" __global__ void __launch_bounds__(256) NAME(const QuantizeParams p) {                \
-        quantize_block_warp_held<T, SYM, H>(p);                                                     \
-    }
-// `_w<H>`: a warp per block of at most 256 H values; `_cta<H>`: a CTA per block of at most 2048 H; `_cta`: two
-// passes, any block.
+// `_cta`: two passes, any block; `_cta<H>`: blocks of at most 2048 H values held in registers.
 #define QUANTIZE_CTA_KERNELS(TNAME, T)                                                              \
-    QUANTIZE_WARP_HELD_KERNEL(w8a8_quantize_##TNAME##_asym_w2, T, false, 2)                         \
-    QUANTIZE_WARP_HELD_KERNEL(w8a8_quantize_##TNAME##_asym_w4, T, false, 4)                         \
-    QUANTIZE_WARP_HELD_KERNEL(w8a8_quantize_##TNAME##_asym_w8, T, false, 8)                         \
-    QUANTIZE_WARP_HELD_KERNEL(w8a8_quantize_##TNAME##_asym_w16, T, false, 16)                       \
-    QUANTIZE_WARP_HELD_KERNEL(w8a8_quantize_##TNAME##_sym_w2, T, true, 2)                           \
-    QUANTIZE_WARP_HELD_KERNEL(w8a8_quantize_##TNAME##_sym_w4, T, true, 4)                           \
-    QUANTIZE_WARP_HELD_KERNEL(w8a8_quantize_##TNAME##_sym_w8, T, true, 8)                           \
-    QUANTIZE_WARP_HELD_KERNEL(w8a8_quantize_##TNAME##_sym_w16, T, true, 16)                         \
     QUANTIZE_CTA_KERNEL(w8a8_quantize_##TNAME##_asym_cta, T, false, 0)                              \
     QUANTIZE_CTA_KERNEL(w8a8_quantize_##TNAME##_asym_cta2, T, false, 2)                             \
     QUANTIZE_CTA_KERNEL(w8a8_quantize_##TNAME##_asym_cta4, T, false, 4)                             \

@@ -315,9 +315,8 @@ pub struct QuantizeActivationsCuda {
 }
 
 /// A quantizer variant with vector loads. When K and the block are multiples of 8, 16-byte loads: `_v8g<G>` (groups
-/// of G lanes per block, 32 / G blocks per warp) up to 128, `_v8` (a warp per block) up to 256, `_w2..16` (a warp
-/// per block, held in registers) up to 4096, `_cta2/4/8` (a CTA per block, held) up to 16384, `_cta` (a CTA per
-/// block, two passes) beyond. Otherwise `_v<N>` (N consecutive values per lane, one 2N-byte load) when K and the block are
+/// of G lanes per block, 32 / G blocks per warp) up to 128, `_v8` (a warp per block) up to 256, `_cta2/4/8` (a CTA
+/// per block, held in registers) up to 16384, `_cta` (the same in two passes) beyond. Otherwise `_v<N>` (N consecutive values per lane, one 2N-byte load) when K and the block are
 /// multiples of N.
 #[derive(Debug, Clone)]
 struct VectorQuantizer {
@@ -353,13 +352,11 @@ impl QuantizeActivationsCuda {
         let variant = if k % 8 == 0 && block_size % 8 == 0 {
             let group = (block_size / 8).next_power_of_two().max(4);
             Some(match group {
-                // Held in registers: a warp per block up to 4096 values (`_w<H>`: 256 H), a CTA per block up to
-                // 16384 (`_cta<H>`: 2048 H); beyond, a CTA per block in two passes.
-                64.. => match (block_size.div_ceil(256).next_power_of_two(), block_size.div_ceil(2048)) {
-                    (warp @ ..=16, _) => (format!("w{warp}"), 16, warps),
-                    (_, cta @ ..=8) => (format!("cta{}", cta.next_power_of_two()), 16, 1),
-                    _ => ("cta".to_string(), 16, 1),
-                },
+                // A CTA per block: held in registers up to 16384 values (`_cta<H>`: 2048 H), else two passes.
+                64.. => {
+                    let held = [2, 4, 8].into_iter().find(|&h| block_size <= 2048 * h);
+                    (held.map_or("cta".to_string(), |h| format!("cta{h}")), 16, 1)
+                }
                 32 => ("v8".to_string(), 16, warps),
                 _ => (format!("v8g{group}"), 16, warps * (32 / group) as u64),
             })
