@@ -79,8 +79,8 @@ fn quantizer_matches_cpu_bit_for_bit() {
     // Block lengths covering every kernel variant: per-lane registers r1 (32), r2 (64), r4 (96, 128), r8 (256);
     // vector loads v2/v4 (K not a multiple of 8), v8 groups of 4/8/16 lanes (32, 64, 128; partial warps and partial
     // last blocks: 72, 136, 264), v8 (256); past 256 the CTA per block (multiples of 8), its values held in
-    // registers up to 16384 (1000, 1024 with a partial last block, 5000, 8192 exactly, K = 14336) or read twice
-    // beyond (20000), or the two-pass warp loop (1001).
+    // registers up to 16384 (400 and 1024 with a partial last block, 1000, 2048, 4096, 5000, 8192 exactly,
+    // K = 14336) or read twice beyond (20000), or the two-pass warp loop (1001).
     for &(m, k, block) in &[
         (3, 72, 32),
         (3, 136, 64),
@@ -95,6 +95,9 @@ fn quantizer_matches_cpu_bit_for_bit() {
         (3, 3000, 1024),
         (2, 14336, 14336),
         (3, 8192, 8192),
+        (3, 1000, 400),
+        (2, 2048, 2048),
+        (3, 4096, 4096),
         (2, 20000, 20000),
         (2, 1001, 1001),
     ] {
