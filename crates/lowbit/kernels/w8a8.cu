@@ -849,52 +849,45 @@ __device__ __forceinline__ void gemm_hopper(const TensorMap* a_map, const Tensor
 // Instantiations
 // ------------------------------------------------------------------------------------------------------------------
 
-#define QUANTIZE_KERNEL(NAME, T, SYM, PER_LANE)                                                     \
-    extern "C" __global__ void __launch_bounds__(256) NAME(const QuantizeParams p) {                \
-        quantize_block<T, SYM, PER_LANE>(p);                                                        \
-    }
+// One quantizer entry point: NAME runs the device function given after it (template arguments and all).
+#define QUANTIZE_ENTRY(NAME, ...)                                                                   \
+    extern "C" __global__ void __launch_bounds__(256) NAME(const QuantizeParams p) { __VA_ARGS__(p); }
+// `_r<N>`: a warp per block, N values per lane; `_loop`: a warp per block, two passes.
 #define QUANTIZE_KERNELS(TNAME, T)                                                                  \
-    QUANTIZE_KERNEL(w8a8_quantize_##TNAME##_asym_r1, T, false, 1)                                   \
-    QUANTIZE_KERNEL(w8a8_quantize_##TNAME##_asym_r2, T, false, 2)                                   \
-    QUANTIZE_KERNEL(w8a8_quantize_##TNAME##_asym_r4, T, false, 4)                                   \
-    QUANTIZE_KERNEL(w8a8_quantize_##TNAME##_asym_r8, T, false, 8)                                   \
-    QUANTIZE_KERNEL(w8a8_quantize_##TNAME##_asym_loop, T, false, 0)                                 \
-    QUANTIZE_KERNEL(w8a8_quantize_##TNAME##_sym_r1, T, true, 1)                                     \
-    QUANTIZE_KERNEL(w8a8_quantize_##TNAME##_sym_r2, T, true, 2)                                     \
-    QUANTIZE_KERNEL(w8a8_quantize_##TNAME##_sym_r4, T, true, 4)                                     \
-    QUANTIZE_KERNEL(w8a8_quantize_##TNAME##_sym_r8, T, true, 8)                                     \
-    QUANTIZE_KERNEL(w8a8_quantize_##TNAME##_sym_loop, T, true, 0)
-#define QUANTIZE_VEC_KERNEL(NAME, T, SYM, N, ...)                                                   \
-    extern "C" __global__ void __launch_bounds__(256) NAME(const QuantizeParams p) {                \
-        quantize_block_vec<T, SYM, N, ##__VA_ARGS__>(p);                                            \
-    }
+    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_asym_r1, quantize_block<T, false, 1>)                    \
+    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_asym_r2, quantize_block<T, false, 2>)                    \
+    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_asym_r4, quantize_block<T, false, 4>)                    \
+    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_asym_r8, quantize_block<T, false, 8>)                    \
+    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_asym_loop, quantize_block<T, false, 0>)                  \
+    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_sym_r1, quantize_block<T, true, 1>)                      \
+    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_sym_r2, quantize_block<T, true, 2>)                      \
+    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_sym_r4, quantize_block<T, true, 4>)                      \
+    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_sym_r8, quantize_block<T, true, 8>)                      \
+    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_sym_loop, quantize_block<T, true, 0>)
+// `_v<N>`: N values per lane, one vector load; `_v8g<G>`: groups of G lanes per block.
 #define QUANTIZE_VEC_KERNELS(TNAME, T)                                                              \
-    QUANTIZE_VEC_KERNEL(w8a8_quantize_##TNAME##_asym_v2, T, false, 2)                               \
-    QUANTIZE_VEC_KERNEL(w8a8_quantize_##TNAME##_asym_v4, T, false, 4)                               \
-    QUANTIZE_VEC_KERNEL(w8a8_quantize_##TNAME##_asym_v8, T, false, 8)                               \
-    QUANTIZE_VEC_KERNEL(w8a8_quantize_##TNAME##_sym_v2, T, true, 2)                                 \
-    QUANTIZE_VEC_KERNEL(w8a8_quantize_##TNAME##_sym_v4, T, true, 4)                                 \
-    QUANTIZE_VEC_KERNEL(w8a8_quantize_##TNAME##_sym_v8, T, true, 8)                                 \
-    QUANTIZE_VEC_KERNEL(w8a8_quantize_##TNAME##_asym_v8g4, T, false, 8, 4)                          \
-    QUANTIZE_VEC_KERNEL(w8a8_quantize_##TNAME##_asym_v8g8, T, false, 8, 8)                          \
-    QUANTIZE_VEC_KERNEL(w8a8_quantize_##TNAME##_asym_v8g16, T, false, 8, 16)                        \
-    QUANTIZE_VEC_KERNEL(w8a8_quantize_##TNAME##_sym_v8g4, T, true, 8, 4)                            \
-    QUANTIZE_VEC_KERNEL(w8a8_quantize_##TNAME##_sym_v8g8, T, true, 8, 8)                            \
-    QUANTIZE_VEC_KERNEL(w8a8_quantize_##TNAME##_sym_v8g16, T, true, 8, 16)
-#define QUANTIZE_CTA_KERNEL(NAME, T, SYM, HELD)                                                     \
-    extern "C" __global__ void __launch_bounds__(256) NAME(const QuantizeParams p) {                \
-        quantize_block_cta<T, SYM, HELD>(p);                                                        \
-    }
-// `_cta`: two passes, any block; `_cta<H>`: blocks of at most 2048 H values held in registers.
+    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_asym_v2, quantize_block_vec<T, false, 2>)                \
+    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_asym_v4, quantize_block_vec<T, false, 4>)                \
+    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_asym_v8, quantize_block_vec<T, false, 8>)                \
+    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_sym_v2, quantize_block_vec<T, true, 2>)                  \
+    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_sym_v4, quantize_block_vec<T, true, 4>)                  \
+    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_sym_v8, quantize_block_vec<T, true, 8>)                  \
+    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_asym_v8g4, quantize_block_vec<T, false, 8, 4>)           \
+    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_asym_v8g8, quantize_block_vec<T, false, 8, 8>)           \
+    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_asym_v8g16, quantize_block_vec<T, false, 8, 16>)         \
+    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_sym_v8g4, quantize_block_vec<T, true, 8, 4>)             \
+    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_sym_v8g8, quantize_block_vec<T, true, 8, 8>)             \
+    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_sym_v8g16, quantize_block_vec<T, true, 8, 16>)
+// `_cta`: a CTA per block, two passes, any block; `_cta<H>`: blocks of at most 2048 H values held in registers.
 #define QUANTIZE_CTA_KERNELS(TNAME, T)                                                              \
-    QUANTIZE_CTA_KERNEL(w8a8_quantize_##TNAME##_asym_cta, T, false, 0)                              \
-    QUANTIZE_CTA_KERNEL(w8a8_quantize_##TNAME##_asym_cta2, T, false, 2)                             \
-    QUANTIZE_CTA_KERNEL(w8a8_quantize_##TNAME##_asym_cta4, T, false, 4)                             \
-    QUANTIZE_CTA_KERNEL(w8a8_quantize_##TNAME##_asym_cta8, T, false, 8)                             \
-    QUANTIZE_CTA_KERNEL(w8a8_quantize_##TNAME##_sym_cta, T, true, 0)                                \
-    QUANTIZE_CTA_KERNEL(w8a8_quantize_##TNAME##_sym_cta2, T, true, 2)                               \
-    QUANTIZE_CTA_KERNEL(w8a8_quantize_##TNAME##_sym_cta4, T, true, 4)                               \
-    QUANTIZE_CTA_KERNEL(w8a8_quantize_##TNAME##_sym_cta8, T, true, 8)
+    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_asym_cta, quantize_block_cta<T, false, 0>)               \
+    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_asym_cta2, quantize_block_cta<T, false, 2>)              \
+    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_asym_cta4, quantize_block_cta<T, false, 4>)              \
+    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_asym_cta8, quantize_block_cta<T, false, 8>)              \
+    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_sym_cta, quantize_block_cta<T, true, 0>)                 \
+    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_sym_cta2, quantize_block_cta<T, true, 2>)                \
+    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_sym_cta4, quantize_block_cta<T, true, 4>)                \
+    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_sym_cta8, quantize_block_cta<T, true, 8>)
 QUANTIZE_CTA_KERNELS(f16, __half)
 QUANTIZE_CTA_KERNELS(bf16, __nv_bfloat16)
 QUANTIZE_KERNELS(f16, __half)
