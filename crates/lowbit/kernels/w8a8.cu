@@ -835,10 +835,6 @@ __device__ __forceinline__ void gemm_hopper(const TensorMap* a_map, const Tensor
     const u32 k_tiles = (p.k_steps + STEPS_PER_STAGE - 1) / STEPS_PER_STAGE, tiles = p.tiles_m * p.tiles_n;
     if (tid == 0) init_pipeline_barriers(bars, STAGES, HOPPER_CONSUMERS);
     __syncthreads();
-    // DEPENDENT LAUNCH: the host launches this kernel as the programmatic dependent of the quantizer before it, so
-    // its CTAs take SMs and set up while the quantizer's last CTAs run. Nothing here reads the codes or writes y
-    // before that grid has completed.
-    wait_for_prerequisite_grids();
     if (wg == 2) {
         setmaxnreg_dec<24>();
         if (tid == HOPPER_CONSUMERS) produce<STAGES>(a_map, w_map, ap_map, p, base, bars, k_tiles, tiles);
@@ -853,13 +849,9 @@ __device__ __forceinline__ void gemm_hopper(const TensorMap* a_map, const Tensor
 // Instantiations
 // ------------------------------------------------------------------------------------------------------------------
 
-// One quantizer entry point: NAME runs the device function given after it (template arguments and all). Every
-// quantizer lets the GEMM that follows it launch at once (the Hopper GEMM's DEPENDENT LAUNCH).
+// One quantizer entry point: NAME runs the device function given after it (template arguments and all).
 #define QUANTIZE_ENTRY(NAME, ...)                                                                   \
-    extern "C" __global__ void __launch_bounds__(256) NAME(const QuantizeParams p) {                \
-        allow_dependent_launch();                                                                   \
-        __VA_ARGS__(p);                                                                             \
-    }
+    extern "C" __global__ void __launch_bounds__(256) NAME(const QuantizeParams p) { __VA_ARGS__(p); }
 // `_r<N>`: a warp per block, N values per lane; `_loop`: a warp per block, two passes.
 #define QUANTIZE_KERNELS(TNAME, T)                                                                  \
     QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_asym_r1, quantize_block<T, false, 1>)                    \

@@ -1407,7 +1407,7 @@ impl LinearW4A16Cuda {
             hi: clamp.map_or(0.0, |c| c.1),
         };
         // Cluster split-K and the kernel's DEPENDENT LAUNCH, each when this operator uses it.
-        let launch = crate::cuda::Launch {
+        let launch = gemm::Launch {
             grid: self.ctas as u32,
             block: variant.block_threads() as u32,
             smem: variant.smem_bytes(),
@@ -1422,7 +1422,7 @@ impl LinearW4A16Cuda {
             &args as *const KernelArgs as *mut _,
             &shape as *const KernelShape as *mut _,
         ];
-        unsafe { crate::cuda::launch_ex(function, stream, launch, &mut params) }.map_err(|rc| Error::Cuda {
+        unsafe { gemm::launch_ex(function, stream, launch, &mut params) }.map_err(|rc| Error::Cuda {
             context: format!(
                 "launching w4a16_linear (clusters of {})",
                 if *cluster { self.splits } else { 1 }

@@ -41,7 +41,7 @@ use super::{
 };
 use crate::cuda::checked_buffer as buffer;
 use crate::cuda::{launch_error, CudaDevice, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
-use crate::cuda::{launch_ex, tensor_map_2d, KernelSource, Launch, LaunchConfig, MapElement, TensorMap};
+use crate::cuda::{tensor_map_2d, KernelSource, LaunchConfig, MapElement, TensorMap};
 use crate::dtype::{DType, Float};
 use crate::error::{ensure, Error, Result};
 use crate::formats::block::BlockQuantWeight;
@@ -887,41 +887,30 @@ impl W8a8LinearCuda {
                 Some((a_map, codes_map, a_params_map))
             }
         };
-        let Some((a_map, codes_map, a_params_map)) = &maps else {
-            let mut builder = stream.launch_builder(&self.gemm);
-            builder.arg(&params);
-            let config = LaunchConfig {
-                grid_dim: (ctas as u32, 1, 1),
-                block_dim: (THREADS, 1, 1),
-                shared_mem_bytes: self.smem as u32,
-            };
-            // SAFETY: y holds M·N elements (checked); the activation buffers were made for this K, blocks and M
-            // (checked by the callers) and the weight buffers by `new`; the kernel reads and writes only within them.
-            return unsafe { builder.launch(config) }
-                .map(|_| ())
-                .map_err(launch_error(&self.kernel));
+        let mut builder = stream.launch_builder(&self.gemm);
+        let config = match &maps {
+            None => {
+                builder.arg(&params);
+                LaunchConfig {
+                    grid_dim: (ctas as u32, 1, 1),
+                    block_dim: (THREADS, 1, 1),
+                    shared_mem_bytes: self.smem as u32,
+                }
+            }
+            Some((a_map, codes_map, a_params_map)) => {
+                builder.arg(a_map).arg(*codes_map).arg(a_params_map).arg(&params);
+                LaunchConfig {
+                    grid_dim: (ctas.min(self.sms as u64) as u32, 1, 1),
+                    block_dim: (HOPPER_THREADS, 1, 1),
+                    shared_mem_bytes: self.smem as u32,
+                }
+            }
         };
-        // The programmatic dependent of the quantizer before it (the kernel's DEPENDENT LAUNCH: it waits for that
-        // grid before reading the codes or writing y).
-        let launch = Launch {
-            grid: ctas.min(self.sms as u64) as u32,
-            block: HOPPER_THREADS,
-            smem: self.smem,
-            cluster: None,
-            dependent: true,
-        };
-        let mut args: [*mut std::ffi::c_void; 4] = [
-            a_map as *const TensorMap as *mut _,
-            *codes_map as *const TensorMap as *mut _,
-            a_params_map as *const TensorMap as *mut _,
-            &params as *const GemmParams as *mut _,
-        ];
-        // SAFETY: as above, and the activation codes and parameters are read through tensor maps of exactly their
-        // extent; `args` points at the kernel's four parameters, in order.
-        unsafe { launch_ex(&self.gemm, stream, launch, &mut args) }.map_err(|rc| Error::Cuda {
-            context: format!("launching {}", self.kernel),
-            message: format!("{rc:?}"),
-        })
+        // SAFETY: y holds M·N elements (checked); the activation buffers were made for this K, blocks and M (checked
+        // by the callers) and the weight buffers by `new`; the kernel reads and writes only within them.
+        unsafe { builder.launch(config) }
+            .map(|_| ())
+            .map_err(launch_error(&self.kernel))
     }
 }
 
