@@ -206,14 +206,18 @@ __device__ __forceinline__ void quantize_block(const QuantizeParams& p) {
 // one N-byte store of codes). The host launches it when every row and block start is N-element aligned (K and
 // the block a multiple of N, x aligned to 2N bytes). Groups that straddle the end of a partial block go element
 // by element.
-// Eight 16-bit values (one 16-byte load) as floats.
+// N 16-bit values packed in pairs (value e in half e % 2 of word e / 2) as floats.
+template <class T, int N>
+__device__ __forceinline__ void unpack_pairs(const u32 (&w)[4], float (&v)[N]) {
+#pragma unroll
+    for (int e = 0; e < N; ++e) v[e] = Io<T>::from_bits((w[e / 2] >> (16 * (e % 2))) & 0xFFFFu);
+}
+// The eight values of one 16-byte load.
 template <class T>
 __device__ __forceinline__ void unpack8(const uint4& t, float (&v)[8]) {
     const u32 w[4] = {t.x, t.y, t.z, t.w};
-#pragma unroll
-    for (int e = 0; e < 8; ++e) v[e] = Io<T>::from_bits((w[e / 2] >> (16 * (e % 2))) & 0xFFFFu);
+    unpack_pairs<T, 8>(w, v);
 }
-
 template <class T, int N>
 __device__ __forceinline__ void load_values(const void* x, u64 i, float (&v)[N]) {
     const unsigned short* src = reinterpret_cast<const unsigned short*>(x) + i;
@@ -228,8 +232,7 @@ __device__ __forceinline__ void load_values(const void* x, u64 i, float (&v)[N])
         const uint4 t = *reinterpret_cast<const uint4*>(src);
         w[0] = t.x, w[1] = t.y, w[2] = t.z, w[3] = t.w;
     }
-#pragma unroll
-    for (int e = 0; e < N; ++e) v[e] = Io<T>::from_bits((w[e / 2] >> (16 * (e % 2))) & 0xFFFFu);
+    unpack_pairs<T, N>(w, v);
 }
 
 // GROUP < 32: each warp quantizes 32 / GROUP blocks, GROUP lanes each (blocks of at most GROUP * N values; with

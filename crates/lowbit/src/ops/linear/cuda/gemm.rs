@@ -565,14 +565,13 @@ impl LinearW4A16Gemm {
         // over the whole grid.
         let grid = self.hybrid_grid();
         let (waves, rest) = (tiles / grid, tiles % grid);
-        let hybrid = (waves > 0 && rest > 0 && 2 * rest <= grid && wanted >= 2 && self.max_cluster >= 2)
-            .then_some(SplitPlan {
-                splits: 2,
-                cluster: 2,
-                groups: 1,
-                whole: waves * grid,
-            })
-            .filter(|_| 2 * kernel.resident_clusters[2] >= grid);
+        let fits = wanted >= 2 && self.max_cluster >= 2 && 2 * kernel.resident_clusters[2] >= grid;
+        let hybrid = (fits && waves > 0 && rest > 0 && 2 * rest <= grid).then_some(SplitPlan {
+            splits: 2,
+            cluster: 2,
+            groups: 1,
+            whole: waves * grid,
+        });
         // Fewer splits first, so a tie keeps the cheaper epilogue.
         std::iter::once(SplitPlan::NONE)
             .chain(hybrid)
