@@ -11,6 +11,9 @@ pub struct DoctorArgs {
     /// Target architecture for --compile-only: sm_80 | sm_89 | sm_90a
     #[arg(long)]
     pub arch: Option<String>,
+    /// With --compile-only: also write each kernel family's CUBIN to DIR/<name>.<arch>.cubin (for nvdisasm).
+    #[arg(long, value_name = "DIR")]
+    pub save_cubin: Option<std::path::PathBuf>,
 }
 
 pub fn run(a: DoctorArgs) -> lowbit::Result<()> {
@@ -24,7 +27,14 @@ pub fn run(a: DoctorArgs) -> lowbit::Result<()> {
             ));
         }
         report_toolchain();
-        return compile_all(arch, true);
+        return compile_all(arch, a.save_cubin.as_deref());
+    }
+    if a.save_cubin.is_some() {
+        return Err(lowbit::Error::invalid(
+            "--save-cubin",
+            a.save_cubin.unwrap_or_default().display().to_string(),
+            "is only used with --compile-only",
+        ));
     }
     if a.arch.is_some() {
         return Err(lowbit::Error::invalid(
@@ -59,7 +69,7 @@ pub fn run(a: DoctorArgs) -> lowbit::Result<()> {
         info.l2_bytes >> 20,
         info.total_memory as f64 / (1u64 << 30) as f64
     );
-    compile_all(&info.arch, false)?;
+    compile_all_quiet(&info.arch)?;
     // Load every module through the cache, as operators do.
     for k in cuda::KERNELS {
         let t = Instant::now();
@@ -85,15 +95,32 @@ fn report_toolchain() {
     }
 }
 
-/// Compiles every kernel source with NVRTC (bypassing the cache) and prints time and ptxas resource usage.
-fn compile_all(arch: &str, resources: bool) -> lowbit::Result<()> {
+/// Compiles every kernel source with NVRTC (bypassing the cache) and prints time and ptxas resource usage; with
+/// `save`, writes each CUBIN there too.
+fn compile_all(arch: &str, save: Option<&std::path::Path>) -> lowbit::Result<()> {
+    if let Some(dir) = save {
+        std::fs::create_dir_all(dir).map_err(|e| lowbit::Error::io(dir, e))?;
+    }
     for k in cuda::KERNELS {
-        compile_one(k, arch, resources)?;
+        let compiled = compile_one(k, arch, true)?;
+        if let Some(dir) = save {
+            let path = dir.join(format!("{}.{arch}.cubin", k.name));
+            std::fs::write(&path, &compiled.cubin).map_err(|e| lowbit::Error::io(&path, e))?;
+            println!("  saved {}", path.display());
+        }
     }
     Ok(())
 }
 
-fn compile_one(k: &KernelSource, arch: &str, resources: bool) -> lowbit::Result<()> {
+/// As `compile_all`, printing only the times (a GPU run's check).
+fn compile_all_quiet(arch: &str) -> lowbit::Result<()> {
+    for k in cuda::KERNELS {
+        compile_one(k, arch, false)?;
+    }
+    Ok(())
+}
+
+fn compile_one(k: &KernelSource, arch: &str, resources: bool) -> lowbit::Result<cuda::Compiled> {
     let t = Instant::now();
     let compiled = cuda::compile(k, arch)?;
     println!(
@@ -131,7 +158,7 @@ fn compile_one(k: &KernelSource, arch: &str, resources: bool) -> lowbit::Result<
             log: format!("serialised wgmma pipeline: {serialised:?}"),
         });
     }
-    Ok(())
+    Ok(compiled)
 }
 
 fn ms(t: Instant) -> f64 {

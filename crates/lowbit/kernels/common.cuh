@@ -809,8 +809,6 @@ LB_WGMMA_M64N128K16_RS(BF16, "bf16")
 __device__ __forceinline__ u64 smem_desc_sw32(u32 addr) {
     return (u64)((addr & 0x3FFFF) >> 4) | ((u64)1 << 16) | ((u64)(256 >> 4) << 32) | ((u64)3 << 62);
 }
-// Byte offset of tf32 element k (0..7) of row r in a 32-byte-swizzled tile.
-__device__ __forceinline__ u32 sw32_offset(u32 r, u32 k) { return r * 32 + ((((k >> 2) ^ (r >> 2)) & 1) << 4) + (k & 3) * 4; }
 
 // f32 -> tf32 (round to nearest, ties away; low 13 bits zero), as a float.
 __device__ __forceinline__ float to_tf32(float x) {
@@ -819,15 +817,17 @@ __device__ __forceinline__ float to_tf32(float x) {
     return __uint_as_float(r);
 }
 
-// d[64 x 128] += A[64 x 8] * B[8 x 128] in f32 from tf32 operands, both K-major in shared memory (32-byte swizzle).
-// d[4j + e] of a thread: as wgmma_s8_m64n128k32.
-__device__ __forceinline__ void wgmma_tf32_m64n128k8(float (&d)[64], u64 desc_a, u64 desc_b) {
+// d[64 x 128] += A[64 x 8] * B[8 x 128] in f32 from tf32 operands; B K-major in shared memory (32-byte swizzle), A
+// from registers: a = the thread's elements (row g, k t), (row g + 8, k t),
+// (row g, k t + 4), (row g + 8, k t + 4) of its warp's 16 rows (lane = 4g + t), the layout of mma.m16n8k8's A;
+// d[4j + e] as wgmma_s8_m64n128k32. No shared memory, so no store, proxy fence or warpgroup barrier before the issue.
+__device__ __forceinline__ void wgmma_tf32_m64n128k8(float (&d)[64], const float (&a)[4], u64 desc_b) {
     asm volatile(
         "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 "
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "
         "%23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, "
         "%45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-        "%64, %65, 1, 1, 1;\n"
+        "{%64, %65, %66, %67}, %68, 1, 1, 1;\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
           "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
@@ -836,7 +836,8 @@ __device__ __forceinline__ void wgmma_tf32_m64n128k8(float (&d)[64], u64 desc_a,
           "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
           "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
           "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "l"(desc_a), "l"(desc_b));
+        : "r"(__float_as_uint(a[0])), "r"(__float_as_uint(a[1])), "r"(__float_as_uint(a[2])),
+          "r"(__float_as_uint(a[3])), "l"(desc_b));
 }
 // All 64 f32 accumulators of a wgmma (after a wait: no access moves above it).
 __device__ __forceinline__ void wgmma_fence_operands(float (&d)[64]) {

@@ -655,7 +655,6 @@ __device__ __forceinline__ void gemm(const GemmParams& p) {
 #define PARAM_BYTES 7168
 #define HOPPER_STAGE_BYTES (2 * TILE_BYTES + PARAM_BYTES)
 #define HOPPER_OUT_BYTES (TILE_M * OUT_PITCH)          // the staged output tile, 64 rows per warpgroup
-#define A_OFFSET_BYTES (64 * 32)                       // a warpgroup's tf32 offset operand (64 rows)
 
 // Walks the k tiles of an output tile in order and tells which end a K block: blocks span `per_block` k tiles, the
 // last k tile always ends one (a partial last block). Counters, not a division per stage.
@@ -698,26 +697,21 @@ __device__ __forceinline__ void apply_scaled_dots(float (&out)[64], const int (&
 // The block's offset terms, out += sA*oB*sumA + oA*ot, as one tf32 wgmma (the tensor cores are idle for it; the CUDA
 // cores would spend two FFMA per element): A row m = (u_hi, oA_hi, u_lo, oA_lo, u_hi, oA_hi, 0, 0) with
 // u = sA*sumA, B column n = (oB_hi, ot_hi, oB_hi, ot_hi, oB_lo, ot_lo, 0, 0) from the host, where x = x_hi + x_lo
-// in tf32: hi*hi + lo*hi + hi*lo keeps near-f32 accuracy. Each thread writes its two rows' k pair 2t, 2t + 1 of
-// the warpgroup's A operand (at `a_offset`), then the warpgroup issues the wgmma and commits it.
-__device__ __forceinline__ void issue_offset_terms(float (&out)[64], const float4 (&rows)[2], u32 a_offset,
-                                                   u32 w_offset, int wg, int warp, int lane) {
-    const int g = lane >> 2, t = lane & 3;
+// in tf32: hi*hi + lo*hi + hi*lo keeps near-f32 accuracy. A comes from registers: lane 4g + t holds k = t and
+// t + 4 of its rows g and g + 8, which are the rows whose parameters it already has (`rows`), so the issue needs
+// no shared-memory store, proxy fence or warpgroup barrier.
+__device__ __forceinline__ void issue_offset_terms(float (&out)[64], const float4 (&rows)[2], u32 w_offset, int lane) {
+    const int t = lane & 3;
+    float a[4];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        const float u = rows[h].x * rows[h].z, oa = rows[h].y;
-        const float u_hi = to_tf32(u), oa_hi = to_tf32(oa);
-        const float u_lo = to_tf32(u - u_hi), oa_lo = to_tf32(oa - oa_hi);
-        // k = 2t, 2t + 1 of the row: (u_hi, oa_hi), (u_lo, oa_lo), (u_hi, oa_hi), (0, 0)
-        const float k0 = t == 3 ? 0.0f : t == 1 ? u_lo : u_hi, k1 = t == 3 ? 0.0f : t == 1 ? oa_lo : oa_hi;
-        const u32 r = (warp % 4) * 16 + g + 8 * h;
-        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(a_offset + sw32_offset(r, 2 * t)), "f"(k0), "f"(k1)
-                     : "memory");
+        const float v = (t & 1) ? rows[h].y : rows[h].x * rows[h].z;  // k = t: oA for odd t, u for even
+        const float hi = to_tf32(v), lo = to_tf32(v - hi);
+        a[h] = t < 2 ? hi : lo;          // k = t:     u_hi, oA_hi, u_lo, oA_lo
+        a[2 + h] = t < 2 ? hi : 0.0f;    // k = t + 4: u_hi, oA_hi, 0, 0
     }
-    fence_proxy_async_shared();  // generic-proxy writes, read by wgmma through the async proxy
-    named_barrier_sync(2 + wg, 128);
     wgmma_fence();
-    wgmma_tf32_m64n128k8(out, smem_desc_sw32(a_offset), smem_desc_sw32(w_offset));
+    wgmma_tf32_m64n128k8(out, a, smem_desc_sw32(w_offset));
     wgmma_commit();
 }
 
@@ -760,7 +754,6 @@ __device__ __forceinline__ void consume(const GemmParams& p, u32 base, u32 bars,
     const int lane = tid % 32, warp = tid / 32;
     const u32 wg_row = wg * 64, row0 = wg_row + (warp % 4) * 16;
     const u32 out_tile = base + STAGES * HOPPER_STAGE_BYTES;
-    const u32 a_offset = out_tile + HOPPER_OUT_BYTES + wg * A_OFFSET_BYTES;
     const int my_turn = 4 + wg, their_turn = 5 - wg;
     u32 buf = 0, use = 0;
     bool first_turn = true;
@@ -797,7 +790,7 @@ __device__ __forceinline__ void consume(const GemmParams& p, u32 base, u32 bars,
                 const u32 params = stage + 2 * TILE_BYTES, w_offset = params + SLOT_BYTES;
                 float4 rows[2];
                 apply_scaled_dots(out, dot, params, w_offset + W_OFFSET_BYTES, row0, lane, rows);
-                issue_offset_terms(out, rows, a_offset, w_offset, wg, warp, lane);
+                issue_offset_terms(out, rows, w_offset, lane);
             } else {  // the block goes on: keep one stage of wgmmas in flight
                 wgmma_wait<1>();
             }
@@ -833,7 +826,7 @@ __device__ __forceinline__ void gemm_hopper(const TensorMap* a_map, const Tensor
                                             const GemmParams& p) {
     extern __shared__ __align__(16) unsigned char smem[];
     const u32 base = aligned_smem_base(smem);
-    const u32 bars = base + STAGES * HOPPER_STAGE_BYTES + HOPPER_OUT_BYTES + 2 * A_OFFSET_BYTES;
+    const u32 bars = base + STAGES * HOPPER_STAGE_BYTES + HOPPER_OUT_BYTES;
     const int tid = threadIdx.x, wg = tid / 128;
     const u32 k_tiles = (p.k_steps + STEPS_PER_STAGE - 1) / STEPS_PER_STAGE, tiles = p.tiles_m * p.tiles_n;
     if (tid == 0) init_pipeline_barriers(bars, STAGES, HOPPER_CONSUMERS);

@@ -77,10 +77,10 @@ const HOPPER_PARAM_BYTES: usize = 7168;
 /// f32s of one (K block, 128-column tile) record of the Hopper kernel's weight parameters (`W_PARAM_BYTES`): the
 /// columns' tf32 offset operand (8 each, 32-byte swizzle), then their scales sB.
 const HOPPER_W_RECORD: usize = TILE * 8 + TILE;
-/// Shared memory of the Hopper GEMM with `stages` stages: the stages, the staged output tile, the two warpgroups'
-/// tf32 offset operands (64 rows x 32 bytes), a full and an empty mbarrier per stage.
+/// Shared memory of the Hopper GEMM with `stages` stages: the stages, the staged output tile, a full and an empty
+/// mbarrier per stage.
 fn hopper_smem_bytes(stages: usize) -> usize {
-    SMEM_ALIGN + stages * (2 * TILE * TILE_K + HOPPER_PARAM_BYTES) + TILE * OUT_PITCH + 2 * 64 * 32 + 2 * stages * 8
+    SMEM_ALIGN + stages * (2 * TILE * TILE_K + HOPPER_PARAM_BYTES) + TILE * OUT_PITCH + 2 * stages * 8
 }
 
 /// `x` rounded to tf32 (10 mantissa bits, to nearest even), as the tensor cores read it.
