@@ -636,13 +636,13 @@ __device__ __forceinline__ void gemm(const GemmParams& p) {
 // - Persistent: one CTA per SM walks the tiles blockIdx.x, + gridDim.x, ... in the grouped raster order; the
 //   producer runs ahead into the next tile while the consumers finish this one's epilogue.
 // - Blocks are >= 128 codes (or one per row), so each stage lies in one block. A block's first wgmma overwrites
-//   the int32 accumulator (scale-d = 0). Its last stage also issues the block's offset terms as one tf32 wgmma
-//   (issue_offset_terms) in the same group; the warpgroup waits for the group, then adds (sA*sB)*dot on the CUDA
-//   cores. The two warpgroups take turns on the tensor cores, so one corrects while the other multiplies.
+//   the int32 accumulator (scale-d = 0); at its last stage the warpgroup waits for its wgmmas, adds (sA*sB)*dot on
+//   the CUDA cores and issues the block's offset terms as one tf32 wgmma (issue_offset_terms). The two warpgroups
+//   take turns on the tensor cores, so one corrects while the other multiplies.
 //   (Two accumulators per warpgroup, to overlap within it, left too few registers: ptxas serialised the wgmmas
 //   and the correction ran as one dependent chain.)
-// - Release: a stage that ends a block is free once the correction has read its scales (its wgmmas retired at the
-//   block's wait); one inside a block (blocks > 128, SmoothQuant) one stage later, when the next wait retires them.
+// - A stage is released one stage later, once the wgmmas that read it (the int8 ones, and at a block end the tf32
+//   one, which reads W's record from the stage) have retired.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 
 #define HOPPER_THREADS 384
@@ -672,12 +672,14 @@ struct BlockWalk {
     }
 };
 
-// out += (sA*sB)*dot for this warp's rows of the warpgroup tile; `rows`: the rows' float4 parameters,
-// `scales`: the columns' sB. The dots are converted with I2FP: on sm_90 it issues once and ran 10% faster than the
-// two-instruction magic-number conversion (H200).
-__device__ __forceinline__ void apply_scaled_dots(float (&out)[64], const int (&dot)[64], const float4 (&rows)[2],
-                                                  u32 scales, int lane) {
-    const int t = lane & 3;
+// out += (sA*sB)*dot for this warp's rows of the warpgroup tile (`row0`: the warp's first row in the CTA tile),
+// `a_params`: the rows' float4, `scales`: the columns' sB. Returns the rows' params. The dots are converted with
+// I2FP: on sm_90 it issues once and ran 10% faster than the two-instruction magic-number conversion (H200).
+__device__ __forceinline__ void apply_scaled_dots(float (&out)[64], const int (&dot)[64], u32 a_params, u32 scales,
+                                                  u32 row0, int lane, float4 (&rows)[2]) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) rows[h] = lds128f(a_params + (row0 + g + 8 * h) * 16);
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
         const float2 sb = lds64f(scales + (j * 8 + 2 * t) * 4);
@@ -696,8 +698,8 @@ __device__ __forceinline__ void apply_scaled_dots(float (&out)[64], const int (&
 // cores would spend two FFMA per element): A row m = (u_hi, oA_hi, u_lo, oA_lo, u_hi, oA_hi, 0, 0) with
 // u = sA*sumA, B column n = (oB_hi, ot_hi, oB_hi, ot_hi, oB_lo, ot_lo, 0, 0) from the host, where x = x_hi + x_lo
 // in tf32: hi*hi + lo*hi + hi*lo keeps near-f32 accuracy. A comes from registers: lane 4g + t holds k = t and
-// t + 4 of its rows g and g + 8 (`rows`, the rows' float4 parameters), so the issue needs no shared-memory store,
-// proxy fence or warpgroup barrier. Issued in the block's own wgmma group, after its dots (see `consume`).
+// t + 4 of its rows g and g + 8, which are the rows whose parameters it already has (`rows`), so the issue needs
+// no shared-memory store, proxy fence or warpgroup barrier.
 __device__ __forceinline__ void issue_offset_terms(float (&out)[64], const float4 (&rows)[2], u32 w_offset, int lane) {
     const int t = lane & 3;
     float a[4];
@@ -705,11 +707,12 @@ __device__ __forceinline__ void issue_offset_terms(float (&out)[64], const float
     for (int h = 0; h < 2; ++h) {
         const float v = (t & 1) ? rows[h].y : rows[h].x * rows[h].z;  // k = t: oA for odd t, u for even
         const float hi = to_tf32(v), lo = to_tf32(v - hi);
-        a[h] = t < 2 ? hi : lo;        // k = t:     u_hi, oA_hi, u_lo, oA_lo
-        a[2 + h] = t < 2 ? hi : 0.0f;  // k = t + 4: u_hi, oA_hi, 0, 0
+        a[h] = t < 2 ? hi : lo;          // k = t:     u_hi, oA_hi, u_lo, oA_lo
+        a[2 + h] = t < 2 ? hi : 0.0f;    // k = t + 4: u_hi, oA_hi, 0, 0
     }
-    wgmma_fence();  // the A registers were just written
+    wgmma_fence();
     wgmma_tf32_m64n128k8(out, a, smem_desc_sw32(w_offset));
+    wgmma_commit();
 }
 
 // The producer thread: every k tile of every tile of this CTA, each into the next free stage.
@@ -767,53 +770,38 @@ __device__ __forceinline__ void consume(const GemmParams& p, u32 base, u32 bars,
         for (u32 kt = 0; kt < k_tiles; ++kt, ++use) {
             mbar_wait(bars + buf * 8, (use / STAGES) & 1);
             const u32 stage = base + buf * HOPPER_STAGE_BYTES;
-            const u32 params = stage + 2 * TILE_BYTES, w_offset = params + SLOT_BYTES;
-            const bool block_end = walk.ends(kt, k_tiles);
             if (wg == 1 || !first_turn) named_barrier_sync(my_turn, HOPPER_CONSUMERS);
             first_turn = false;
+            wgmma_fence();
             // All four k steps: past K the codes are zero padding up to k_pad, on both sides.
             // A k step is 32 bytes further along the rows: + 2 in the descriptors' address field (addr >> 4).
             const u64 a_desc = smem_desc_sw128(stage + wg_row * TILE_K), b_desc = smem_desc_sw128(stage + TILE_BYTES);
-            const auto issue_dots = [&] {
-                wgmma_fence();
 #pragma unroll
-                for (int ks = 0; ks < STEPS_PER_STAGE; ++ks)
-                    wgmma_s8_m64n128k32(dot, a_desc + 2 * ks, b_desc + 2 * ks, (block_start && ks == 0) ? 0 : 1);
-            };
-            walk.next(block_end);
-            if (block_end) {
-                // The offset terms go in the same group as the dots, so one wait retires every wgmma that reads
-                // this stage, and the stage is free as soon as the correction has read its scales.
-                issue_dots();
-                float4 rows[2];
-#pragma unroll
-                for (int h = 0; h < 2; ++h) rows[h] = lds128f(params + (row0 + (lane >> 2) + 8 * h) * 16);
-                issue_offset_terms(out, rows, w_offset, lane);
-                wgmma_commit();
-                named_barrier_arrive(their_turn, HOPPER_CONSUMERS);
-                wgmma_wait<0>();  // this block's dots and offset terms, and any held stage's
+            for (int ks = 0; ks < STEPS_PER_STAGE; ++ks)
+                wgmma_s8_m64n128k32(dot, a_desc + 2 * ks, b_desc + 2 * ks, (block_start && ks == 0) ? 0 : 1);
+            wgmma_commit();
+            named_barrier_arrive(their_turn, HOPPER_CONSUMERS);
+            block_start = walk.ends(kt, k_tiles);
+            walk.next(block_start);
+            if (block_start) {
+                wgmma_wait<0>();  // this block's dots, and the previous block's offset terms
                 wgmma_fence_operands(dot);
                 wgmma_fence_operands(out);
-                if (held) mbar_arrive(bars + (STAGES + held_buf) * 8);
-                held = false;
-                apply_scaled_dots(out, dot, rows, w_offset + W_OFFSET_BYTES, lane);
-                mbar_arrive(bars + (STAGES + buf) * 8);  // its scales are read, its wgmmas retired
+                const u32 params = stage + 2 * TILE_BYTES, w_offset = params + SLOT_BYTES;
+                float4 rows[2];
+                apply_scaled_dots(out, dot, params, w_offset + W_OFFSET_BYTES, row0, lane, rows);
+                issue_offset_terms(out, rows, w_offset, lane);
             } else {  // the block goes on: keep one stage of wgmmas in flight
-                issue_dots();
-                wgmma_commit();
-                named_barrier_arrive(their_turn, HOPPER_CONSUMERS);
                 wgmma_wait<1>();
-                if (held) mbar_arrive(bars + (STAGES + held_buf) * 8);  // its wgmmas have retired
-                held = true;
-                held_buf = buf;
             }
-            block_start = block_end;
+            if (held) mbar_arrive(bars + (STAGES + held_buf) * 8);  // its wgmmas have retired
+            held = true;
+            held_buf = buf;
             if (++buf == STAGES) buf = 0;
         }
-        // The last k tile ends a block: every wgmma has retired and every stage is released (the wait is for
-        // ptxas, which cannot tell and would otherwise insert its own).
-        wgmma_wait<0>();
+        wgmma_wait<0>();  // the last block's offset terms
         wgmma_fence_operands(out);
+        mbar_arrive(bars + (STAGES + held_buf) * 8);
 
         // Epilogue: + bias, round once to T, stage this warpgroup's 64 rows, 16-byte row stores.
         const int g = lane >> 2, t = lane & 3;
