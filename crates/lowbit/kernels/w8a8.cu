@@ -672,34 +672,23 @@ struct BlockWalk {
     }
 };
 
-// A block's scales as one thread applies them: its two rows' float4 parameters and its 32 columns' sB.
-struct BlockScales {
-    float4 rows[2];
-    float2 cols[16];  // columns 8j + 2t, 8j + 2t + 1
-};
-
-// Loads this thread's BlockScales from the stage (`a_params`: the rows' float4, `scales`: the columns' sB;
-// `row0`: the warp's first row in the CTA tile). Issued before the wait for the block's dots, so the 18 shared loads
-// land while the tensor cores work; after the wait they cost ~15% of the GEMM (H200, 4096 x 8192 x 28672).
-__device__ __forceinline__ void load_block_scales(BlockScales& s, u32 a_params, u32 scales, u32 row0, int lane) {
+// out += (sA*sB)*dot for this warp's rows of the warpgroup tile (`row0`: the warp's first row in the CTA tile),
+// `a_params`: the rows' float4, `scales`: the columns' sB. Returns the rows' params. The dots are converted with
+// I2FP: on sm_90 it issues once and ran 10% faster than the two-instruction magic-number conversion (H200).
+__device__ __forceinline__ void apply_scaled_dots(float (&out)[64], const int (&dot)[64], u32 a_params, u32 scales,
+                                                  u32 row0, int lane, float4 (&rows)[2]) {
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) s.rows[h] = lds128f(a_params + (row0 + g + 8 * h) * 16);
-#pragma unroll
-    for (int j = 0; j < 16; ++j) s.cols[j] = lds64f(scales + (j * 8 + 2 * t) * 4);
-}
-
-// out += (sA*sB)*dot for this thread's elements. The dots are converted with I2FP: on sm_90 it issues once and ran
-// 10% faster than the two-instruction magic-number conversion (H200).
-__device__ __forceinline__ void apply_scaled_dots(float (&out)[64], const int (&dot)[64], const BlockScales& s) {
+    for (int h = 0; h < 2; ++h) rows[h] = lds128f(a_params + (row0 + g + 8 * h) * 16);
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
+        const float2 sb = lds64f(scales + (j * 8 + 2 * t) * 4);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
                 const int e = 4 * j + 2 * h + c;
-                out[e] = fmaf(s.rows[h].x * (c ? s.cols[j].y : s.cols[j].x), __int2float_rn(dot[e]), out[e]);
+                out[e] = fmaf(rows[h].x * (c ? sb.y : sb.x), __int2float_rn(dot[e]), out[e]);
             }
         }
     }
@@ -795,14 +784,13 @@ __device__ __forceinline__ void consume(const GemmParams& p, u32 base, u32 bars,
             block_start = walk.ends(kt, k_tiles);
             walk.next(block_start);
             if (block_start) {
-                const u32 params = stage + 2 * TILE_BYTES, w_offset = params + SLOT_BYTES;
-                BlockScales scales;
-                load_block_scales(scales, params, w_offset + W_OFFSET_BYTES, row0, lane);
                 wgmma_wait<0>();  // this block's dots, and the previous block's offset terms
                 wgmma_fence_operands(dot);
                 wgmma_fence_operands(out);
-                apply_scaled_dots(out, dot, scales);
-                issue_offset_terms(out, scales.rows, w_offset, lane);
+                const u32 params = stage + 2 * TILE_BYTES, w_offset = params + SLOT_BYTES;
+                float4 rows[2];
+                apply_scaled_dots(out, dot, params, w_offset + W_OFFSET_BYTES, row0, lane, rows);
+                issue_offset_terms(out, rows, w_offset, lane);
             } else {  // the block goes on: keep one stage of wgmmas in flight
                 wgmma_wait<1>();
             }
