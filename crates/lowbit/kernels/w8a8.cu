@@ -776,15 +776,9 @@ __device__ __forceinline__ void consume(const GemmParams& p, u32 base, u32 bars,
             // All four k steps: past K the codes are zero padding up to k_pad, on both sides.
             // A k step is 32 bytes further along the rows: + 2 in the descriptors' address field (addr >> 4).
             const u64 a_desc = smem_desc_sw128(stage + wg_row * TILE_K), b_desc = smem_desc_sw128(stage + TILE_BYTES);
-            // Two independent 64-column chains, interleaved: the tensor pipe always has a wgmma whose accumulator
-            // is not the one just written. The second half of W starts 64 rows (8 KB, + 512 in the address field)
-            // further on.
 #pragma unroll
-            for (int ks = 0; ks < STEPS_PER_STAGE; ++ks) {
-                const int acc = (block_start && ks == 0) ? 0 : 1;
-                wgmma_s8_m64n64k32(&dot[0], a_desc + 2 * ks, b_desc + 2 * ks, acc);
-                wgmma_s8_m64n64k32(&dot[32], a_desc + 2 * ks, b_desc + 512 + 2 * ks, acc);
-            }
+            for (int ks = 0; ks < STEPS_PER_STAGE; ++ks)
+                wgmma_s8_m64n128k32(dot, a_desc + 2 * ks, b_desc + 2 * ks, (block_start && ks == 0) ? 0 : 1);
             wgmma_commit();
             named_barrier_arrive(their_turn, HOPPER_CONSUMERS);
             block_start = walk.ends(kt, k_tiles);
