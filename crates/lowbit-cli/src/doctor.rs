@@ -27,7 +27,7 @@ pub fn run(a: DoctorArgs) -> lowbit::Result<()> {
             ));
         }
         report_toolchain();
-        return compile_all(arch, a.save_cubin.as_deref());
+        return compile_all(arch, true, a.save_cubin.as_deref());
     }
     if a.save_cubin.is_some() {
         return Err(lowbit::Error::invalid(
@@ -69,7 +69,7 @@ pub fn run(a: DoctorArgs) -> lowbit::Result<()> {
         info.l2_bytes >> 20,
         info.total_memory as f64 / (1u64 << 30) as f64
     );
-    compile_all_quiet(&info.arch)?;
+    compile_all(&info.arch, false, None)?;
     // Load every module through the cache, as operators do.
     for k in cuda::KERNELS {
         let t = Instant::now();
@@ -95,27 +95,19 @@ fn report_toolchain() {
     }
 }
 
-/// Compiles every kernel source with NVRTC (bypassing the cache) and prints time and ptxas resource usage; with
-/// `save`, writes each CUBIN there too.
-fn compile_all(arch: &str, save: Option<&std::path::Path>) -> lowbit::Result<()> {
+/// Compiles every kernel source with NVRTC (bypassing the cache) and prints the times, with `resources` ptxas's
+/// resource usage too; with `save`, writes each CUBIN there (atomically, replacing an older dump).
+fn compile_all(arch: &str, resources: bool, save: Option<&std::path::Path>) -> lowbit::Result<()> {
     if let Some(dir) = save {
         std::fs::create_dir_all(dir).map_err(|e| lowbit::Error::io(dir, e))?;
     }
     for k in cuda::KERNELS {
-        let compiled = compile_one(k, arch, true)?;
+        let compiled = compile_one(k, arch, resources)?;
         if let Some(dir) = save {
             let path = dir.join(format!("{}.{arch}.cubin", k.name));
-            std::fs::write(&path, &compiled.cubin).map_err(|e| lowbit::Error::io(&path, e))?;
+            lowbit::checkpoint::write_file_atomic(&path, &compiled.cubin, true)?;
             println!("  saved {}", path.display());
         }
-    }
-    Ok(())
-}
-
-/// As `compile_all`, printing only the times (a GPU run's check).
-fn compile_all_quiet(arch: &str) -> lowbit::Result<()> {
-    for k in cuda::KERNELS {
-        compile_one(k, arch, false)?;
     }
     Ok(())
 }
