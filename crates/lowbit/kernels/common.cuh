@@ -642,6 +642,11 @@ __device__ __forceinline__ void mma_s8_m16n8k32(int (&d)[4], const u32 (&a)[4], 
 __device__ __forceinline__ float small_int_to_f32(int v) {
     return __fsub_rn(__int_as_float(0x4B400000 + v), 12582912.0f);
 }
+// The other way: an f32 of magnitude < 2^22 rounded to the nearest integer (ties to even) as int32, without the
+// sixteenth-rate F2I: adding 1.5 * 2^23 rounds away the fraction, and the integer is what the mantissa gained.
+__device__ __forceinline__ int small_f32_to_int_rn(float x) {
+    return __float_as_int(__fadd_rn(x, 12582912.0f)) - 0x4B400000;
+}
 
 // A CTA's timeline for diagnosing fixed costs (the host's trace hook; null in every normal launch): %globaltimer
 // nanoseconds at each event, written by thread 0 (a consumer in every kernel that traces: the W4A16 GEMM and the

@@ -68,6 +68,11 @@ struct Io<__half> {
         return __half2float(reinterpret_cast<const __half*>(p)[i]);
     }
     __device__ static __forceinline__ float from_bits(u32 b) { return __half2float(__ushort_as_half((u16)b)); }
+    // Lane-wise min / max of two packed pairs (one HMNMX2; both halves are values of the block).
+    __device__ static __forceinline__ u32 min2(u32 a, u32 b) { return pair_bits(__hmin2(half_pair(a), half_pair(b))); }
+    __device__ static __forceinline__ u32 max2(u32 a, u32 b) { return pair_bits(__hmax2(half_pair(a), half_pair(b))); }
+    __device__ static __forceinline__ __half2 half_pair(u32 w) { return *reinterpret_cast<const __half2*>(&w); }
+    __device__ static __forceinline__ u32 pair_bits(__half2 h) { return *reinterpret_cast<const u32*>(&h); }
     __device__ static __forceinline__ u32 pack(float lo, float hi) {
         const __half2 h = __floats2half2_rn(lo, hi);
         return *reinterpret_cast<const u32*>(&h);
@@ -79,6 +84,12 @@ struct Io<__nv_bfloat16> {
         return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(p)[i]);
     }
     __device__ static __forceinline__ float from_bits(u32 b) { return __uint_as_float(b << 16); }
+    __device__ static __forceinline__ u32 min2(u32 a, u32 b) { return pair_bits(__hmin2(half_pair(a), half_pair(b))); }
+    __device__ static __forceinline__ u32 max2(u32 a, u32 b) { return pair_bits(__hmax2(half_pair(a), half_pair(b))); }
+    __device__ static __forceinline__ __nv_bfloat162 half_pair(u32 w) {
+        return *reinterpret_cast<const __nv_bfloat162*>(&w);
+    }
+    __device__ static __forceinline__ u32 pair_bits(__nv_bfloat162 h) { return *reinterpret_cast<const u32*>(&h); }
     __device__ static __forceinline__ u32 pack(float lo, float hi) {
         const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
         return *reinterpret_cast<const u32*>(&h);
@@ -131,18 +142,43 @@ struct BlockQuantizer {
         q_hi = 127.0f;
         inv = __frcp_rn(scale);
     }
-    // clamp(round_half_away((v - offset) / scale), q_lo, q_hi); the first clamp one step wider bounds the value.
-    // The IEEE division costs ~10 instructions an element, so it is only done where it can matter: d * (1/scale)
-    // is within 2^-23 (relative) of d / scale, i.e. within 3e-5 of the CPU's quotient, whose magnitude is at most
-    // ~128. Unless the product lies within 1e-4 of a rounding boundary k + 1/2, both round to the same code; in
-    // that band (or for a non-finite product) the element is divided exactly, as the CPU does.
+    // The codes clamp(round_half_away((v - offset) / scale), q_lo, q_hi) of N values. The IEEE division costs ~10
+    // instructions an element, so it is only done where it can matter: d * (1/scale) is within 2^-23 (relative)
+    // of d / scale, i.e. within 3e-5 of the CPU's quotient, whose magnitude is at most ~128. Unless the product lies
+    // within 1e-4 of a rounding boundary k + 1/2, both round to the same code; in that band (or for a non-finite
+    // product) the element is divided and rounded half away exactly, as the CPU does. Outside it there is no tie,
+    // so round-to-nearest-even by the magic-number addition gives the same code, and clamping to the integer
+    // bounds commutes with the rounding. The band is tested for all N values first and the exact pass runs only
+    // when one of them is in it (~2e-4 of elements), so the common path has no branch per element, no roundf and
+    // no sixteenth-rate F2I: ~9 instructions an element.
+    template <int N>
+    __device__ __forceinline__ void codes(const float (&v)[N], int (&c)[N]) const {
+        float x[N];
+        bool any_near = false;
+#pragma unroll
+        for (int e = 0; e < N; ++e) {
+            x[e] = __fmul_rn(__fsub_rn(v[e], offset), inv);
+            any_near |= near_half(x[e]);
+        }
+        if (any_near) {  // every element divided, then selected: no branch per element on the common path
+#pragma unroll
+            for (int e = 0; e < N; ++e) {
+                const float exact = roundf(__fdiv_rn(__fsub_rn(v[e], offset), scale));
+                x[e] = near_half(x[e]) ? exact : x[e];
+            }
+        }
+#pragma unroll
+        for (int e = 0; e < N; ++e) c[e] = small_f32_to_int_rn(fminf(fmaxf(x[e], q_lo), q_hi));
+    }
     __device__ __forceinline__ int code(float v) const {
-        const float d = __fsub_rn(v, offset);
-        float x = __fmul_rn(d, inv);
+        const float one[1] = {v};
+        int c[1];
+        codes<1>(one, c);
+        return c[0];
+    }
+    __device__ static __forceinline__ bool near_half(float x) {
         const float a = fabsf(x);
-        if (!(fabsf(__fsub_rn(__fsub_rn(a, floorf(a)), 0.5f)) >= 1e-4f)) x = __fdiv_rn(d, scale);
-        x = fminf(fmaxf(x, q_lo - 1.0f), q_hi + 1.0f);
-        return (int)fminf(fmaxf(roundf(x), q_lo), q_hi);
+        return !(fabsf(__fsub_rn(__fsub_rn(a, floorf(a)), 0.5f)) >= 1e-4f);
     }
 };
 
@@ -206,6 +242,11 @@ __device__ __forceinline__ void quantize_block(const QuantizeParams& p) {
 // one N-byte store of codes). The host launches it when every row and block start is N-element aligned (K and
 // the block a multiple of N, x aligned to 2N bytes). Groups that straddle the end of a partial block go element
 // by element.
+// The low bytes of four codes as one word (three PRMT).
+__device__ __forceinline__ u32 pack4_s8(int c0, int c1, int c2, int c3) {
+    return __byte_perm(__byte_perm(c0, c1, 0x0040), __byte_perm(c2, c3, 0x0040), 0x5410);
+}
+
 // N 16-bit values packed in pairs (value e in half e % 2 of word e / 2) as floats.
 template <class T, int N>
 __device__ __forceinline__ void unpack_pairs(const u32 (&w)[4], float (&v)[N]) {
@@ -217,6 +258,16 @@ template <class T>
 __device__ __forceinline__ void unpack8(const uint4& t, float (&v)[8]) {
     const u32 w[4] = {t.x, t.y, t.z, t.w};
     unpack_pairs<T, 8>(w, v);
+}
+// Widens [lo, hi] to the eight values of one 16-byte load: the min / max run on the packed pairs (3 + 3 HMNMX2),
+// only their two survivors are converted (the order of min / max does not matter, and f16 / bf16 -> f32 is exact
+// and monotonic).
+template <class T>
+__device__ __forceinline__ void widen_range8(const uint4& t, float& lo, float& hi) {
+    const u32 mn = Io<T>::min2(Io<T>::min2(t.x, t.y), Io<T>::min2(t.z, t.w));
+    const u32 mx = Io<T>::max2(Io<T>::max2(t.x, t.y), Io<T>::max2(t.z, t.w));
+    lo = fminf(lo, fminf(Io<T>::from_bits(mn & 0xFFFFu), Io<T>::from_bits(mn >> 16)));
+    hi = fmaxf(hi, fmaxf(Io<T>::from_bits(mx & 0xFFFFu), Io<T>::from_bits(mx >> 16)));
 }
 template <class T, int N>
 __device__ __forceinline__ void load_values(const void* x, u64 i, float (&v)[N]) {
@@ -253,25 +304,43 @@ __device__ __forceinline__ void quantize_block_vec(const QuantizeParams& p) {
 
     float v[N];
     float lo = __int_as_float(0x7F800000), hi = -lo;  // +inf, -inf
-    if (whole) {
-        load_values<T, N>(p.x, src + first, v);
-    } else {
-#pragma unroll
-        for (int e = 0; e < N; ++e) v[e] = first + e < len ? Io<T>::load(p.x, src + first + e) : 0.0f;
+    bool ranged = false;
+    if constexpr (N == 8) {  // the common case: the range on the packed pairs
+        if (whole) {
+            const uint4 t = *reinterpret_cast<const uint4*>(reinterpret_cast<const unsigned short*>(p.x) + src + first);
+            widen_range8<T>(t, lo, hi);
+            unpack8<T>(t, v);
+            ranged = true;
+        }
     }
+    if (!ranged) {
+        if (whole) {
+            load_values<T, N>(p.x, src + first, v);
+        } else {
 #pragma unroll
-    for (int e = 0; e < N; ++e)
-        if (first + e < len) lo = fminf(lo, v[e]), hi = fmaxf(hi, v[e]);
+            for (int e = 0; e < N; ++e) v[e] = first + e < len ? Io<T>::load(p.x, src + first + e) : 0.0f;
+        }
+#pragma unroll
+        for (int e = 0; e < N; ++e)
+            if (first + e < len) lo = fminf(lo, v[e]), hi = fmaxf(hi, v[e]);
+    }
     lo = warp_min<GROUP>(lo);
     hi = warp_max<GROUP>(hi);
     const BlockQuantizer<SYM> q(lo, hi);
-    int sum = 0;
-    u32 packed[2] = {0, 0};  // N codes, 4 per word
+    int c[N], sum = 0;
+    q.codes(v, c);
 #pragma unroll
     for (int e = 0; e < N; ++e) {
-        const int c = first + e < len ? q.code(v[e]) : 0;
-        sum += c;
-        packed[e / 4] |= (u32)(c & 0xFF) << (8 * (e % 4));
+        c[e] = first + e < len ? c[e] : 0;
+        sum += c[e];
+    }
+    u32 packed[2] = {0, 0};  // N codes, 4 per word
+    if constexpr (N == 8) {
+        packed[0] = pack4_s8(c[0], c[1], c[2], c[3]);
+        packed[1] = pack4_s8(c[4], c[5], c[6], c[7]);
+    } else {
+#pragma unroll
+        for (int e = 0; e < N; ++e) packed[e / 4] |= (u32)(c[e] & 0xFF) << (8 * (e % 4));
     }
     if (whole) {
         if (N == 8) *reinterpret_cast<uint2*>(codes + first) = make_uint2(packed[0], packed[1]);
@@ -293,91 +362,108 @@ __device__ __forceinline__ void quantize_block_vec(const QuantizeParams& p) {
 
 // One CTA of 256 threads per (row, block), for blocks longer than a warp's registers hold (SmoothQuant's one block
 // per row): eight consecutive values per thread and 16-byte load (the host launches it when K and the block are
-// multiples of 8 and x is 16-byte aligned). HELD > 0: the block (at most 2048 HELD values) stays in registers, all
-// of a thread's loads in flight at once and one read of memory; HELD = 0: any length, two passes over the block
-// (the second reads it from L2), one 16-byte load in flight per thread at a time (~1.7 TB/s at K = 14336).
+// multiples of 8 and x is 16-byte aligned).
+// HELD > 0: the block (at most 2048 HELD values) stays in registers, one read of memory. The grid is persistent
+// (as many CTAs as stay resident, each striding over units): while a CTA quantizes one unit, the loads of its next
+// unit are already in flight, so memory stays busy through the reductions and the code arithmetic, which a CTA
+// per unit left exposed (~2 TB/s at K = 4096 and 14336).
+// HELD = 0: any length, two passes over the block (the second reads it from L2), one 16-byte load in flight per
+// thread at a time (~1.7 TB/s at K = 14336); one unit per CTA.
+template <class T, int HELD>
+__device__ __forceinline__ void load_held(const QuantizeParams& p, u64 unit, uint4 (&held)[HELD]) {
+    const u32 row = (u32)(unit / p.blocks), b = (u32)(unit % p.blocks);
+    const u32 start = b * p.block, len = min(p.block, p.k - start);
+    const uint4* x = reinterpret_cast<const uint4*>(reinterpret_cast<const unsigned short*>(p.x) +
+                                                    (u64)row * p.ldx + start);
+#pragma unroll
+    for (int c = 0; c < HELD; ++c) {
+        const u32 i = (c * 256 + threadIdx.x) * 8;
+        if (i < len) held[c] = x[i / 8];
+    }
+}
+
 template <class T, bool SYM, int HELD>
 __device__ __forceinline__ void quantize_block_cta(const QuantizeParams& p) {
     __shared__ float part_lo[8], part_hi[8];
     __shared__ int part_sum[8];
-    const u32 row = blockIdx.x / p.blocks, b = blockIdx.x % p.blocks;
-    const u32 start = b * p.block, len = min(p.block, p.k - start);  // a multiple of 8
-    const u64 src = (u64)row * p.ldx + start;
-    signed char* codes = p.codes + (u64)row * p.k_pad + start;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const u64 units = (u64)p.m * p.blocks;
+    constexpr int SLOTS = HELD > 0 ? HELD : 1;
+    uint4 held[SLOTS], next[SLOTS];
+    if (HELD > 0 && blockIdx.x < units) load_held<T, SLOTS>(p, blockIdx.x, held);
 
-    float lo = __int_as_float(0x7F800000), hi = -lo;  // +inf, -inf
-    uint4 held[HELD > 0 ? HELD : 1];
-    const uint4* row_x = reinterpret_cast<const uint4*>(reinterpret_cast<const unsigned short*>(p.x) + src);
-    if (HELD > 0) {
-#pragma unroll
-        for (int c = 0; c < HELD; ++c) {
-            const u32 i = (c * 256 + threadIdx.x) * 8;
-            if (i < len) held[c] = row_x[i / 8];
-        }
-#pragma unroll
-        for (int c = 0; c < HELD; ++c) {
-            if ((c * 256 + threadIdx.x) * 8 >= len) break;
-            float v[8];
-            unpack8<T>(held[c], v);
-#pragma unroll
-            for (int e = 0; e < 8; ++e) lo = fminf(lo, v[e]), hi = fmaxf(hi, v[e]);
-        }
-    } else {
-        for (u32 i = threadIdx.x * 8; i < len; i += 256 * 8) {
-            float v[8];
-            load_values<T, 8>(p.x, src + i, v);
-#pragma unroll
-            for (int e = 0; e < 8; ++e) lo = fminf(lo, v[e]), hi = fmaxf(hi, v[e]);
-        }
-    }
-    lo = warp_min(lo);
-    hi = warp_max(hi);
-    if (lane == 0) part_lo[warp] = lo, part_hi[warp] = hi;
-    __syncthreads();
-#pragma unroll
-    for (int w = 0; w < 8; ++w) lo = fminf(lo, part_lo[w]), hi = fmaxf(hi, part_hi[w]);
-    const BlockQuantizer<SYM> q(lo, hi);
+    for (u64 unit = blockIdx.x; unit < units; unit += gridDim.x) {
+        if (HELD > 0 && unit + gridDim.x < units) load_held<T, SLOTS>(p, unit + gridDim.x, next);
+        const u32 row = (u32)(unit / p.blocks), b = (u32)(unit % p.blocks);
+        const u32 start = b * p.block, len = min(p.block, p.k - start);  // a multiple of 8
+        const u64 src = (u64)row * p.ldx + start;
+        signed char* codes = p.codes + (u64)row * p.k_pad + start;
 
-    int sum = 0;
-    // The codes of values i .. i + 7.
-    auto emit = [&](u32 i, const float (&v)[8]) {
-        u32 packed[2] = {0, 0};
+        float lo = __int_as_float(0x7F800000), hi = -lo;  // +inf, -inf
+        if (HELD > 0) {
 #pragma unroll
-        for (int e = 0; e < 8; ++e) {
-            const int c = q.code(v[e]);
-            sum += c;
-            packed[e / 4] |= (u32)(c & 0xFF) << (8 * (e % 4));
-        }
-        *reinterpret_cast<uint2*>(codes + i) = make_uint2(packed[0], packed[1]);
-    };
-    if (HELD > 0) {
+            for (int c = 0; c < HELD; ++c) {
+                if ((c * 256 + threadIdx.x) * 8 >= len) break;
+                widen_range8<T>(held[c], lo, hi);
+            }
+        } else {
+            for (u32 i = threadIdx.x * 8; i < len; i += 256 * 8) {
+                float v[8];
+                load_values<T, 8>(p.x, src + i, v);
 #pragma unroll
-        for (int c = 0; c < HELD; ++c) {  // unrolled: the registers are indexed at compile time
-            const u32 i = (c * 256 + threadIdx.x) * 8;
-            if (i >= len) break;
-            float v[8];
-            unpack8<T>(held[c], v);
-            emit(i, v);
+                for (int e = 0; e < 8; ++e) lo = fminf(lo, v[e]), hi = fmaxf(hi, v[e]);
+            }
         }
-    } else {
-        for (u32 i = threadIdx.x * 8; i < len; i += 256 * 8) {
-            float v[8];
-            load_values<T, 8>(p.x, src + i, v);
-            emit(i, v);
-        }
-    }
-    sum = warp_sum(sum);
-    if (lane == 0) part_sum[warp] = sum;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int total = 0;
+        lo = warp_min(lo);
+        hi = warp_max(hi);
+        if (lane == 0) part_lo[warp] = lo, part_hi[warp] = hi;
+        __syncthreads();
 #pragma unroll
-        for (int w = 0; w < 8; ++w) total += part_sum[w];
-        p.params[(u64)b * p.m + row] = make_float4(q.scale, q.offset, (float)total, 0.0f);
-    }
-    if (b == p.blocks - 1) {
-        for (u32 idx = p.k + threadIdx.x; idx < p.k_pad; idx += 256) p.codes[(u64)row * p.k_pad + idx] = 0;
+        for (int w = 0; w < 8; ++w) lo = fminf(lo, part_lo[w]), hi = fmaxf(hi, part_hi[w]);
+        const BlockQuantizer<SYM> q(lo, hi);
+
+        int sum = 0;
+        // The codes of values i .. i + 7.
+        auto emit = [&](u32 i, const float (&v)[8]) {
+            int c[8];
+            q.codes(v, c);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) sum += c[e];
+            *reinterpret_cast<uint2*>(codes + i) =
+                make_uint2(pack4_s8(c[0], c[1], c[2], c[3]), pack4_s8(c[4], c[5], c[6], c[7]));
+        };
+        if (HELD > 0) {
+#pragma unroll
+            for (int c = 0; c < HELD; ++c) {  // unrolled: the registers are indexed at compile time
+                const u32 i = (c * 256 + threadIdx.x) * 8;
+                if (i >= len) break;
+                float v[8];
+                unpack8<T>(held[c], v);
+                emit(i, v);
+            }
+        } else {
+            for (u32 i = threadIdx.x * 8; i < len; i += 256 * 8) {
+                float v[8];
+                load_values<T, 8>(p.x, src + i, v);
+                emit(i, v);
+            }
+        }
+        sum = warp_sum(sum);
+        if (lane == 0) part_sum[warp] = sum;
+        // Also orders this unit's reads of part_lo / part_hi before the next unit's writes (and thread 0's read of
+        // part_sum below before the next unit's writes, which come after the next barrier).
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            int total = 0;
+#pragma unroll
+            for (int w = 0; w < 8; ++w) total += part_sum[w];
+            p.params[(u64)b * p.m + row] = make_float4(q.scale, q.offset, (float)total, 0.0f);
+        }
+        if (b == p.blocks - 1) {
+            for (u32 idx = p.k + threadIdx.x; idx < p.k_pad; idx += 256) p.codes[(u64)row * p.k_pad + idx] = 0;
+        }
+#pragma unroll
+        for (int c = 0; c < SLOTS; ++c) held[c] = next[c];
     }
 }
 

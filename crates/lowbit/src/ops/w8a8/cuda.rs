@@ -326,6 +326,22 @@ struct VectorQuantizer {
     align: u64,
     /// (row, block) units one CTA of 256 threads quantizes.
     units_per_cta: u64,
+    /// For the persistent `_cta<H>` variants: the CTAs that stay resident on the device, the most the grid uses.
+    resident_ctas: Option<u64>,
+}
+
+/// CTAs of `THREADS` threads of `function` that stay resident on the whole device (occupancy query).
+fn resident_ctas(device: &CudaDevice, function: &CudaFunction, name: &str) -> Result<u64> {
+    // The occupancy query needs the context current on this thread (cudarc does not bind it here).
+    device
+        .context()
+        .bind_to_thread()
+        .map_err(crate::cuda::driver_error("cuCtxSetCurrent"))?;
+    let per_sm = function
+        .occupancy_max_active_blocks_per_multiprocessor(THREADS, 0, None)
+        .map_err(crate::cuda::driver_error(format!("occupancy of {name}")))?
+        .max(1) as u64;
+    Ok(device.info().sm_count.max(1) as u64 * per_sm)
 }
 
 impl QuantizeActivationsCuda {
@@ -369,11 +385,18 @@ impl QuantizeActivationsCuda {
             Some((suffix, align, units_per_cta)) => {
                 let name = format!("w8a8_quantize_{}_{mode_name}_{suffix}", dtype.name());
                 let function = device.function(&KERNEL, &name)?;
+                let persistent = suffix.starts_with("cta") && suffix != "cta";
+                let resident_ctas = if persistent {
+                    Some(resident_ctas(device, &function, &name)?)
+                } else {
+                    None
+                };
                 Some(VectorQuantizer {
                     name,
                     function,
                     align,
                     units_per_cta,
+                    resident_ctas,
                 })
             }
             None => None,
@@ -428,7 +451,14 @@ impl QuantizeActivationsCuda {
         let x = buffer(x.device_ptr(stream).0, x.len(), layout.m * layout.k, "x", 2)?;
         let vector = self.vector.as_ref().filter(|v| x % v.align == 0);
         let units = layout.m as u64 * layout.blocks() as u64;
-        let blocks = units.div_ceil(vector.map_or(THREADS as u64 / 32, |v| v.units_per_cta));
+        let blocks = match vector {
+            // Persistent: as few CTAs as give every one the same number of units (±1), at most the resident ones.
+            Some(VectorQuantizer {
+                resident_ctas: Some(resident),
+                ..
+            }) => units.div_ceil(units.div_ceil(*resident).max(1)),
+            _ => units.div_ceil(vector.map_or(THREADS as u64 / 32, |v| v.units_per_cta)),
+        };
         ensure(
             blocks <= i32::MAX as u64,
             "activations",
