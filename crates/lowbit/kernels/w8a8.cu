@@ -8,8 +8,9 @@
 //   w8a8_quantize_<t>_<mode>_<v>  fp16/bf16 activations [M, K] -> int8 codes [M, K_pad] (zero padded) and per
 //       (row, block) params float4 {scale, offset, code sum, 0} stored [blocks][M]. <v>: r1/r2/r4/r8 (a warp per
 //       block, its values in registers), v2/v4/v8 (the same with vector loads), v8g4/g8/g16 (16-byte loads, groups
-//       of 4-16 lanes per block, several blocks per warp), cta (a CTA per block: SmoothQuant's per-token rows),
-//       loop (two passes, any block). Bit-exact with the CPU quantizer: every step is an IEEE-rounded f32 operation.
+//       of 4-16 lanes per block, several blocks per warp), pipe (persistent CTAs, a CTA per block at a time, the
+//       next blocks' copies in flight: SmoothQuant's per-token rows), cta (a CTA per block, two passes, any length),
+//       loop (a warp per block, two passes, any block). Bit-exact with the CPU quantizer: every step is an IEEE-rounded f32 operation.
 //   w8a8_gemm_<t>_s<stages>  the mma.sync GEMM (sm_80+), applying each block's correction in registers.
 //   w8a8_wgmma_<t>_s<stages>  the Hopper GEMM (sm_90a): warp-specialised, TMA, wgmma; see its section below.
 //
@@ -38,6 +39,7 @@ struct QuantizeParams {
     float4* params;         // [blocks][M] {scale, offset, code sum, 0}
     u32 m, k, ldx, k_pad;
     u32 block, blocks;
+    u32 stages;             // `_pipe` only: shared-memory stages (2..4) of one block each
 };
 
 struct GemmParams {
@@ -360,111 +362,102 @@ __device__ __forceinline__ void quantize_block_vec(const QuantizeParams& p) {
     }
 }
 
-// One CTA of 256 threads per (row, block), for blocks longer than a warp's registers hold (SmoothQuant's one block
-// per row): eight consecutive values per thread and 16-byte load (the host launches it when K and the block are
-// multiples of 8 and x is 16-byte aligned).
-// HELD > 0: the block (at most 2048 HELD values) stays in registers, one read of memory. The grid is persistent
-// (as many CTAs as stay resident, each striding over units): while a CTA quantizes one unit, the loads of its next
-// unit are already in flight, so memory stays busy through the reductions and the code arithmetic, which a CTA
-// per unit left exposed (~2 TB/s at K = 4096 and 14336).
-// HELD = 0: any length, two passes over the block (the second reads it from L2), one 16-byte load in flight per
-// thread at a time (~1.7 TB/s at K = 14336); one unit per CTA.
-template <class T, int HELD>
-__device__ __forceinline__ void load_held(const QuantizeParams& p, u64 unit, uint4 (&held)[HELD]) {
-    const u32 row = (u32)(unit / p.blocks), b = (u32)(unit % p.blocks);
-    const u32 start = b * p.block, len = min(p.block, p.k - start);
-    const uint4* x = reinterpret_cast<const uint4*>(reinterpret_cast<const unsigned short*>(p.x) +
-                                                    (u64)row * p.ldx + start);
-#pragma unroll
-    for (int c = 0; c < HELD; ++c) {
-        const u32 i = (c * 256 + threadIdx.x) * 8;
-        if (i < len) held[c] = x[i / 8];
-    }
-}
+// Long blocks (SmoothQuant's one block per row, blocks of 512 and more) get a CTA of 256 threads per (row, block)
+// and 16-byte loads: eight consecutive values per thread and load (the host launches these when K and the block are
+// multiples of 8 and x is 16-byte aligned). Two variants share the block quantization below.
 
-template <class T, bool SYM, int HELD>
-__device__ __forceinline__ void quantize_block_cta(const QuantizeParams& p) {
+// The CTA's quantization of one (row, block) whose values `value_chunk(c)` (16 bytes: values 8c .. 8c + 7) returns
+// for the chunks c = threadIdx.x, threadIdx.x + 256, ...: a pass for the range, the CTA's reduction, a pass for the
+// codes (each pass reads the chunks again), the code-sum reduction and the parameters.
+template <class T, bool SYM, class Chunks>
+__device__ __forceinline__ void quantize_unit_cta(const QuantizeParams& p, u32 row, u32 b, Chunks value_chunk) {
     __shared__ float part_lo[8], part_hi[8];
     __shared__ int part_sum[8];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const u64 units = (u64)p.m * p.blocks;
-    constexpr int SLOTS = HELD > 0 ? HELD : 1;
-    uint4 held[SLOTS], next[SLOTS];
-    if (HELD > 0 && blockIdx.x < units) load_held<T, SLOTS>(p, blockIdx.x, held);
+    const u32 start = b * p.block, chunks = min(p.block, p.k - start) / 8;
+    signed char* codes = p.codes + (u64)row * p.k_pad + start;
 
-    for (u64 unit = blockIdx.x; unit < units; unit += gridDim.x) {
-        if (HELD > 0 && unit + gridDim.x < units) load_held<T, SLOTS>(p, unit + gridDim.x, next);
-        const u32 row = (u32)(unit / p.blocks), b = (u32)(unit % p.blocks);
-        const u32 start = b * p.block, len = min(p.block, p.k - start);  // a multiple of 8
-        const u64 src = (u64)row * p.ldx + start;
-        signed char* codes = p.codes + (u64)row * p.k_pad + start;
+    float lo = __int_as_float(0x7F800000), hi = -lo;  // +inf, -inf
+    for (u32 c = threadIdx.x; c < chunks; c += 256) widen_range8<T>(value_chunk(c), lo, hi);
+    lo = warp_min(lo);
+    hi = warp_max(hi);
+    if (lane == 0) part_lo[warp] = lo, part_hi[warp] = hi;
+    __syncthreads();
+#pragma unroll
+    for (int w = 0; w < 8; ++w) lo = fminf(lo, part_lo[w]), hi = fmaxf(hi, part_hi[w]);
+    const BlockQuantizer<SYM> q(lo, hi);
 
-        float lo = __int_as_float(0x7F800000), hi = -lo;  // +inf, -inf
-        if (HELD > 0) {
+    int sum = 0;
+    for (u32 c = threadIdx.x; c < chunks; c += 256) {
+        float v[8];
+        unpack8<T>(value_chunk(c), v);
+        int code[8];
+        q.codes(v, code);
 #pragma unroll
-            for (int c = 0; c < HELD; ++c) {
-                if ((c * 256 + threadIdx.x) * 8 >= len) break;
-                widen_range8<T>(held[c], lo, hi);
-            }
-        } else {
-            for (u32 i = threadIdx.x * 8; i < len; i += 256 * 8) {
-                float v[8];
-                load_values<T, 8>(p.x, src + i, v);
-#pragma unroll
-                for (int e = 0; e < 8; ++e) lo = fminf(lo, v[e]), hi = fmaxf(hi, v[e]);
-            }
-        }
-        lo = warp_min(lo);
-        hi = warp_max(hi);
-        if (lane == 0) part_lo[warp] = lo, part_hi[warp] = hi;
-        __syncthreads();
-#pragma unroll
-        for (int w = 0; w < 8; ++w) lo = fminf(lo, part_lo[w]), hi = fmaxf(hi, part_hi[w]);
-        const BlockQuantizer<SYM> q(lo, hi);
-
-        int sum = 0;
-        // The codes of values i .. i + 7.
-        auto emit = [&](u32 i, const float (&v)[8]) {
-            int c[8];
-            q.codes(v, c);
-#pragma unroll
-            for (int e = 0; e < 8; ++e) sum += c[e];
-            *reinterpret_cast<uint2*>(codes + i) =
-                make_uint2(pack4_s8(c[0], c[1], c[2], c[3]), pack4_s8(c[4], c[5], c[6], c[7]));
-        };
-        if (HELD > 0) {
-#pragma unroll
-            for (int c = 0; c < HELD; ++c) {  // unrolled: the registers are indexed at compile time
-                const u32 i = (c * 256 + threadIdx.x) * 8;
-                if (i >= len) break;
-                float v[8];
-                unpack8<T>(held[c], v);
-                emit(i, v);
-            }
-        } else {
-            for (u32 i = threadIdx.x * 8; i < len; i += 256 * 8) {
-                float v[8];
-                load_values<T, 8>(p.x, src + i, v);
-                emit(i, v);
-            }
-        }
-        sum = warp_sum(sum);
-        if (lane == 0) part_sum[warp] = sum;
-        // Also orders this unit's reads of part_lo / part_hi before the next unit's writes (and thread 0's read of
-        // part_sum below before the next unit's writes, which come after the next barrier).
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            int total = 0;
-#pragma unroll
-            for (int w = 0; w < 8; ++w) total += part_sum[w];
-            p.params[(u64)b * p.m + row] = make_float4(q.scale, q.offset, (float)total, 0.0f);
-        }
-        if (b == p.blocks - 1) {
-            for (u32 idx = p.k + threadIdx.x; idx < p.k_pad; idx += 256) p.codes[(u64)row * p.k_pad + idx] = 0;
-        }
-#pragma unroll
-        for (int c = 0; c < SLOTS; ++c) held[c] = next[c];
+        for (int e = 0; e < 8; ++e) sum += code[e];
+        *reinterpret_cast<uint2*>(codes + c * 8) =
+            make_uint2(pack4_s8(code[0], code[1], code[2], code[3]), pack4_s8(code[4], code[5], code[6], code[7]));
     }
+    sum = warp_sum(sum);
+    if (lane == 0) part_sum[warp] = sum;
+    // Also orders every thread's reads of part_lo / part_hi before a next unit's writes; thread 0's reads of
+    // part_sum below come before the next unit's writes, which follow that unit's first barrier.
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int total = 0;
+#pragma unroll
+        for (int w = 0; w < 8; ++w) total += part_sum[w];
+        p.params[(u64)b * p.m + row] = make_float4(q.scale, q.offset, (float)total, 0.0f);
+    }
+    if (b == p.blocks - 1) {
+        for (u32 idx = p.k + threadIdx.x; idx < p.k_pad; idx += 256) p.codes[(u64)row * p.k_pad + idx] = 0;
+    }
+}
+
+// The pipelined variant, for blocks whose `stages` copies fit in shared memory (the host picks 2-4 stages of the
+// block, at most 96 KB). The grid is persistent: each CTA strides over (row, block) units, and the cp.async copies
+// of its next stages - 1 units are in flight while it quantizes one, so memory stays busy through the reductions
+// and the code arithmetic. Holding the values in registers instead (a CTA per unit) left that time exposed
+// (~2 TB/s); prefetching into registers kept too few bytes in flight per SM. Each thread reads back only the chunks
+// it copied itself, so its own cp.async.wait_group is all the synchronisation the data needs.
+template <class T, bool SYM>
+__device__ __forceinline__ void quantize_block_pipe(const QuantizeParams& p) {
+    extern __shared__ uint4 stage_chunks[];  // p.stages stages of p.block / 8 chunks
+    const u64 units = (u64)p.m * p.blocks;
+    const u32 per_stage = p.block / 8;
+    auto issue = [&](u64 unit, u32 stage) {
+        if (unit < units) {
+            const u32 row = (u32)(unit / p.blocks), b = (u32)(unit % p.blocks);
+            const u32 start = b * p.block, chunks = min(p.block, p.k - start) / 8;
+            const uint4* x = reinterpret_cast<const uint4*>(reinterpret_cast<const unsigned short*>(p.x) +
+                                                            (u64)row * p.ldx + start);
+            for (u32 c = threadIdx.x; c < chunks; c += 256) cp_async16(stage_chunks + stage * per_stage + c, x + c);
+        }
+        cp_async_commit();  // empty past the last unit: the group count stays in step
+    };
+    for (u32 s = 0; s + 1 < p.stages; ++s) issue(blockIdx.x + (u64)s * gridDim.x, s);
+    u32 stage = 0;
+    for (u64 unit = blockIdx.x; unit < units; unit += gridDim.x) {
+        issue(unit + (u64)(p.stages - 1) * gridDim.x, (stage + p.stages - 1) % p.stages);
+        // This unit's group is the oldest of `stages` in flight.
+        if (p.stages == 4) cp_async_wait<3>();
+        else if (p.stages == 3) cp_async_wait<2>();
+        else cp_async_wait<1>();
+        const uint4* chunk = stage_chunks + stage * per_stage;
+        quantize_unit_cta<T, SYM>(p, (u32)(unit / p.blocks), (u32)(unit % p.blocks),
+                                  [&](u32 c) { return chunk[c]; });
+        stage = stage + 1 == p.stages ? 0 : stage + 1;
+    }
+}
+
+// Any block length: a CTA per unit, two passes over global memory (the second from L2), one 16-byte load in flight
+// per thread at a time (~1.7 TB/s at K = 14336).
+template <class T, bool SYM>
+__device__ __forceinline__ void quantize_block_cta(const QuantizeParams& p) {
+    const u32 row = blockIdx.x / p.blocks, b = blockIdx.x % p.blocks;
+    const uint4* x = reinterpret_cast<const uint4*>(reinterpret_cast<const unsigned short*>(p.x) +
+                                                    (u64)row * p.ldx + b * p.block);
+    quantize_unit_cta<T, SYM>(p, row, b, [&](u32 c) { return x[c]; });
 }
 
 // ------------------------------------------------------------------------------------------------------------------
@@ -960,16 +953,12 @@ __device__ __forceinline__ void gemm_hopper(const TensorMap* a_map, const Tensor
     QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_sym_v8g4, quantize_block_vec<T, true, 8, 4>)             \
     QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_sym_v8g8, quantize_block_vec<T, true, 8, 8>)             \
     QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_sym_v8g16, quantize_block_vec<T, true, 8, 16>)
-// `_cta`: a CTA per block, two passes, any block; `_cta<H>`: blocks of at most 2048 H values held in registers.
+// `_cta`: a CTA per block, two passes, any block; `_pipe`: persistent CTAs, blocks staged in shared memory.
 #define QUANTIZE_CTA_KERNELS(TNAME, T)                                                              \
-    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_asym_cta, quantize_block_cta<T, false, 0>)               \
-    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_asym_cta2, quantize_block_cta<T, false, 2>)              \
-    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_asym_cta4, quantize_block_cta<T, false, 4>)              \
-    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_asym_cta8, quantize_block_cta<T, false, 8>)              \
-    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_sym_cta, quantize_block_cta<T, true, 0>)                 \
-    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_sym_cta2, quantize_block_cta<T, true, 2>)                \
-    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_sym_cta4, quantize_block_cta<T, true, 4>)                \
-    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_sym_cta8, quantize_block_cta<T, true, 8>)
+    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_asym_cta, quantize_block_cta<T, false>)                  \
+    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_asym_pipe, quantize_block_pipe<T, false>)                \
+    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_sym_cta, quantize_block_cta<T, true>)                    \
+    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_sym_pipe, quantize_block_pipe<T, true>)
 QUANTIZE_CTA_KERNELS(f16, __half)
 QUANTIZE_CTA_KERNELS(bf16, __nv_bfloat16)
 QUANTIZE_KERNELS(f16, __half)

@@ -141,6 +141,7 @@ struct QuantizeParams {
     k_pad: u32,
     block: u32,
     blocks: u32,
+    stages: u32,
 }
 
 /// Kernel parameters of the GEMM; field order matches `struct GemmParams` in `kernels/w8a8.cu`.
@@ -315,9 +316,10 @@ pub struct QuantizeActivationsCuda {
 }
 
 /// A quantizer variant with vector loads. When K and the block are multiples of 8, 16-byte loads: `_v8g<G>` (groups
-/// of G lanes per block, 32 / G blocks per warp) up to 128, `_v8` (a warp per block) up to 256, `_cta2/4/8` (a CTA
-/// per block, held in registers) up to 16384, `_cta` (the same in two passes) beyond. Otherwise `_v<N>` (N consecutive values per lane, one 2N-byte load) when K and the block are
-/// multiples of N.
+/// of G lanes per block, 32 / G blocks per warp) up to 128, `_v8` (a warp per block) up to 256, `_pipe` (persistent
+/// CTAs, a CTA per block at a time with the next blocks staged in shared memory) up to [`PIPE_MAX_BLOCK`], `_cta`
+/// (a CTA per block, two passes) beyond. Otherwise `_v<N>` (N consecutive values per lane, one 2N-byte load) when
+/// K and the block are multiples of N.
 #[derive(Debug, Clone)]
 struct VectorQuantizer {
     name: String,
@@ -326,22 +328,54 @@ struct VectorQuantizer {
     align: u64,
     /// (row, block) units one CTA of 256 threads quantizes.
     units_per_cta: u64,
-    /// For the persistent `_cta<H>` variants: the CTAs that stay resident on the device, the most the grid uses.
-    resident_ctas: Option<u64>,
+    /// `_pipe` only: its stages and grid.
+    pipe: Option<Pipe>,
 }
 
-/// CTAs of `THREADS` threads of `function` that stay resident on the whole device (occupancy query).
-fn resident_ctas(device: &CudaDevice, function: &CudaFunction, name: &str) -> Result<u64> {
-    // The occupancy query needs the context current on this thread (cudarc does not bind it here).
-    device
-        .context()
-        .bind_to_thread()
-        .map_err(crate::cuda::driver_error("cuCtxSetCurrent"))?;
-    let per_sm = function
-        .occupancy_max_active_blocks_per_multiprocessor(THREADS, 0, None)
-        .map_err(crate::cuda::driver_error(format!("occupancy of {name}")))?
-        .max(1) as u64;
-    Ok(device.info().sm_count.max(1) as u64 * per_sm)
+/// The shared-memory stages of the `_pipe` quantizer and its persistent grid.
+#[derive(Debug, Clone, Copy)]
+struct Pipe {
+    stages: u32,
+    shared_bytes: u32,
+    /// CTAs that stay resident on the device: the most the grid uses.
+    resident_ctas: u64,
+}
+
+/// Shared memory the `_pipe` quantizer may use: what every sm_80+ GPU grants one CTA (sm_86 / sm_89: 99 KB).
+const PIPE_SHARED_BYTES: usize = 96 << 10;
+/// The longest block `_pipe` takes: two stages of 16-bit values in [`PIPE_SHARED_BYTES`].
+const PIPE_MAX_BLOCK: usize = PIPE_SHARED_BYTES / 2 / 2;
+
+impl Pipe {
+    /// Up to four stages of `block_size` 16-bit values, as many as fit (at least two: the caller checks the block
+    /// against [`PIPE_MAX_BLOCK`]), and the resident CTAs of `function` with that shared memory.
+    fn new(device: &CudaDevice, function: &CudaFunction, name: &str, block_size: usize) -> Result<Self> {
+        let stages = (PIPE_SHARED_BYTES / (2 * block_size)).min(4);
+        let shared_bytes = (stages * 2 * block_size) as u32;
+        // The driver calls below need the context current on this thread (cudarc does not bind it here).
+        device
+            .context()
+            .bind_to_thread()
+            .map_err(crate::cuda::driver_error("cuCtxSetCurrent"))?;
+        // The most any block size asks for: the function is shared by every quantizer on the device.
+        function
+            .set_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                PIPE_SHARED_BYTES as i32,
+            )
+            .map_err(crate::cuda::driver_error(format!(
+                "shared memory ({PIPE_SHARED_BYTES} bytes) of {name}"
+            )))?;
+        let per_sm = function
+            .occupancy_max_active_blocks_per_multiprocessor(THREADS, shared_bytes as usize, None)
+            .map_err(crate::cuda::driver_error(format!("occupancy of {name}")))?
+            .max(1) as u64;
+        Ok(Self {
+            stages: stages as u32,
+            shared_bytes,
+            resident_ctas: device.info().sm_count.max(1) as u64 * per_sm,
+        })
+    }
 }
 
 impl QuantizeActivationsCuda {
@@ -369,10 +403,8 @@ impl QuantizeActivationsCuda {
             let group = (block_size / 8).next_power_of_two().max(4);
             Some(match group {
                 // A CTA per block: held in registers up to 16384 values (`_cta<H>`: 2048 H), else two passes.
-                64.. => {
-                    let held = [2, 4, 8].into_iter().find(|&h| block_size <= 2048 * h);
-                    (held.map_or("cta".to_string(), |h| format!("cta{h}")), 16, 1)
-                }
+                64.. if block_size <= PIPE_MAX_BLOCK => ("pipe".to_string(), 16, 1),
+                64.. => ("cta".to_string(), 16, 1),
                 32 => ("v8".to_string(), 16, warps),
                 _ => (format!("v8g{group}"), 16, warps * (32 / group) as u64),
             })
@@ -385,9 +417,8 @@ impl QuantizeActivationsCuda {
             Some((suffix, align, units_per_cta)) => {
                 let name = format!("w8a8_quantize_{}_{mode_name}_{suffix}", dtype.name());
                 let function = device.function(&KERNEL, &name)?;
-                let persistent = suffix.starts_with("cta") && suffix != "cta";
-                let resident_ctas = if persistent {
-                    Some(resident_ctas(device, &function, &name)?)
+                let pipe = if suffix == "pipe" {
+                    Some(Pipe::new(device, &function, &name, block_size)?)
                 } else {
                     None
                 };
@@ -396,7 +427,7 @@ impl QuantizeActivationsCuda {
                     function,
                     align,
                     units_per_cta,
-                    resident_ctas,
+                    pipe,
                 })
             }
             None => None,
@@ -451,13 +482,11 @@ impl QuantizeActivationsCuda {
         let x = buffer(x.device_ptr(stream).0, x.len(), layout.m * layout.k, "x", 2)?;
         let vector = self.vector.as_ref().filter(|v| x % v.align == 0);
         let units = layout.m as u64 * layout.blocks() as u64;
-        let blocks = match vector {
+        let pipe = vector.and_then(|v| v.pipe);
+        let blocks = match pipe {
             // Persistent: as few CTAs as give every one the same number of units (±1), at most the resident ones.
-            Some(VectorQuantizer {
-                resident_ctas: Some(resident),
-                ..
-            }) => units.div_ceil(units.div_ceil(*resident).max(1)),
-            _ => units.div_ceil(vector.map_or(THREADS as u64 / 32, |v| v.units_per_cta)),
+            Some(pipe) => units.div_ceil(units.div_ceil(pipe.resident_ctas).max(1)),
+            None => units.div_ceil(vector.map_or(THREADS as u64 / 32, |v| v.units_per_cta)),
         };
         ensure(
             blocks <= i32::MAX as u64,
@@ -475,11 +504,12 @@ impl QuantizeActivationsCuda {
             k_pad: layout.k_pad() as u32,
             block: layout.block_size as u32,
             blocks: layout.blocks() as u32,
+            stages: pipe.map_or(0, |p| p.stages),
         };
         let config = LaunchConfig {
             grid_dim: (blocks as u32, 1, 1),
             block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: 0,
+            shared_mem_bytes: pipe.map_or(0, |p| p.shared_bytes),
         };
         let (kernel, function) = match vector {
             Some(v) => (&v.name, &v.function),
