@@ -127,7 +127,9 @@ __device__ __forceinline__ int warp_sum(int v) {
 template <bool SYM>
 struct BlockQuantizer {
     float scale, offset, q_lo, q_hi;
-    float inv;  // 1 / scale, rounded
+    float inv;      // 1 / scale, rounded
+    float shift;    // -offset / scale, rounded: (v - offset) / scale ~ v * inv + shift, one FFMA
+    float near;     // |x - rint(x)| at least this: x may be too close to k + 1/2 to round like the CPU's quotient
     __device__ __forceinline__ BlockQuantizer(float lo, float hi) {
         if (SYM) {
             const float s = __fdiv_rn(fmaxf(fabsf(lo), fabsf(hi)), 127.0f);
@@ -143,44 +145,41 @@ struct BlockQuantizer {
         }
         q_hi = 127.0f;
         inv = __frcp_rn(scale);
+        shift = -__fmul_rn(offset, inv);
+        // The error bound of codes() below, doubled: 3e-5 + 1.8e-7 |shift|.
+        near = 0.5f - (1e-4f + 4e-7f * fabsf(shift));
     }
-    // The codes clamp(round_half_away((v - offset) / scale), q_lo, q_hi) of N values. The IEEE division costs ~10
-    // instructions an element, so it is only done where it can matter: d * (1/scale) is within 2^-23 (relative)
-    // of d / scale, i.e. within 3e-5 of the CPU's quotient, whose magnitude is at most ~128. Unless the product lies
-    // within 1e-4 of a rounding boundary k + 1/2, both round to the same code; in that band (or for a non-finite
-    // product) the element is divided and rounded half away exactly, as the CPU does. Outside it there is no tie,
-    // so round-to-nearest-even by the magic-number addition gives the same code, and clamping to the integer
-    // bounds commutes with the rounding. The band is tested for all N values first and the exact pass runs only
-    // when one of them is in it (~2e-4 of elements), so the common path has no branch per element, no roundf and
-    // no sixteenth-rate F2I: ~9 instructions an element.
+    // The codes clamp(round_half_away(RN(v - offset) / scale), q_lo, q_hi) of N values, as the CPU computes them.
+    // The IEEE division costs ~10 instructions an element, so it is only done where it can matter:
+    // - x = v * inv + shift (one rounding) is within (2|x| + 3|shift|) * 2^-24 of (v - offset) / scale, and the
+    //   CPU's quotient within 2|x| * 2^-24 of it; |x| <= ~128 after the clamp.
+    // - Unless x lies within `0.5 - near` of a rounding boundary k + 1/2, both round to the same integer, and there
+    //   is no tie: round-to-nearest-even by the magic-number addition gives the CPU's code. Clamping to the
+    //   integer bounds first commutes with the rounding (a clamped x is an integer, never near a half).
+    // - When any of the N is in that band (~2e-4 of elements), all N are divided and rounded half away exactly.
+    // So the common path has no branch or saved predicate per element, no division, no roundf and no
+    // sixteenth-rate F2I: ~8 instructions an element.
     template <int N>
     __device__ __forceinline__ void codes(const float (&v)[N], int (&c)[N]) const {
-        float x[N];
         bool any_near = false;
 #pragma unroll
         for (int e = 0; e < N; ++e) {
-            x[e] = __fmul_rn(__fsub_rn(v[e], offset), inv);
-            any_near |= near_half(x[e]);
+            const float x = fminf(fmaxf(__fmaf_rn(v[e], inv, shift), q_lo), q_hi);
+            const float t = __fadd_rn(x, 12582912.0f);  // 1.5 * 2^23: x rounded into the mantissa
+            any_near |= fabsf(__fsub_rn(x, __fsub_rn(t, 12582912.0f))) >= near;
+            c[e] = __float_as_int(t) - 0x4B400000;
         }
-        if (any_near) {  // every element divided, then selected: no branch per element on the common path
+        if (any_near) {  // all N the CPU's way: no branch or saved predicate per element on the common path
 #pragma unroll
-            for (int e = 0; e < N; ++e) {
-                const float exact = roundf(__fdiv_rn(__fsub_rn(v[e], offset), scale));
-                x[e] = near_half(x[e]) ? exact : x[e];
-            }
+            for (int e = 0; e < N; ++e)
+                c[e] = (int)fminf(fmaxf(roundf(__fdiv_rn(__fsub_rn(v[e], offset), scale)), q_lo), q_hi);
         }
-#pragma unroll
-        for (int e = 0; e < N; ++e) c[e] = small_f32_to_int_rn(fminf(fmaxf(x[e], q_lo), q_hi));
     }
     __device__ __forceinline__ int code(float v) const {
         const float one[1] = {v};
         int c[1];
         codes<1>(one, c);
         return c[0];
-    }
-    __device__ static __forceinline__ bool near_half(float x) {
-        const float a = fabsf(x);
-        return !(fabsf(__fsub_rn(__fsub_rn(a, floorf(a)), 0.5f)) >= 1e-4f);
     }
 };
 
@@ -423,11 +422,11 @@ __device__ __forceinline__ void quantize_unit_cta(const QuantizeParams& p, u32 r
 template <class T, bool SYM>
 __device__ __forceinline__ void quantize_block_pipe(const QuantizeParams& p) {
     extern __shared__ uint4 stage_chunks[];  // p.stages stages of p.block / 8 chunks
-    const u64 units = (u64)p.m * p.blocks;
+    const u32 units = p.m * p.blocks;        // < 2^31 (the host checks): 32-bit unit arithmetic
     const u32 per_stage = p.block / 8;
-    auto issue = [&](u64 unit, u32 stage) {
+    auto issue = [&](u32 unit, u32 stage) {
         if (unit < units) {
-            const u32 row = (u32)(unit / p.blocks), b = (u32)(unit % p.blocks);
+            const u32 row = unit / p.blocks, b = unit - row * p.blocks;
             const u32 start = b * p.block, chunks = min(p.block, p.k - start) / 8;
             const uint4* x = reinterpret_cast<const uint4*>(reinterpret_cast<const unsigned short*>(p.x) +
                                                             (u64)row * p.ldx + start);
@@ -435,17 +434,17 @@ __device__ __forceinline__ void quantize_block_pipe(const QuantizeParams& p) {
         }
         cp_async_commit();  // empty past the last unit: the group count stays in step
     };
-    for (u32 s = 0; s + 1 < p.stages; ++s) issue(blockIdx.x + (u64)s * gridDim.x, s);
+    for (u32 s = 0; s + 1 < p.stages; ++s) issue(blockIdx.x + s * gridDim.x, s);
     u32 stage = 0;
-    for (u64 unit = blockIdx.x; unit < units; unit += gridDim.x) {
-        issue(unit + (u64)(p.stages - 1) * gridDim.x, (stage + p.stages - 1) % p.stages);
+    for (u32 unit = blockIdx.x; unit < units; unit += gridDim.x) {
+        issue(unit + (p.stages - 1) * gridDim.x, stage == 0 ? p.stages - 1 : stage - 1);
         // This unit's group is the oldest of `stages` in flight.
         if (p.stages == 4) cp_async_wait<3>();
         else if (p.stages == 3) cp_async_wait<2>();
         else cp_async_wait<1>();
         const uint4* chunk = stage_chunks + stage * per_stage;
-        quantize_unit_cta<T, SYM>(p, (u32)(unit / p.blocks), (u32)(unit % p.blocks),
-                                  [&](u32 c) { return chunk[c]; });
+        const u32 row = unit / p.blocks;
+        quantize_unit_cta<T, SYM>(p, row, unit - row * p.blocks, [&](u32 c) { return chunk[c]; });
         stage = stage + 1 == p.stages ? 0 : stage + 1;
     }
 }

@@ -483,8 +483,16 @@ impl QuantizeActivationsCuda {
         let vector = self.vector.as_ref().filter(|v| x % v.align == 0);
         let units = layout.m as u64 * layout.blocks() as u64;
         let pipe = vector.and_then(|v| v.pipe);
+        // `_pipe` counts units (and a grid beyond them) in 32 bits.
+        ensure(
+            pipe.is_none() || units < 1 << 31,
+            "activations",
+            format!("shape [{}, {}]", layout.m, layout.k),
+            "too many blocks for one launch",
+        )?;
         let blocks = match pipe {
             // Persistent: as few CTAs as give every one the same number of units (±1), at most the resident ones.
+            Some(_) if std::env::var_os("LOWBIT_EXPERIMENT_PIPE_PER_UNIT").is_some() => units,
             Some(pipe) => units.div_ceil(units.div_ceil(pipe.resident_ctas).max(1)),
             None => units.div_ceil(vector.map_or(THREADS as u64 / 32, |v| v.units_per_cta)),
         };
