@@ -316,8 +316,9 @@ pub struct QuantizeActivationsCuda {
 }
 
 /// A quantizer variant with vector loads. When K and the block are multiples of 8, 16-byte loads: `_v8g<G>` (groups
-/// of G lanes per block, 32 / G blocks per warp) up to 128, `_v8` (a warp per block) up to 256, `_pipe` (persistent
-/// CTAs, a CTA per block at a time with the next blocks staged in shared memory) up to [`PIPE_MAX_BLOCK`], `_cta`
+/// of G lanes per block, 32 / G blocks per warp) up to 128, `_v8` (a warp per block) up to 256, `_w<H>` (a warp per
+/// block, H 16-byte loads a lane) up to 4096, `_pipe` (persistent CTAs, a CTA per block at a time with the next
+/// blocks staged in shared memory) up to [`PIPE_MAX_BLOCK`], `_cta`
 /// (a CTA per block, two passes) beyond. Otherwise `_v<N>` (N consecutive values per lane, one 2N-byte load) when
 /// K and the block are multiples of N.
 #[derive(Debug, Clone)]
@@ -403,6 +404,8 @@ impl QuantizeActivationsCuda {
             let group = (block_size / 8).next_power_of_two().max(4);
             Some(match group {
                 // A CTA per block: held in registers up to 16384 values (`_cta<H>`: 2048 H), else two passes.
+                // A warp per block, 2..16 chunks a lane, up to 4096.
+                64..=512 => (format!("w{}", group / 32), 16, warps),
                 64.. if block_size <= PIPE_MAX_BLOCK => ("pipe".to_string(), 16, 1),
                 64.. => ("cta".to_string(), 16, 1),
                 32 => ("v8".to_string(), 16, warps),
@@ -483,16 +486,15 @@ impl QuantizeActivationsCuda {
         let vector = self.vector.as_ref().filter(|v| x % v.align == 0);
         let units = layout.m as u64 * layout.blocks() as u64;
         let pipe = vector.and_then(|v| v.pipe);
-        // `_pipe` counts units (and a grid beyond them) in 32 bits.
+        // `_pipe` and `_w<H>` count units (and a grid beyond them) in 32 bits.
         ensure(
-            pipe.is_none() || units < 1 << 31,
+            vector.is_none() || units < 1 << 31,
             "activations",
             format!("shape [{}, {}]", layout.m, layout.k),
             "too many blocks for one launch",
         )?;
         let blocks = match pipe {
             // Persistent: as few CTAs as give every one the same number of units (±1), at most the resident ones.
-            Some(_) if std::env::var_os("LOWBIT_EXPERIMENT_PIPE_PER_UNIT").is_some() => units,
             Some(pipe) => units.div_ceil(units.div_ceil(pipe.resident_ctas).max(1)),
             None => units.div_ceil(vector.map_or(THREADS as u64 / 32, |v| v.units_per_cta)),
         };
