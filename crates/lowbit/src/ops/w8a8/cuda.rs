@@ -403,11 +403,10 @@ impl QuantizeActivationsCuda {
         let variant = if k % 8 == 0 && block_size % 8 == 0 {
             let group = (block_size / 8).next_power_of_two().max(4);
             Some(match group {
-                // A CTA per block: held in registers up to 16384 values (`_cta<H>`: 2048 H), else two passes.
-                // A warp per block, 2..16 chunks a lane, up to 4096.
+                // A warp per block, 2..16 chunks a lane, up to 4096; then a CTA per block, staged or two passes.
                 64..=512 => (format!("w{}", group / 32), 16, warps),
-                64.. if block_size <= PIPE_MAX_BLOCK => ("pipe".to_string(), 16, 1),
-                64.. => ("cta".to_string(), 16, 1),
+                513.. if block_size <= PIPE_MAX_BLOCK => ("pipe".to_string(), 16, 1),
+                513.. => ("cta".to_string(), 16, 1),
                 32 => ("v8".to_string(), 16, warps),
                 _ => (format!("v8g{group}"), 16, warps * (32 / group) as u64),
             })
