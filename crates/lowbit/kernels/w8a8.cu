@@ -6,12 +6,13 @@
 //
 // Kernels (extern "C", instantiated at the bottom):
 //   w8a8_quantize_<t>_<mode>_<v>  fp16/bf16 activations [M, K] -> int8 codes [M, K_pad] (zero padded) and per
-//       (row, block) params float4 {scale, offset, code sum, 0} stored [blocks][M]. <v>: r1/r2/r4/r8 (a warp per
-//       block, its values in registers), v2/v4/v8 (the same with vector loads), v8g4/g8/g16 (16-byte loads, groups
-//       of 4-16 lanes per block, several blocks per warp), w2/w4/w8/w16 (a warp per block, 2-16 16-byte loads per lane),
-//       pipe (persistent CTAs, a CTA per block at a time, the next blocks' copies in flight: SmoothQuant's rows
-//       beyond K = 4096), cta (a CTA per block, two passes, any length),
-//       loop (a warp per block, two passes, any block). Bit-exact with the CPU quantizer: every step is an IEEE-rounded f32 operation.
+//       (row, block) params float4 {scale, offset, code sum, 0} stored [blocks][M]. <v>:
+//       - r1/r2/r4/r8: a warp per block, its values in registers; v2/v4/v8: the same with vector loads;
+//       - v8g4/g8/g16: 16-byte loads, groups of 4-16 lanes per block, several blocks per warp (blocks <= 128);
+//       - warp: persistent warps, a warp per block at a time with its next blocks' copies in flight (264..4096:
+//         SmoothQuant's rows up to K = 4096); pipe: the same with a CTA per block (longer rows);
+//       - cta: a CTA per block, two passes, any length; loop: a warp per block, two passes, any block.
+//       Bit-exact with the CPU quantizer: every step is an IEEE-rounded f32 operation.
 //   w8a8_gemm_<t>_s<stages>  the mma.sync GEMM (sm_80+), applying each block's correction in registers.
 //   w8a8_wgmma_<t>_s<stages>  the Hopper GEMM (sm_90a): warp-specialised, TMA, wgmma; see its section below.
 //
@@ -244,6 +245,13 @@ __device__ __forceinline__ void quantize_block(const QuantizeParams& p) {
 // one N-byte store of codes). The host launches it when every row and block start is N-element aligned (K and
 // the block a multiple of N, x aligned to 2N bytes). Groups that straddle the end of a partial block go element
 // by element.
+// cp.async.wait_group with a run-time count of 1..3 groups left in flight (the instruction takes an immediate).
+__device__ __forceinline__ void cp_async_wait_pending(u32 n) {
+    if (n >= 3) cp_async_wait<3>();
+    else if (n == 2) cp_async_wait<2>();
+    else cp_async_wait<1>();
+}
+
 // The low bytes of four codes as one word (three PRMT).
 __device__ __forceinline__ u32 pack4_s8(int c0, int c1, int c2, int c3) {
     return __byte_perm(__byte_perm(c0, c1, 0x0040), __byte_perm(c2, c3, 0x0040), 0x5410);
@@ -362,51 +370,65 @@ __device__ __forceinline__ void quantize_block_vec(const QuantizeParams& p) {
     }
 }
 
-// Blocks of 264 .. 256 HELD values (multiples of 8; SmoothQuant's rows up to K = 4096): a warp per (row, block),
-// HELD 16-byte chunks per lane, all loaded before the first is used, one read of memory. Only warp shuffles reduce:
-// no barrier, no shared memory, and each lane's fixed cost (indexing, the reductions, the scale) is spread over up
-// to 128 values. A CTA of 256 threads per block left that cost on 16 values a thread at K = 4096, which made the
-// quantizer issue-bound (~34 instructions a value in Nsight Compute).
-template <class T, bool SYM, int HELD>
+// Blocks of 264 .. 4096 values (multiples of 8; SmoothQuant's rows up to K = 4096): a warp per (row, block), and
+// persistent: each warp strides over units with its own `stages` shared-memory stages, the cp.async copies of its
+// next units in flight while it quantizes one. Only warp shuffles reduce (no barrier), each lane's fixed cost is
+// spread over up to 128 values, and each lane reads back only the chunks it copied itself, so its own
+// cp.async.wait_group is all the synchronisation the data needs. Why: a CTA of 256 threads per block left the fixed
+// cost on 16 values a thread at K = 4096 (issue-bound: ~34 instructions a value in Nsight Compute); a warp per block
+// holding its values in registers ran its loads and its arithmetic in lock-step phases across the SM (~1.9 TB/s).
+template <class T, bool SYM>
 __device__ __forceinline__ void quantize_block_warp(const QuantizeParams& p) {
-    const u32 unit = (blockIdx.x * blockDim.x + threadIdx.x) / 32;  // < 2^31 (the host checks)
-    const int lane = threadIdx.x % 32;
-    if (unit >= p.m * p.blocks) return;  // whole warps: the shuffles need every lane
-    const u32 row = unit / p.blocks, b = unit - row * p.blocks;
-    const u32 start = b * p.block, chunks = min(p.block, p.k - start) / 8;
-    const uint4* x = reinterpret_cast<const uint4*>(reinterpret_cast<const unsigned short*>(p.x) +
-                                                    (u64)row * p.ldx + start);
-    signed char* codes = p.codes + (u64)row * p.k_pad + start;
+    extern __shared__ uint4 stage_chunks[];  // per warp: p.stages stages of p.block / 8 chunks
+    const int lane = threadIdx.x % 32, warps_per_cta = blockDim.x / 32;
+    const u32 per_stage = p.block / 8;
+    uint4* mine = stage_chunks + (threadIdx.x / 32) * p.stages * per_stage;
+    const u32 units = p.m * p.blocks;  // < 2^31 (the host checks): 32-bit unit arithmetic
+    const u32 warps = gridDim.x * warps_per_cta, first = blockIdx.x * warps_per_cta + threadIdx.x / 32;
+    auto issue = [&](u32 unit, u32 stage) {
+        if (unit < units) {
+            const u32 row = unit / p.blocks, b = unit - row * p.blocks;
+            const u32 start = b * p.block, chunks = min(p.block, p.k - start) / 8;
+            const uint4* x = reinterpret_cast<const uint4*>(reinterpret_cast<const unsigned short*>(p.x) +
+                                                            (u64)row * p.ldx + start);
+            for (u32 c = lane; c < chunks; c += 32) cp_async16(mine + stage * per_stage + c, x + c);
+        }
+        cp_async_commit();  // empty past the last unit: the group count stays in step
+    };
+    for (u32 s = 0; s + 1 < p.stages; ++s) issue(first + s * warps, s);
+    u32 stage = 0;
+    for (u32 unit = first; unit < units; unit += warps) {  // the same unit for the whole warp
+        issue(unit + (p.stages - 1) * warps, stage == 0 ? p.stages - 1 : stage - 1);
+        cp_async_wait_pending(p.stages - 1);  // this unit's group is the oldest of `stages` in flight
+        const uint4* chunk = mine + stage * per_stage;
+        const u32 row = unit / p.blocks, b = unit - row * p.blocks;
+        const u32 start = b * p.block, chunks = min(p.block, p.k - start) / 8;
+        signed char* codes = p.codes + (u64)row * p.k_pad + start;
 
-    uint4 held[HELD];
+        float lo = __int_as_float(0x7F800000), hi = -lo;  // +inf, -inf
+        for (u32 c = lane; c < chunks; c += 32) widen_range8<T>(chunk[c], lo, hi);
+        const BlockQuantizer<SYM> q(warp_min(lo), warp_max(hi));
+        int sum = 0;
+#pragma unroll 4
+        for (u32 c = lane; c < chunks; c += 32) {
+            float v[8];
+            unpack8<T>(chunk[c], v);
+            int code[8];
+            q.codes(v, code);
 #pragma unroll
-    for (int j = 0; j < HELD; ++j)
-        if (lane + 32 * j < chunks) held[j] = x[lane + 32 * j];
-    float lo = __int_as_float(0x7F800000), hi = -lo;  // +inf, -inf
-#pragma unroll
-    for (int j = 0; j < HELD; ++j)
-        if (lane + 32 * j < chunks) widen_range8<T>(held[j], lo, hi);
-    const BlockQuantizer<SYM> q(warp_min(lo), warp_max(hi));
-    int sum = 0;
-#pragma unroll
-    for (int j = 0; j < HELD; ++j) {
-        const u32 c = lane + 32 * j;
-        if (c >= chunks) break;
-        float v[8];
-        unpack8<T>(held[j], v);
-        int code[8];
-        q.codes(v, code);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) sum += code[e];
-        *reinterpret_cast<uint2*>(codes + c * 8) =
-            make_uint2(pack4_s8(code[0], code[1], code[2], code[3]), pack4_s8(code[4], code[5], code[6], code[7]));
-    }
-    sum = warp_sum(sum);
-    if (lane == 0) p.params[(u64)b * p.m + row] = make_float4(q.scale, q.offset, (float)sum, 0.0f);
-    if (b == p.blocks - 1) {
-        for (u32 idx = p.k + lane; idx < p.k_pad; idx += 32) p.codes[(u64)row * p.k_pad + idx] = 0;
+            for (int e = 0; e < 8; ++e) sum += code[e];
+            *reinterpret_cast<uint2*>(codes + c * 8) = make_uint2(pack4_s8(code[0], code[1], code[2], code[3]),
+                                                                  pack4_s8(code[4], code[5], code[6], code[7]));
+        }
+        sum = warp_sum(sum);
+        if (lane == 0) p.params[(u64)b * p.m + row] = make_float4(q.scale, q.offset, (float)sum, 0.0f);
+        if (b == p.blocks - 1) {
+            for (u32 idx = p.k + lane; idx < p.k_pad; idx += 32) p.codes[(u64)row * p.k_pad + idx] = 0;
+        }
+        stage = stage + 1 == p.stages ? 0 : stage + 1;
     }
 }
+
 
 // Longer blocks (SmoothQuant's rows beyond K = 4096) get a CTA of 256 threads per (row, block)
 // and 16-byte loads: eight consecutive values per thread and load (the host launches these when K and the block are
@@ -485,10 +507,7 @@ __device__ __forceinline__ void quantize_block_pipe(const QuantizeParams& p) {
     u32 stage = 0;
     for (u32 unit = blockIdx.x; unit < units; unit += gridDim.x) {
         issue(unit + (p.stages - 1) * gridDim.x, stage == 0 ? p.stages - 1 : stage - 1);
-        // This unit's group is the oldest of `stages` in flight.
-        if (p.stages == 4) cp_async_wait<3>();
-        else if (p.stages == 3) cp_async_wait<2>();
-        else cp_async_wait<1>();
+        cp_async_wait_pending(p.stages - 1);  // this unit's group is the oldest of `stages` in flight
         const uint4* chunk = stage_chunks + stage * per_stage;
         const u32 row = unit / p.blocks;
         quantize_unit_cta<T, SYM>(p, row, unit - row * p.blocks, [&](u32 c) { return chunk[c]; });
@@ -999,17 +1018,11 @@ __device__ __forceinline__ void gemm_hopper(const TensorMap* a_map, const Tensor
     QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_sym_v8g4, quantize_block_vec<T, true, 8, 4>)             \
     QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_sym_v8g8, quantize_block_vec<T, true, 8, 8>)             \
     QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_sym_v8g16, quantize_block_vec<T, true, 8, 16>)
-// `_w<H>`: a warp per block of at most 256 H values (H = 2..16); `_cta`: a CTA per block, two passes, any block; `_pipe`:
-// persistent CTAs, blocks staged in shared memory.
+// `_warp` / `_pipe`: persistent warps / CTAs, a block each at a time, staged in shared memory; `_cta`: a CTA per
+// block, two passes, any block.
 #define QUANTIZE_CTA_KERNELS(TNAME, T)                                                              \
-    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_asym_w2, quantize_block_warp<T, false, 2>)               \
-    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_asym_w4, quantize_block_warp<T, false, 4>)               \
-    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_asym_w8, quantize_block_warp<T, false, 8>)               \
-    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_asym_w16, quantize_block_warp<T, false, 16>)             \
-    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_sym_w2, quantize_block_warp<T, true, 2>)                 \
-    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_sym_w4, quantize_block_warp<T, true, 4>)                 \
-    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_sym_w8, quantize_block_warp<T, true, 8>)                 \
-    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_sym_w16, quantize_block_warp<T, true, 16>)               \
+    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_asym_warp, quantize_block_warp<T, false>)                \
+    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_sym_warp, quantize_block_warp<T, true>)                  \
     QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_asym_cta, quantize_block_cta<T, false>)                  \
     QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_asym_pipe, quantize_block_pipe<T, false>)                \
     QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_sym_cta, quantize_block_cta<T, true>)                    \
