@@ -9,9 +9,8 @@
 //       (row, block) params float4 {scale, offset, code sum, 0} stored [blocks][M]. <v>:
 //       - r1/r2/r4/r8: a warp per block, its values in registers; v2/v4/v8: the same with vector loads;
 //       - v8g4/g8/g16: 16-byte loads, groups of 4-16 lanes per block, several blocks per warp (blocks <= 128);
-//       - warp: persistent warps, a warp per block at a time with its next blocks' copies in flight (264..4096:
-//         SmoothQuant's rows up to K = 4096); pipe: the same with a CTA per block (longer rows);
-//       - cta: a CTA per block, two passes, any length; loop: a warp per block, two passes, any block.
+//       - cta2/cta4/cta8: a CTA per block (SmoothQuant's per-token rows), up to 2048 H values held in registers;
+//         cta: the same in two passes, any length; loop: a warp per block, two passes, any block.
 //       Bit-exact with the CPU quantizer: every step is an IEEE-rounded f32 operation.
 //   w8a8_gemm_<t>_s<stages>  the mma.sync GEMM (sm_80+), applying each block's correction in registers.
 //   w8a8_wgmma_<t>_s<stages>  the Hopper GEMM (sm_90a): warp-specialised, TMA, wgmma; see its section below.
@@ -41,7 +40,6 @@ struct QuantizeParams {
     float4* params;         // [blocks][M] {scale, offset, code sum, 0}
     u32 m, k, ldx, k_pad;
     u32 block, blocks;
-    u32 stages;             // `_pipe` only: shared-memory stages (2..4) of one block each
 };
 
 struct GemmParams {
@@ -251,13 +249,6 @@ __device__ __forceinline__ void quantize_block(const QuantizeParams& p) {
 // one N-byte store of codes). The host launches it when every row and block start is N-element aligned (K and
 // the block a multiple of N, x aligned to 2N bytes). Groups that straddle the end of a partial block go element
 // by element.
-// cp.async.wait_group with a run-time count of 1..3 groups left in flight (the instruction takes an immediate).
-__device__ __forceinline__ void cp_async_wait_pending(u32 n) {
-    if (n >= 3) cp_async_wait<3>();
-    else if (n == 2) cp_async_wait<2>();
-    else cp_async_wait<1>();
-}
-
 // The low bytes of four codes as one word (three PRMT).
 __device__ __forceinline__ u32 pack4_s8(int c0, int c1, int c2, int c3) {
     return __byte_perm(__byte_perm(c0, c1, 0x0040), __byte_perm(c2, c3, 0x0040), 0x5410);
@@ -376,83 +367,43 @@ __device__ __forceinline__ void quantize_block_vec(const QuantizeParams& p) {
     }
 }
 
-// Blocks of 264 .. 4096 values (multiples of 8; SmoothQuant's rows up to K = 4096): a warp per (row, block), and
-// persistent: each warp strides over units with its own `stages` shared-memory stages, the cp.async copies of its
-// next units in flight while it quantizes one. Only warp shuffles reduce (no barrier), each lane's fixed cost is
-// spread over up to 128 values, and each lane reads back only the chunks it copied itself, so its own
-// cp.async.wait_group is all the synchronisation the data needs. Why: a CTA of 256 threads per block left the fixed
-// cost on 16 values a thread at K = 4096 (issue-bound: ~34 instructions a value in Nsight Compute); a warp per block
-// holding its values in registers ran its loads and its arithmetic in lock-step phases across the SM (~1.9 TB/s).
-template <class T, bool SYM>
-__device__ __forceinline__ void quantize_block_warp(const QuantizeParams& p) {
-    extern __shared__ uint4 stage_chunks[];  // per warp: p.stages stages of p.block / 8 chunks
-    const int lane = threadIdx.x % 32, warps_per_cta = blockDim.x / 32;
-    const u32 per_stage = p.block / 8;
-    uint4* mine = stage_chunks + (threadIdx.x / 32) * p.stages * per_stage;
-    const u32 units = p.m * p.blocks;  // < 2^31 (the host checks): 32-bit unit arithmetic
-    const u32 warps = gridDim.x * warps_per_cta, first = blockIdx.x * warps_per_cta + threadIdx.x / 32;
-    auto issue = [&](u32 unit, u32 stage) {
-        if (unit < units) {
-            const u32 row = unit / p.blocks, b = unit - row * p.blocks;
-            const u32 start = b * p.block, chunks = min(p.block, p.k - start) / 8;
-            const uint4* x = reinterpret_cast<const uint4*>(reinterpret_cast<const unsigned short*>(p.x) +
-                                                            (u64)row * p.ldx + start);
-            for (u32 c = lane; c < chunks; c += 32) cp_async16(mine + stage * per_stage + c, x + c);
-        }
-        cp_async_commit();  // empty past the last unit: the group count stays in step
-    };
-    for (u32 s = 0; s + 1 < p.stages; ++s) issue(first + s * warps, s);
-    u32 stage = 0;
-    for (u32 unit = first; unit < units; unit += warps) {  // the same unit for the whole warp
-        issue(unit + (p.stages - 1) * warps, stage == 0 ? p.stages - 1 : stage - 1);
-        cp_async_wait_pending(p.stages - 1);  // this unit's group is the oldest of `stages` in flight
-        const uint4* chunk = mine + stage * per_stage;
-        const u32 row = unit / p.blocks, b = unit - row * p.blocks;
-        const u32 start = b * p.block, chunks = min(p.block, p.k - start) / 8;
-        signed char* codes = p.codes + (u64)row * p.k_pad + start;
-
-        float lo = __int_as_float(0x7F800000), hi = -lo;  // +inf, -inf
-        for (u32 c = lane; c < chunks; c += 32) widen_range8<T>(chunk[c], lo, hi);
-        const BlockQuantizer<SYM> q(warp_min(lo), warp_max(hi));
-        int sum = 0;
-#pragma unroll 4
-        for (u32 c = lane; c < chunks; c += 32) {
-            float v[8];
-            unpack8<T>(chunk[c], v);
-            int code[8];
-            q.codes(v, code);
-#pragma unroll
-            for (int e = 0; e < 8; ++e) sum += code[e];
-            *reinterpret_cast<uint2*>(codes + c * 8) = make_uint2(pack4_s8(code[0], code[1], code[2], code[3]),
-                                                                  pack4_s8(code[4], code[5], code[6], code[7]));
-        }
-        sum = warp_sum(sum);
-        if (lane == 0) p.params[(u64)b * p.m + row] = make_float4(q.scale, q.offset, (float)sum, 0.0f);
-        if (b == p.blocks - 1) {
-            for (u32 idx = p.k + lane; idx < p.k_pad; idx += 32) p.codes[(u64)row * p.k_pad + idx] = 0;
-        }
-        stage = stage + 1 == p.stages ? 0 : stage + 1;
-    }
-}
-
-
-// Longer blocks (SmoothQuant's rows beyond K = 4096) get a CTA of 256 threads per (row, block)
-// and 16-byte loads: eight consecutive values per thread and load (the host launches these when K and the block are
-// multiples of 8 and x is 16-byte aligned). Two variants share the block quantization below.
-
-// The CTA's quantization of one (row, block) whose values `value_chunk(c)` (16 bytes: values 8c .. 8c + 7) returns
-// for the chunks c = threadIdx.x, threadIdx.x + 256, ...: a pass for the range, the CTA's reduction, a pass for the
-// codes (each pass reads the chunks again), the code-sum reduction and the parameters.
-template <class T, bool SYM, class Chunks>
-__device__ __forceinline__ void quantize_unit_cta(const QuantizeParams& p, u32 row, u32 b, Chunks value_chunk) {
+// One CTA of 256 threads per (row, block), for blocks longer than a warp's registers hold (SmoothQuant's one block
+// per row): eight consecutive values per thread and 16-byte load (the host launches it when K and the block are
+// multiples of 8 and x is 16-byte aligned). HELD > 0: the block (at most 2048 HELD values) stays in registers, all
+// of a thread's loads in flight at once and one read of memory; HELD = 0: any length, two passes over the block
+// (the second reads it from L2), one 16-byte load in flight per thread at a time (~1.7 TB/s at K = 14336).
+template <class T, bool SYM, int HELD>
+__device__ __forceinline__ void quantize_block_cta(const QuantizeParams& p) {
     __shared__ float part_lo[8], part_hi[8];
     __shared__ int part_sum[8];
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const u32 start = b * p.block, chunks = min(p.block, p.k - start) / 8;
+    const u32 row = blockIdx.x / p.blocks, b = blockIdx.x % p.blocks;
+    const u32 start = b * p.block, len = min(p.block, p.k - start);  // a multiple of 8
+    const u64 src = (u64)row * p.ldx + start;
     signed char* codes = p.codes + (u64)row * p.k_pad + start;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
 
     float lo = __int_as_float(0x7F800000), hi = -lo;  // +inf, -inf
-    for (u32 c = threadIdx.x; c < chunks; c += 256) widen_range8<T>(value_chunk(c), lo, hi);
+    uint4 held[HELD > 0 ? HELD : 1];
+    const uint4* row_x = reinterpret_cast<const uint4*>(reinterpret_cast<const unsigned short*>(p.x) + src);
+    if (HELD > 0) {
+#pragma unroll
+        for (int c = 0; c < HELD; ++c) {
+            const u32 i = (c * 256 + threadIdx.x) * 8;
+            if (i < len) held[c] = row_x[i / 8];
+        }
+#pragma unroll
+        for (int c = 0; c < HELD; ++c) {
+            if ((c * 256 + threadIdx.x) * 8 >= len) break;
+            widen_range8<T>(held[c], lo, hi);
+        }
+    } else {
+        for (u32 i = threadIdx.x * 8; i < len; i += 256 * 8) {
+            float v[8];
+            load_values<T, 8>(p.x, src + i, v);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) lo = fminf(lo, v[e]), hi = fmaxf(hi, v[e]);
+        }
+    }
     lo = warp_min(lo);
     hi = warp_max(hi);
     if (lane == 0) part_lo[warp] = lo, part_hi[warp] = hi;
@@ -462,20 +413,33 @@ __device__ __forceinline__ void quantize_unit_cta(const QuantizeParams& p, u32 r
     const BlockQuantizer<SYM> q(lo, hi);
 
     int sum = 0;
-    for (u32 c = threadIdx.x; c < chunks; c += 256) {
-        float v[8];
-        unpack8<T>(value_chunk(c), v);
-        int code[8];
-        q.codes(v, code);
+    // The codes of values i .. i + 7.
+    auto emit = [&](u32 i, const float (&v)[8]) {
+        int c[8];
+        q.codes(v, c);
 #pragma unroll
-        for (int e = 0; e < 8; ++e) sum += code[e];
-        *reinterpret_cast<uint2*>(codes + c * 8) =
-            make_uint2(pack4_s8(code[0], code[1], code[2], code[3]), pack4_s8(code[4], code[5], code[6], code[7]));
+        for (int e = 0; e < 8; ++e) sum += c[e];
+        *reinterpret_cast<uint2*>(codes + i) =
+            make_uint2(pack4_s8(c[0], c[1], c[2], c[3]), pack4_s8(c[4], c[5], c[6], c[7]));
+    };
+    if (HELD > 0) {
+#pragma unroll
+        for (int c = 0; c < HELD; ++c) {  // unrolled: the registers are indexed at compile time
+            const u32 i = (c * 256 + threadIdx.x) * 8;
+            if (i >= len) break;
+            float v[8];
+            unpack8<T>(held[c], v);
+            emit(i, v);
+        }
+    } else {
+        for (u32 i = threadIdx.x * 8; i < len; i += 256 * 8) {
+            float v[8];
+            load_values<T, 8>(p.x, src + i, v);
+            emit(i, v);
+        }
     }
     sum = warp_sum(sum);
     if (lane == 0) part_sum[warp] = sum;
-    // Also orders every thread's reads of part_lo / part_hi before a next unit's writes; thread 0's reads of
-    // part_sum below come before the next unit's writes, which follow that unit's first barrier.
     __syncthreads();
     if (threadIdx.x == 0) {
         int total = 0;
@@ -486,49 +450,6 @@ __device__ __forceinline__ void quantize_unit_cta(const QuantizeParams& p, u32 r
     if (b == p.blocks - 1) {
         for (u32 idx = p.k + threadIdx.x; idx < p.k_pad; idx += 256) p.codes[(u64)row * p.k_pad + idx] = 0;
     }
-}
-
-// The pipelined variant, for blocks whose `stages` copies fit in shared memory (the host picks 2-4 stages of the
-// block, at most 96 KB). The grid is persistent: each CTA strides over (row, block) units, and the cp.async copies
-// of its next stages - 1 units are in flight while it quantizes one, so memory stays busy through the reductions
-// and the code arithmetic. Holding the values in registers instead (a CTA per unit) left that time exposed
-// (~2 TB/s); prefetching into registers kept too few bytes in flight per SM. Each thread reads back only the chunks
-// it copied itself, so its own cp.async.wait_group is all the synchronisation the data needs.
-template <class T, bool SYM>
-__device__ __forceinline__ void quantize_block_pipe(const QuantizeParams& p) {
-    extern __shared__ uint4 stage_chunks[];  // p.stages stages of p.block / 8 chunks
-    const u32 units = p.m * p.blocks;        // < 2^31 (the host checks): 32-bit unit arithmetic
-    const u32 per_stage = p.block / 8;
-    auto issue = [&](u32 unit, u32 stage) {
-        if (unit < units) {
-            const u32 row = unit / p.blocks, b = unit - row * p.blocks;
-            const u32 start = b * p.block, chunks = min(p.block, p.k - start) / 8;
-            const uint4* x = reinterpret_cast<const uint4*>(reinterpret_cast<const unsigned short*>(p.x) +
-                                                            (u64)row * p.ldx + start);
-            for (u32 c = threadIdx.x; c < chunks; c += 256) cp_async16(stage_chunks + stage * per_stage + c, x + c);
-        }
-        cp_async_commit();  // empty past the last unit: the group count stays in step
-    };
-    for (u32 s = 0; s + 1 < p.stages; ++s) issue(blockIdx.x + s * gridDim.x, s);
-    u32 stage = 0;
-    for (u32 unit = blockIdx.x; unit < units; unit += gridDim.x) {
-        issue(unit + (p.stages - 1) * gridDim.x, stage == 0 ? p.stages - 1 : stage - 1);
-        cp_async_wait_pending(p.stages - 1);  // this unit's group is the oldest of `stages` in flight
-        const uint4* chunk = stage_chunks + stage * per_stage;
-        const u32 row = unit / p.blocks;
-        quantize_unit_cta<T, SYM>(p, row, unit - row * p.blocks, [&](u32 c) { return chunk[c]; });
-        stage = stage + 1 == p.stages ? 0 : stage + 1;
-    }
-}
-
-// Any block length: a CTA per unit, two passes over global memory (the second from L2), one 16-byte load in flight
-// per thread at a time (~1.7 TB/s at K = 14336).
-template <class T, bool SYM>
-__device__ __forceinline__ void quantize_block_cta(const QuantizeParams& p) {
-    const u32 row = blockIdx.x / p.blocks, b = blockIdx.x % p.blocks;
-    const uint4* x = reinterpret_cast<const uint4*>(reinterpret_cast<const unsigned short*>(p.x) +
-                                                    (u64)row * p.ldx + b * p.block);
-    quantize_unit_cta<T, SYM>(p, row, b, [&](u32 c) { return x[c]; });
 }
 
 // ------------------------------------------------------------------------------------------------------------------
@@ -1024,15 +945,16 @@ __device__ __forceinline__ void gemm_hopper(const TensorMap* a_map, const Tensor
     QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_sym_v8g4, quantize_block_vec<T, true, 8, 4>)             \
     QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_sym_v8g8, quantize_block_vec<T, true, 8, 8>)             \
     QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_sym_v8g16, quantize_block_vec<T, true, 8, 16>)
-// `_warp` / `_pipe`: persistent warps / CTAs, a block each at a time, staged in shared memory; `_cta`: a CTA per
-// block, two passes, any block.
+// `_cta`: a CTA per block, two passes, any block; `_cta<H>`: blocks of at most 2048 H values held in registers.
 #define QUANTIZE_CTA_KERNELS(TNAME, T)                                                              \
-    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_asym_warp, quantize_block_warp<T, false>)                \
-    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_sym_warp, quantize_block_warp<T, true>)                  \
-    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_asym_cta, quantize_block_cta<T, false>)                  \
-    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_asym_pipe, quantize_block_pipe<T, false>)                \
-    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_sym_cta, quantize_block_cta<T, true>)                    \
-    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_sym_pipe, quantize_block_pipe<T, true>)
+    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_asym_cta, quantize_block_cta<T, false, 0>)               \
+    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_asym_cta2, quantize_block_cta<T, false, 2>)              \
+    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_asym_cta4, quantize_block_cta<T, false, 4>)              \
+    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_asym_cta8, quantize_block_cta<T, false, 8>)              \
+    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_sym_cta, quantize_block_cta<T, true, 0>)                 \
+    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_sym_cta2, quantize_block_cta<T, true, 2>)                \
+    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_sym_cta4, quantize_block_cta<T, true, 4>)                \
+    QUANTIZE_ENTRY(w8a8_quantize_##TNAME##_sym_cta8, quantize_block_cta<T, true, 8>)
 QUANTIZE_CTA_KERNELS(f16, __half)
 QUANTIZE_CTA_KERNELS(bf16, __nv_bfloat16)
 QUANTIZE_KERNELS(f16, __half)

@@ -78,11 +78,10 @@ fn quantizer_matches_cpu_bit_for_bit() {
     let mut rng = SplitMix64(0xC8A8_0001);
     // Block lengths covering every kernel variant: per-lane registers r1 (32), r2 (64), r4 (96, 128), r8 (256);
     // vector loads v2/v4 (K not a multiple of 8), v8 groups of 4/8/16 lanes (32, 64, 128; partial warps and partial
-    // last blocks: 72, 136, 264), v8 (256); past 256 (multiples of 8) persistent warps staging their blocks in
-    // shared memory up to 4096 (400 and 1024 with a partial last block, 1000, 2048, 4096), then persistent CTAs
-    // up to 24576 (5000, 8192, K = 14336 in three stages, 20000 in two), with more rows than resident warps or
-    // CTAs, so that each goes round its stages several times (M = 2000, 600, 300); a CTA per block reading it
-    // twice beyond (30000); the two-pass warp loop (1001).
+    // last blocks: 72, 136, 264), v8 (256); past 256 the CTA per block (multiples of 8), its values held in
+    // registers up to 16384 (400 and 1024 with a partial last block, 1000, 2048, 4096, 5000, 8192 exactly,
+    // K = 14336; and many rows: M = 2000, 600, 300) or read twice beyond (20000, 30000), or the two-pass warp loop
+    // (1001).
     for &(m, k, block) in &[
         (3, 72, 32),
         (3, 136, 64),

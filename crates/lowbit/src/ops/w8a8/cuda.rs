@@ -141,7 +141,6 @@ struct QuantizeParams {
     k_pad: u32,
     block: u32,
     blocks: u32,
-    stages: u32,
 }
 
 /// Kernel parameters of the GEMM; field order matches `struct GemmParams` in `kernels/w8a8.cu`.
@@ -316,10 +315,9 @@ pub struct QuantizeActivationsCuda {
 }
 
 /// A quantizer variant with vector loads. When K and the block are multiples of 8, 16-byte loads: `_v8g<G>` (groups
-/// of G lanes per block, 32 / G blocks per warp) up to 128, `_v8` (a warp per block) up to 256, `_warp` (persistent
-/// warps, a warp per block at a time with the next blocks staged in shared memory) up to 4096, `_pipe` (the same
-/// with a CTA per block) up to [`PIPE_MAX_BLOCK`], `_cta` (a CTA per block, two passes) beyond. Otherwise `_v<N>`
-/// (N consecutive values per lane, one 2N-byte load) when K and the block are multiples of N.
+/// of G lanes per block, 32 / G blocks per warp) up to 128, `_v8` (a warp per block) up to 256, `_cta2/4/8` (a CTA
+/// per block, held in registers) up to 16384, `_cta` (the same in two passes) beyond. Otherwise `_v<N>` (N consecutive values per lane, one 2N-byte load) when K and the block are
+/// multiples of N.
 #[derive(Debug, Clone)]
 struct VectorQuantizer {
     name: String,
@@ -328,79 +326,6 @@ struct VectorQuantizer {
     align: u64,
     /// (row, block) units one CTA of 256 threads quantizes.
     units_per_cta: u64,
-    /// `_warp` and `_pipe`: their stages and persistent grid.
-    staged: Option<Staged>,
-}
-
-/// The shared-memory stages of the `_warp` and `_pipe` quantizers and their persistent grid.
-#[derive(Debug, Clone, Copy)]
-struct Staged {
-    threads: u32,
-    /// Units a CTA quantizes at a time (its warps for `_warp`, 1 for `_pipe`).
-    units_at_once: u64,
-    stages: u32,
-    shared_bytes: u32,
-    /// CTAs that stay resident on the device: the most the grid uses.
-    resident_ctas: u64,
-}
-
-/// Shared memory the staged quantizers may use: what every sm_80+ GPU grants one CTA (sm_86 / sm_89: 99 KB).
-const STAGED_SHARED_BYTES: usize = 96 << 10;
-/// The longest block `_pipe` takes: two stages of 16-bit values in [`STAGED_SHARED_BYTES`].
-const PIPE_MAX_BLOCK: usize = STAGED_SHARED_BYTES / 2 / 2;
-/// Warps per CTA of `_warp`, each with three stages of at most 4096 16-bit values: 96 KB.
-const WARP_QUANTIZER_WARPS: usize = 4;
-
-impl Staged {
-    /// `_warp`: four warps, three stages each. `_pipe`: 256 threads, up to four stages of `block_size` 16-bit values,
-    /// as many as fit (at least two: the caller checks the block against [`PIPE_MAX_BLOCK`]). Both with the
-    /// resident CTAs of `function` at that shared memory.
-    fn new(
-        device: &CudaDevice,
-        function: &CudaFunction,
-        name: &str,
-        block_size: usize,
-        per_warp: bool,
-    ) -> Result<Self> {
-        let (threads, units_at_once, stages) = if per_warp {
-            (32 * WARP_QUANTIZER_WARPS, WARP_QUANTIZER_WARPS, 3)
-        } else {
-            (THREADS as usize, 1, (STAGED_SHARED_BYTES / (2 * block_size)).min(4))
-        };
-        let shared_bytes = (units_at_once * stages * 2 * block_size) as u32;
-        // The driver calls below need the context current on this thread (cudarc does not bind it here).
-        device
-            .context()
-            .bind_to_thread()
-            .map_err(crate::cuda::driver_error("cuCtxSetCurrent"))?;
-        // The most any block size asks for: the function is shared by every quantizer on the device.
-        function
-            .set_attribute(
-                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                STAGED_SHARED_BYTES as i32,
-            )
-            .map_err(crate::cuda::driver_error(format!(
-                "shared memory ({STAGED_SHARED_BYTES} bytes) of {name}"
-            )))?;
-        let per_sm = function
-            .occupancy_max_active_blocks_per_multiprocessor(threads as u32, shared_bytes as usize, None)
-            .map_err(crate::cuda::driver_error(format!("occupancy of {name}")))?
-            .max(1) as u64;
-        Ok(Self {
-            threads: threads as u32,
-            units_at_once: units_at_once as u64,
-            stages: stages as u32,
-            shared_bytes,
-            resident_ctas: device.info().sm_count.max(1) as u64 * per_sm,
-        })
-    }
-
-    /// As few CTAs as give every warp (or CTA) the same number of units (±1), at most the resident ones.
-    fn ctas(&self, units: u64) -> u64 {
-        let slots = self.resident_ctas * self.units_at_once;
-        let per_slot = units.div_ceil(slots).max(1);
-        units.div_ceil(per_slot * self.units_at_once)
-    }
 }
 
 impl QuantizeActivationsCuda {
@@ -427,10 +352,11 @@ impl QuantizeActivationsCuda {
         let variant = if k % 8 == 0 && block_size % 8 == 0 {
             let group = (block_size / 8).next_power_of_two().max(4);
             Some(match group {
-                // A warp per block up to 4096, then a CTA per block, staged or two passes.
-                64..=512 => ("warp".to_string(), 16, 1),
-                513.. if block_size <= PIPE_MAX_BLOCK => ("pipe".to_string(), 16, 1),
-                513.. => ("cta".to_string(), 16, 1),
+                // A CTA per block: held in registers up to 16384 values (`_cta<H>`: 2048 H), else two passes.
+                64.. => {
+                    let held = [2, 4, 8].into_iter().find(|&h| block_size <= 2048 * h);
+                    (held.map_or("cta".to_string(), |h| format!("cta{h}")), 16, 1)
+                }
                 32 => ("v8".to_string(), 16, warps),
                 _ => (format!("v8g{group}"), 16, warps * (32 / group) as u64),
             })
@@ -443,16 +369,11 @@ impl QuantizeActivationsCuda {
             Some((suffix, align, units_per_cta)) => {
                 let name = format!("w8a8_quantize_{}_{mode_name}_{suffix}", dtype.name());
                 let function = device.function(&KERNEL, &name)?;
-                let staged = match suffix.as_str() {
-                    "warp" | "pipe" => Some(Staged::new(device, &function, &name, block_size, suffix == "warp")?),
-                    _ => None,
-                };
                 Some(VectorQuantizer {
                     name,
                     function,
                     align,
                     units_per_cta,
-                    staged,
                 })
             }
             None => None,
@@ -507,18 +428,7 @@ impl QuantizeActivationsCuda {
         let x = buffer(x.device_ptr(stream).0, x.len(), layout.m * layout.k, "x", 2)?;
         let vector = self.vector.as_ref().filter(|v| x % v.align == 0);
         let units = layout.m as u64 * layout.blocks() as u64;
-        let staged = vector.and_then(|v| v.staged);
-        // `_warp` and `_pipe` count units (and a grid beyond them) in 32 bits.
-        ensure(
-            staged.is_none() || units < 1 << 31,
-            "activations",
-            format!("shape [{}, {}]", layout.m, layout.k),
-            "too many blocks for one launch",
-        )?;
-        let blocks = match staged {
-            Some(staged) => staged.ctas(units),
-            None => units.div_ceil(vector.map_or(THREADS as u64 / 32, |v| v.units_per_cta)),
-        };
+        let blocks = units.div_ceil(vector.map_or(THREADS as u64 / 32, |v| v.units_per_cta));
         ensure(
             blocks <= i32::MAX as u64,
             "activations",
@@ -535,12 +445,11 @@ impl QuantizeActivationsCuda {
             k_pad: layout.k_pad() as u32,
             block: layout.block_size as u32,
             blocks: layout.blocks() as u32,
-            stages: staged.map_or(0, |p| p.stages),
         };
         let config = LaunchConfig {
             grid_dim: (blocks as u32, 1, 1),
-            block_dim: (staged.map_or(THREADS, |p| p.threads), 1, 1),
-            shared_mem_bytes: staged.map_or(0, |p| p.shared_bytes),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
         };
         let (kernel, function) = match vector {
             Some(v) => (&v.name, &v.function),
