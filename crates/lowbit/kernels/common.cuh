@@ -637,15 +637,15 @@ __device__ __forceinline__ void mma_s8_m16n8k32(int (&d)[4], const u32 (&a)[4], 
     }
 }
 
+// 1.5 * 2^23, where the f32 step is 1: adding it to a value of magnitude < 2^22 rounds the value to an integer
+// (ties to even) that the mantissa then holds, as the int32 bits - ROUNDING_MAGIC_BITS.
+#define ROUNDING_MAGIC 12582912.0f
+#define ROUNDING_MAGIC_BITS 0x4B400000
+
 // An int32 of magnitude <= 2^22 as f32, exactly, without the quarter-rate I2F: adding it to the bit pattern of
-// 1.5 * 2^23 (where the f32 step is 1) places it in the mantissa; subtracting 1.5 * 2^23 leaves the value.
+// ROUNDING_MAGIC places it in the mantissa; subtracting ROUNDING_MAGIC leaves the value.
 __device__ __forceinline__ float small_int_to_f32(int v) {
-    return __fsub_rn(__int_as_float(0x4B400000 + v), 12582912.0f);
-}
-// The other way: an f32 of magnitude < 2^22 rounded to the nearest integer (ties to even) as int32, without the
-// sixteenth-rate F2I: adding 1.5 * 2^23 rounds away the fraction, and the integer is what the mantissa gained.
-__device__ __forceinline__ int small_f32_to_int_rn(float x) {
-    return __float_as_int(__fadd_rn(x, 12582912.0f)) - 0x4B400000;
+    return __fsub_rn(__int_as_float(ROUNDING_MAGIC_BITS + v), ROUNDING_MAGIC);
 }
 
 // A CTA's timeline for diagnosing fixed costs (the host's trace hook; null in every normal launch): %globaltimer

@@ -70,11 +70,7 @@ struct Io<__half> {
         return __half2float(reinterpret_cast<const __half*>(p)[i]);
     }
     __device__ static __forceinline__ float from_bits(u32 b) { return __half2float(__ushort_as_half((u16)b)); }
-    // Lane-wise min / max of two packed pairs (one HMNMX2; both halves are values of the block).
-    __device__ static __forceinline__ u32 min2(u32 a, u32 b) { return pair_bits(__hmin2(half_pair(a), half_pair(b))); }
-    __device__ static __forceinline__ u32 max2(u32 a, u32 b) { return pair_bits(__hmax2(half_pair(a), half_pair(b))); }
-    __device__ static __forceinline__ __half2 half_pair(u32 w) { return *reinterpret_cast<const __half2*>(&w); }
-    __device__ static __forceinline__ u32 pair_bits(__half2 h) { return *reinterpret_cast<const u32*>(&h); }
+    using Pair = __half2;
     __device__ static __forceinline__ u32 pack(float lo, float hi) {
         const __half2 h = __floats2half2_rn(lo, hi);
         return *reinterpret_cast<const u32*>(&h);
@@ -86,12 +82,7 @@ struct Io<__nv_bfloat16> {
         return __bfloat162float(reinterpret_cast<const __nv_bfloat16*>(p)[i]);
     }
     __device__ static __forceinline__ float from_bits(u32 b) { return __uint_as_float(b << 16); }
-    __device__ static __forceinline__ u32 min2(u32 a, u32 b) { return pair_bits(__hmin2(half_pair(a), half_pair(b))); }
-    __device__ static __forceinline__ u32 max2(u32 a, u32 b) { return pair_bits(__hmax2(half_pair(a), half_pair(b))); }
-    __device__ static __forceinline__ __nv_bfloat162 half_pair(u32 w) {
-        return *reinterpret_cast<const __nv_bfloat162*>(&w);
-    }
-    __device__ static __forceinline__ u32 pair_bits(__nv_bfloat162 h) { return *reinterpret_cast<const u32*>(&h); }
+    using Pair = __nv_bfloat162;
     __device__ static __forceinline__ u32 pack(float lo, float hi) {
         const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
         return *reinterpret_cast<const u32*>(&h);
@@ -167,9 +158,9 @@ struct BlockQuantizer {
 #pragma unroll
         for (int e = 0; e < N; ++e) {
             const float x = fminf(fmaxf(__fmaf_rn(v[e], inv, shift), q_lo), q_hi);
-            const float t = __fadd_rn(x, 12582912.0f);  // 1.5 * 2^23: x rounded into the mantissa
-            any_near |= fabsf(__fsub_rn(x, __fsub_rn(t, 12582912.0f))) >= near;
-            c[e] = __float_as_int(t) - 0x4B400000;
+            const float t = __fadd_rn(x, ROUNDING_MAGIC);  // x rounded into the mantissa
+            any_near |= fabsf(__fsub_rn(x, __fsub_rn(t, ROUNDING_MAGIC))) >= near;
+            c[e] = __float_as_int(t) - ROUNDING_MAGIC_BITS;
         }
         if (any_near) {  // the near ones the CPU's way; the test is redone (FRND, not the magic number) so that
                          // the common path keeps no predicate per element for it
@@ -269,10 +260,23 @@ __device__ __forceinline__ void unpack8(const uint4& t, float (&v)[8]) {
 // Widens [lo, hi] to the eight values of one 16-byte load: the min / max run on the packed pairs (3 + 3 HMNMX2),
 // only their two survivors are converted (the order of min / max does not matter, and f16 / bf16 -> f32 is exact
 // and monotonic).
+// Lane-wise min / max of two packed pairs of T (one HMNMX2).
+template <class T>
+__device__ __forceinline__ u32 pair_min(u32 a, u32 b) {
+    using P = typename Io<T>::Pair;
+    const P m = __hmin2(*reinterpret_cast<const P*>(&a), *reinterpret_cast<const P*>(&b));
+    return *reinterpret_cast<const u32*>(&m);
+}
+template <class T>
+__device__ __forceinline__ u32 pair_max(u32 a, u32 b) {
+    using P = typename Io<T>::Pair;
+    const P m = __hmax2(*reinterpret_cast<const P*>(&a), *reinterpret_cast<const P*>(&b));
+    return *reinterpret_cast<const u32*>(&m);
+}
 template <class T>
 __device__ __forceinline__ void widen_range8(const uint4& t, float& lo, float& hi) {
-    const u32 mn = Io<T>::min2(Io<T>::min2(t.x, t.y), Io<T>::min2(t.z, t.w));
-    const u32 mx = Io<T>::max2(Io<T>::max2(t.x, t.y), Io<T>::max2(t.z, t.w));
+    const u32 mn = pair_min<T>(pair_min<T>(t.x, t.y), pair_min<T>(t.z, t.w));
+    const u32 mx = pair_max<T>(pair_max<T>(t.x, t.y), pair_max<T>(t.z, t.w));
     lo = fminf(lo, fminf(Io<T>::from_bits(mn & 0xFFFFu), Io<T>::from_bits(mn >> 16)));
     hi = fmaxf(hi, fmaxf(Io<T>::from_bits(mx & 0xFFFFu), Io<T>::from_bits(mx >> 16)));
 }
