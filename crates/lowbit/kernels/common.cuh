@@ -725,26 +725,6 @@ __device__ __forceinline__ void tma_load_2d(u32 smem, const void* tensor_map, in
         : "memory");
 }
 
-// The reverse: one box from shared memory (laid out as the map's swizzle says) to the tensor at (c0, c1), as a bulk
-// async-group of the issuing thread; elements outside the tensor are not written. The shared memory may be
-// rewritten once `bulk_wait_read` says the group has read it (the writes to global memory then go on alone).
-__device__ __forceinline__ void tma_store_2d(const void* tensor_map, u32 smem, int c0, int c1) {
-    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(tensor_map),
-                 "r"(smem), "r"(c0), "r"(c1)
-                 : "memory");
-}
-__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-// Until at most N of this thread's bulk groups still read shared memory.
-template <int N>
-__device__ __forceinline__ void bulk_wait_read() {
-    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
-}
-// Until at most N of this thread's bulk groups are incomplete (their global writes done).
-template <int N>
-__device__ __forceinline__ void bulk_wait() {
-    asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 // Register budget handed between warpgroups (producer down, consumers up); counts are per thread, multiples of 8.
 template <int REGS>
 __device__ __forceinline__ void setmaxnreg_inc() {

@@ -51,13 +51,12 @@
 //   producer runs ahead across items, so the next tile's stages fill while the consumers run an epilogue: K = 4096
 //   tiles have only 32 k tiles, and a drained and refilled pipeline per tile cost ~7% there.
 //
-// * EPILOGUE. Without split-K, from registers through staging per warp, past the pipeline stages so it never races
-//   the producer: stmatrix.trans turns the accumulator fragments into token rows (epilogue_staged), which one TMA
-//   store per warp writes to y while the warp goes on to its next item (LB_Y_TMA: the warp's whole share of the tile
-//   is staged, where that leaves 3 stages; else 16-byte stores from the lanes), or stmatrix into channel rows for
-//   runs along NCHW planes (epilogue_conv). With split-K (then every CTA has one item) through the fp32 tile in
-//   the stages' shared memory (epilogue_split). The activation is a template argument: inlining every activation
-//   at every element (erff, expf) outgrew the instruction cache and cost ~20 us per convolution tile.
+// * EPILOGUE. Without split-K, from registers through a little staging per warp, past the pipeline stages so it
+//   never races the producer: stmatrix.trans turns the accumulator fragments into token rows for 16-byte stores
+//   (epilogue_staged), or stmatrix into channel rows for runs along NCHW planes (epilogue_conv). With split-K
+//   (then every CTA has one item) through the fp32 tile in the stages' shared memory (epilogue_split). The
+//   activation is a template argument: inlining every activation at every element (erff, expf) outgrew the
+//   instruction cache and cost ~20 us per convolution tile.
 //
 // * DEPENDENT LAUNCH (the host launches with programmatic stream serialization). Every CTA lets the next kernel
 //   launch at once (griddepcontrol.launch_dependents): its CTAs take SMs as this launch's CTAs exit, so one
@@ -78,7 +77,7 @@
 //   MB of weights and of x in L2 instead of streaming both from memory.
 //
 // The host prepends the #defines selecting one variant (LB_DTYPE, LB_ZEROS, LB_WG_N, LB_WG_TOKENS, LB_STAGES,
-// LB_UNIT_GROUPS, LB_CONV, LB_LOOKAHEAD, LB_WBITS, LB_Y_TMA).
+// LB_UNIT_GROUPS, LB_CONV, LB_LOOKAHEAD, LB_WBITS).
 #include "common.cuh"
 
 namespace lowbit {
@@ -106,7 +105,6 @@ struct Shape {
     int split_pairs_recip;  // ceil(2^16 / split_pairs): pair / split_pairs = (pair * recip) >> 16 (exact, pair < 128)
     int activation;   // Activation code (common.cuh)
     int y_vector;     // y rows are 16-byte aligned: 16-byte stores
-    int y_tma;        // and a linear layer's staged epilogue stores them through the y tensor map (EPILOGUE)
     long long y_stride;
     // LB_CONV only (see the header): x is the padded NHWC input [B * Hp * Wp][channels].
     int channels;     // C: input channels, a multiple of 64 (one TMA box never straddles two taps)
@@ -142,8 +140,7 @@ constexpr int MAX_CLUSTER = 8;  // counters per tile
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 
 // WG_TOKENS: the wgmma N, tokens per consumer warpgroup (16 or 64 for small batches, 128 otherwise).
-template <class T, int ZMODE, int WG_N, int WG_TOKENS, int STAGES, bool UNIT_GROUPS, bool CONV, int LOOK, int WBITS,
-          bool Y_TMA>
+template <class T, int ZMODE, int WG_N, int WG_TOKENS, int STAGES, bool UNIT_GROUPS, bool CONV, int LOOK, int WBITS>
 struct Gemm {
     static_assert(LOOK == 2 || LOOK == 3, "k16 steps converted ahead of the wgmmas: 2 or 3");
     static_assert(WBITS == 4 || (WBITS == 8 && T::MAGIC == F16::MAGIC),
@@ -170,12 +167,10 @@ struct Gemm {
     // and 4 of padding (epilogue_split).
     static constexpr int Y_BYTES = (BM / 2 + 8) * (N_CTA / 16 * 36 + 4) * 4;
     // Per-warp staging of the register epilogue, past the stages (the producer may be filling those for the next
-    // item meanwhile): two 8-token slices of the warp's 32 columns, or with Y_TMA its whole [WG_TOKENS][32 columns]
-    // share of the tile (epilogue_staged), or for a convolution four [32 channels][8 tokens] slices, 16 bytes of
-    // padding apart (epilogue_conv).
+    // item meanwhile): two 8-token slices of the warp's 32 columns (epilogue_staged), or for a convolution four
+    // [32 channels][8 tokens] slices, 16 bytes of padding apart (epilogue_conv).
     static constexpr int CONV_SLICE_BYTES = 32 * 16 + 16;
-    static constexpr int WARP_STAGING_BYTES = Y_TMA ? WG_TOKENS * 64 : 1024;
-    static constexpr int STAGING_BYTES = CONV ? 8 * 4 * CONV_SLICE_BYTES : 8 * WARP_STAGING_BYTES;
+    static constexpr int STAGING_BYTES = CONV ? 8 * 4 * CONV_SLICE_BYTES : 8 * 1024;
     static constexpr int PIPE_BYTES = STAGES * STAGE_BYTES + STAGING_BYTES;
     static constexpr int DATA_BYTES = PIPE_BYTES > Y_BYTES ? PIPE_BYTES : Y_BYTES;
     static constexpr int TILE_FLOATS = BM * N_CTA;
@@ -490,9 +485,6 @@ struct Gemm {
         const int dw = (WG_N == 2 ? wg * 4 : 0) + ((ctid >> 5) & 3);
         const int wm = WG_N == 2 ? 0 : wg;
         const u32 slab = base + rank * slab_bytes + g * 16;  // this CTA's slab in every owner, at this lane's quad
-        // The slabs cover the staging: a hybrid plan's whole items before this one may still be storing from it
-        // (Y BY TMA). The barrier then orders every CTA's wait before any push.
-        if (Y_TMA && lane == 0) bulk_wait_read<0>();
         cluster_sync();
 #pragma unroll
         for (int j = 0; j < WG_TOKENS / 8; ++j) {
@@ -711,57 +703,38 @@ struct Gemm {
     }
 
     // Epilogue without split-K (the producer may already be filling stages for the next item): bias and activation
-    // in fp32, one rounding, then through the warp's staging. A lane's registers hold (column, token pair)s;
-    // stmatrix.trans writes them as token rows of the warp's 32 columns: 64-byte rows, chunk c of row r at
-    // c ^ ((r >> 1) & 3), which puts the 8 rows of one stmatrix matrix (and the lanes of one read) on distinct banks
-    // and is also the y tensor map's 64-byte swizzle (address bits 4-5 ^= bits 7-8; the areas are 1 KB aligned).
-    // * Y BY TMA (Y_TMA && s.y_tma): the warp stages its whole share, then lane 0 hands it to ONE TMA store and the
-    //   warp goes on to the next item's main loop while the copy engine drains it. The warp waits for that store to
-    //   have read the staging only before it writes the staging again, an item later. Every SM reaches its
-    //   epilogue at the same moment (the items all take as long), so storing from the lanes held the warps
-    //   ~2.3 us per 128 x 256 tile (~4.5% of a K = 4096 item) while the memory system absorbed 132 tiles. (Storing
-    //   each 8-token slice by TMA from two slots did not help: the warp then waited on every other slice's read,
-    //   which goes at the drain's pace.)
-    // * Otherwise (y's rows not 16-byte aligned) each lane stores 16 contiguous bytes per slice, through the first
-    //   two slices of the staging: a warp store covers 8 rows x 64 bytes in whole sectors, where storing the
-    //   registers directly took 4-byte pieces over 8 rows and ~5 us per tile.
+    // in fp32, one rounding, then through the warp's 1 KB of staging. A lane's registers hold (column, token pair)s;
+    // stmatrix.trans writes them as token rows of the warp's 32 columns, so each lane then stores 16 contiguous
+    // bytes: a warp store covers 8 rows x 64 bytes in whole sectors, where storing the registers directly took
+    // 4-byte pieces over 8 rows and ~5 us per tile (the CTA timeline of examples/gemm_trace).
     template <int ACT>
-    __device__ static __forceinline__ void epilogue_staged(const Args& a, const Shape& s, const TensorMap* ymap,
-                                                           u32 staging, int nt, int mt, int wg,
-                                                           const float (&acc)[2][ACC]) {
+    __device__ static __forceinline__ void epilogue_staged(const Args& a, const Shape& s, u32 staging, int nt, int mt,
+                                                           int wg, const float (&acc)[2][ACC]) {
         const int ctid = thread_index();  // (see thread_index)
         const int lane = ctid & 31, warp = ctid >> 5, g = lane >> 2;
         const int wm = WG_N == 2 ? 0 : wg;
         const int n_warp = warp_columns(nt, wg, warp);
-        const int m_warp = mt * BM + wm * WG_TOKENS;
         float bias[2][2];
         load_lane_bias(a, s, n_warp, g, bias);
-        const u32 buf = staging + warp * WARP_STAGING_BYTES;
+        // Staging rows are 64 bytes (8 tokens x 4 chunks of 8 columns); chunk c of row r sits at c ^ ((r >> 1) & 3),
+        // which puts the 8 rows of one stmatrix matrix (and the lanes of one read) on distinct banks.
+        const u32 buf = staging + warp * 1024;
         const int r = lane & 7, matrix = lane >> 3;  // stmatrix: this lane addresses row r of matrix 2t + h
         const u32 put = buf + r * 64 + ((matrix ^ ((r >> 1) & 3)) << 4);
         const int row = lane >> 2, chunk = lane & 3;  // read-back: 16 bytes of token row `row`
         const u32 get = buf + row * 64 + ((chunk ^ ((row >> 1) & 3)) << 4);
         const int n = n_warp + chunk * 8;
         const bool vector = s.y_vector && n + 8 <= s.N;
-        const bool by_tma = Y_TMA && s.y_tma;
-        if (by_tma && lane == 0) bulk_wait_read<0>();  // the previous item's store has read the staging
 #pragma unroll
         for (int j = 0; j < WG_TOKENS / 8; ++j) {
             u32 v[4];
             pack_slice<ACT>(acc, j, bias, v);
-            // (One loop for both paths: a branch per slice keeps ptxas from interleaving every slice's activation,
-            // which spilled in the GELU epilogue.)
-            if (by_tma) {
-                __syncwarp();
-                stmatrix_x4<true>(put + j * 512, v);  // rows 8 j + r: the swizzle term is r's alone
-                continue;
-            }
             const u32 slot = (j & 1) * 512;
             __syncwarp();  // every lane has read what it last read from this slot
             stmatrix_x4<true>(put + slot, v);
             __syncwarp();
             const uint4 out = lds128(get + slot);
-            const int m = m_warp + j * 8 + row;
+            const int m = mt * BM + wm * WG_TOKENS + j * 8 + row;
             if (m >= s.M || n >= s.N) continue;
             u16* dst = a.y + (size_t)m * s.y_stride + n;
             if (vector) {
@@ -773,27 +746,22 @@ struct Gemm {
                     if (n + e < s.N) dst[e] = (u16)(w[e >> 1] >> ((e & 1) * 16));
             }
         }
-        if (by_tma) {
-            fence_proxy_async_shared();  // the generic-proxy rows, before the async proxy reads them
-            __syncwarp();
-            if (lane == 0) tma_store_2d(ymap, buf, n_warp, m_warp), bulk_commit();
-        }
     }
 
     // The epilogue of one work item.
     template <int ACT>
-    __device__ static __forceinline__ void finish_item(const Args& a, const Shape& s, const TensorMap* ymap, u32 base,
-                                                       const Work& w, int wg, const float (&acc)[2][ACC]) {
+    __device__ static __forceinline__ void finish_item(const Args& a, const Shape& s, u32 base, const Work& w, int wg,
+                                                       const float (&acc)[2][ACC]) {
         if (w.splits > 1) {
             epilogue_split<ACT>(a, s, base, w, wg, acc);
         } else if (CONV) {
             epilogue_conv<ACT>(a, s, base + STAGES * STAGE_BYTES, w.nt, w.mt, wg, acc);
         } else {
-            epilogue_staged<ACT>(a, s, ymap, base + STAGES * STAGE_BYTES, w.nt, w.mt, wg, acc);
+            epilogue_staged<ACT>(a, s, base + STAGES * STAGE_BYTES, w.nt, w.mt, wg, acc);
         }
     }
 
-    __device__ static void run(const TensorMap* xmap, const TensorMap* ymap, const Args& a, const Shape& s) {
+    __device__ static void run(const TensorMap* xmap, const Args& a, const Shape& s) {
         extern __shared__ __align__(16) char smem_raw[];
         // Swizzled TMA tiles need 1024-byte alignment: the host allocates 1 KB of slack.
         const u32 raw = smem_addr(smem_raw), base = (raw + 1023) & ~1023u;
@@ -836,16 +804,14 @@ struct Gemm {
             // One compile-time activation per launch keeps the unrolled epilogue small (see activate). A
             // convolution clamps at most (none/relu/relu6): its variants leave GELU and SiLU out.
             switch (s.activation) {
-                case ACT_RELU: finish_item<ACT_RELU>(a, s, ymap, base, w, wg, acc); break;
-                case ACT_RELU6: finish_item<ACT_RELU6>(a, s, ymap, base, w, wg, acc); break;
-                case ACT_GELU: if (!CONV) finish_item<ACT_GELU>(a, s, ymap, base, w, wg, acc); break;
-                case ACT_SILU: if (!CONV) finish_item<ACT_SILU>(a, s, ymap, base, w, wg, acc); break;
-                default: finish_item<ACT_NONE>(a, s, ymap, base, w, wg, acc); break;
+                case ACT_RELU: finish_item<ACT_RELU>(a, s, base, w, wg, acc); break;
+                case ACT_RELU6: finish_item<ACT_RELU6>(a, s, base, w, wg, acc); break;
+                case ACT_GELU: if (!CONV) finish_item<ACT_GELU>(a, s, base, w, wg, acc); break;
+                case ACT_SILU: if (!CONV) finish_item<ACT_SILU>(a, s, base, w, wg, acc); break;
+                default: finish_item<ACT_NONE>(a, s, base, w, wg, acc); break;
             }
             if (taken++ == 0) trace_stamp(a.trace, TRACE_ITEM_END);
         }
-        // Y BY TMA: the staging outlives the warp's last store, and y is written when the grid is done.
-        if (Y_TMA && s.y_tma && (tid & 31) == 0) bulk_wait<0>();
         trace_exit(a.trace, taken);
     }
 };
@@ -863,7 +829,7 @@ struct Gemm {
 #define LB_ZEROS 1
 #define LB_WG_N 2
 #define LB_WG_TOKENS 128
-#define LB_STAGES 3
+#define LB_STAGES 4
 #define LB_UNIT_GROUPS 1
 #endif
 #ifndef LB_CONV
@@ -875,19 +841,16 @@ struct Gemm {
 #ifndef LB_WBITS
 #define LB_WBITS 4
 #endif
-#ifndef LB_Y_TMA
-#define LB_Y_TMA 1
-#endif
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 typedef lowbit::w4a16_gemm::Gemm<lowbit::LB_DTYPE, LB_ZEROS, LB_WG_N, LB_WG_TOKENS, LB_STAGES, LB_UNIT_GROUPS != 0,
-                                 LB_CONV != 0, LB_LOOKAHEAD, LB_WBITS, LB_Y_TMA != 0>
+                                 LB_CONV != 0, LB_LOOKAHEAD, LB_WBITS>
     GemmVariant;
 
 extern "C" __global__ void __launch_bounds__(GemmVariant::BLOCK, 1)
-    w4a16_gemm(const __grid_constant__ lowbit::TensorMap xmap, const __grid_constant__ lowbit::TensorMap ymap,
-               lowbit::w4a16_gemm::Args args, lowbit::w4a16_gemm::Shape shape) {
-    GemmVariant::run(&xmap, &ymap, args, shape);
+    w4a16_gemm(const __grid_constant__ lowbit::TensorMap xmap, lowbit::w4a16_gemm::Args args,
+               lowbit::w4a16_gemm::Shape shape) {
+    GemmVariant::run(&xmap, args, shape);
 }
 #endif
 
@@ -1040,8 +1003,8 @@ extern "C" __global__ void w4a16_gemm_stage_x(const unsigned short* x, long long
 
 #if !(defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900)
 // wgmma and TMA tensor copies are sm_90a features; older GPUs use the decode kernel or dequantize + cuBLAS.
-extern "C" __global__ void w4a16_gemm(const lowbit::TensorMap xmap, const lowbit::TensorMap ymap,
-                                      lowbit::w4a16_gemm::Args args, lowbit::w4a16_gemm::Shape shape) {
+extern "C" __global__ void w4a16_gemm(const lowbit::TensorMap xmap, lowbit::w4a16_gemm::Args args,
+                                      lowbit::w4a16_gemm::Shape shape) {
     __trap();
 }
 #endif

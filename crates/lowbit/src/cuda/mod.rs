@@ -22,7 +22,7 @@ pub use nvrtc::{
     arch_for, compile, compile_options, include_dir, nvrtc_present, nvrtc_version, variant_source, Compiled,
     KernelSource, COMMON_HEADER, DEQUANTIZE, KERNELS, KNOWN_ARCHES,
 };
-pub(crate) use tensor_map::{tensor_map_2d, MapElement, Swizzle, TensorMap};
+pub(crate) use tensor_map::{tensor_map_2d, MapElement, TensorMap};
 
 /// The CUBIN of a kernel for an architecture, through the memory and disk caches.
 pub use cache::cubin as cached_cubin;

@@ -52,36 +52,26 @@ impl MapElement {
     }
 }
 
-/// How a box's rows sit in shared memory: densely, or with 16-byte chunk `c` of row `r` at `c ^ f(r)` so that the
-/// rows of a column meet distinct banks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Swizzle {
-    None,
-    /// 64-byte rows, `f(r) = (r >> 1) & 3` (the GEMM epilogue's staging). Box rows span at most 64 bytes.
-    B64,
-    /// 128-byte rows, `f(r) = r & 7`: what wgmma descriptors read. Box rows span at most 128 bytes.
-    B128,
-}
-
-/// A row-major `[rows, cols]` matrix of `element`s at device address `ptr`, `stride` elements between rows, moved
-/// in boxes of `box_cols` x `box_rows` laid out in shared memory as `swizzle` says. Reads outside the matrix return
-/// zeros; writes outside it are dropped. `what` names the matrix in errors.
+/// A row-major `[rows, cols]` matrix of `element`s at device address `ptr`, `stride` elements between rows, read
+/// in boxes of `box_cols` x `box_rows`. `swizzle_128b`: the box's 128-byte rows land in the 128-byte swizzle that
+/// wgmma descriptors read (`box_cols` must then span at most 128 bytes); otherwise densely. Reads outside the
+/// matrix return zeros. `what` names the matrix in errors.
 pub(crate) fn tensor_map_2d(
     what: &str,
     element: MapElement,
     ptr: u64,
     (rows, cols, stride): (usize, usize, usize),
     (box_rows, box_cols): (usize, usize),
-    swizzle: Swizzle,
+    swizzle_128b: bool,
 ) -> Result<TensorMap> {
     let dims: [u64; 2] = [cols as u64, rows as u64];
     let strides: [u64; 1] = [(stride * element.bytes()) as u64];
     let boxes: [u32; 2] = [box_cols as u32, box_rows as u32];
     let element_strides: [u32; 2] = [1, 1];
-    let swizzle = match swizzle {
-        Swizzle::None => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
-        Swizzle::B64 => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_64B,
-        Swizzle::B128 => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+    let swizzle = if swizzle_128b {
+        sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B
+    } else {
+        sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE
     };
     // SAFETY: an all-zero CUtensorMap is a valid value to be overwritten by the encoder.
     let mut map = TensorMap(unsafe { std::mem::zeroed() });

@@ -41,7 +41,7 @@ use super::{
 };
 use crate::cuda::checked_buffer as buffer;
 use crate::cuda::{launch_error, CudaDevice, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
-use crate::cuda::{tensor_map_2d, KernelSource, LaunchConfig, MapElement, Swizzle, TensorMap};
+use crate::cuda::{tensor_map_2d, KernelSource, LaunchConfig, MapElement, TensorMap};
 use crate::dtype::{DType, Float};
 use crate::error::{ensure, Error, Result};
 use crate::formats::block::BlockQuantWeight;
@@ -674,7 +674,7 @@ impl W8a8LinearCuda {
                 codes.device_ptr(device.stream()).0,
                 (n_pad, k_pad, k_pad),
                 (TILE, TILE_K),
-                Swizzle::B128,
+                true,
             )?),
         };
         Ok(Self {
@@ -874,14 +874,7 @@ impl W8a8LinearCuda {
                     "M · blocks must fit in 31 bits",
                 )?;
                 let codes = (m, k_pad, k_pad);
-                let a_map = tensor_map_2d(
-                    "activation codes",
-                    MapElement::U8,
-                    a_codes,
-                    codes,
-                    (TILE, TILE_K),
-                    Swizzle::B128,
-                )?;
+                let a_map = tensor_map_2d("activation codes", MapElement::U8, a_codes, codes, (TILE, TILE_K), true)?;
                 let rows = (param_rows, PARAM, PARAM);
                 let a_params_map = tensor_map_2d(
                     "activation parameters",
@@ -889,7 +882,7 @@ impl W8a8LinearCuda {
                     a_params,
                     rows,
                     (TILE, PARAM),
-                    Swizzle::None,
+                    false,
                 )?;
                 Some((a_map, codes_map, a_params_map))
             }

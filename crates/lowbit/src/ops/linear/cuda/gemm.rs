@@ -19,7 +19,7 @@
 //! activation in fp32; one rounding of y.
 
 use super::{call_buffers, smem_limits, stage_x, CallBuffers, DeviceW4, RepackedW4, K_TILE, MAX_GROUP_ROWS};
-use crate::cuda::{tensor_map_2d, KernelSource, MapElement, Swizzle, TensorMap};
+use crate::cuda::{tensor_map_2d, KernelSource, MapElement, TensorMap};
 use crate::cuda::{CudaDevice, CudaFunction, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
 use crate::dtype::{DType, Float};
 use crate::error::{Error, Result};
@@ -46,12 +46,9 @@ pub const TINY_BATCH: usize = 16;
 const BLOCK: u32 = 384;
 /// Most CTAs one tile is split into along K.
 const MAX_SPLITS: usize = 8;
-/// `Gemm::STAGING_BYTES` of a convolution: four 528-byte slices per consumer warp. A linear layer's is 1 KB per
-/// warp, or its whole share of the tile, `wg_tokens` rows of 64 bytes (`GemmVariant::tile_staging`).
-const CONV_EPILOGUE_STAGING: usize = 8 * 4 * 528;
-/// Fewest pipeline stages worth the whole-tile staging: it takes a stage from the 128-token tiles (4 -> 3), and
-/// would leave the 8-bit and the 128-column ones only 2.
-const MIN_STAGES_TILE_STAGING: usize = 3;
+/// `Gemm::STAGING_BYTES`: the epilogue's staging, per consumer warp 1 KB (linear) or four 528-byte slices
+/// (convolution).
+const EPILOGUE_STAGING: [usize; 2] = [8 * 1024, 8 * 4 * 528];
 /// Fewest k tiles (of 128) a split keeps: shorter ones spend more on the fp32 partials than they save.
 const MIN_KT_PER_SPLIT: usize = 4;
 /// `MAX_CLUSTER` of the kernel: split-K arrival counters per tile.
@@ -129,36 +126,9 @@ pub struct GemmVariant {
     pub lookahead: usize,
     /// Bits per weight code: 4, or 8 for the int8 layout of [`super::repack_int8`] (fp16 only).
     pub wbits: usize,
-    /// The linear epilogue stages each warp's whole share of the tile and leaves it to one TMA store (the
-    /// kernel's Y BY TMA), instead of storing from the lanes through 1 KB per warp. Set by [`GemmVariant::fit`].
-    pub tile_staging: bool,
 }
 
 impl GemmVariant {
-    /// The variant with as many pipeline stages as fit in `per_cta` bytes of shared memory, up to its `stages`:
-    /// with the whole-tile staging of the TMA epilogue where that still leaves [`MIN_STAGES_TILE_STAGING`]
-    /// stages, otherwise with the lanes' 1 KB per warp.
-    pub fn fit(self, per_cta: usize) -> Self {
-        let reduce = |mut v: Self| {
-            while v.stages > 2 && v.smem_bytes() > per_cta {
-                v.stages -= 1;
-            }
-            v
-        };
-        let staged = reduce(Self {
-            tile_staging: !self.conv,
-            ..self
-        });
-        if staged.tile_staging && staged.stages < MIN_STAGES_TILE_STAGING {
-            reduce(Self {
-                tile_staging: false,
-                ..self
-            })
-        } else {
-            staged
-        }
-    }
-
     /// Tokens per CTA tile.
     pub fn bm(&self) -> usize {
         (2 / self.wg_n) * self.wg_tokens
@@ -208,13 +178,7 @@ impl GemmVariant {
     /// row pairs of N_CTA / 16 blocks of 36 floats and 4 of padding) where larger.
     fn data_bytes(&self) -> usize {
         let split_k_tile = (self.bm() / 2 + 8) * self.pair_bytes();
-        let staging = if self.conv {
-            CONV_EPILOGUE_STAGING
-        } else if self.tile_staging {
-            8 * self.wg_tokens * 64
-        } else {
-            8 * 1024
-        };
+        let staging = EPILOGUE_STAGING[usize::from(self.conv)];
         (self.stages * self.stage_bytes() + staging).max(split_k_tile)
     }
 
@@ -232,7 +196,7 @@ impl GemmVariant {
 
     fn name(&self) -> String {
         format!(
-            "linear_w4a16_gemm_{}_w{}_z{}_g{}_wgn{}_t{}_s{}_l{}{}{}",
+            "linear_w4a16_gemm_{}_w{}_z{}_g{}_wgn{}_t{}_s{}_l{}{}",
             self.act.name(),
             self.wbits,
             self.zero_mode(),
@@ -241,8 +205,7 @@ impl GemmVariant {
             self.wg_tokens,
             self.stages,
             self.lookahead,
-            if self.conv { "_conv" } else { "" },
-            if self.tile_staging { "_ytma" } else { "" }
+            if self.conv { "_conv" } else { "" }
         )
     }
 
@@ -253,7 +216,7 @@ impl GemmVariant {
                 format!(
                     "#define LB_DTYPE {}\n#define LB_ZEROS {}\n#define LB_WG_N {}\n#define LB_WG_TOKENS {}\n\
                  #define LB_STAGES {}\n#define LB_UNIT_GROUPS {}\n#define LB_CONV {}\n#define LB_LOOKAHEAD {}\n\
-                 #define LB_WBITS {}\n#define LB_Y_TMA {}\n",
+                 #define LB_WBITS {}\n",
                     if self.act == DType::Bf16 { "BF16" } else { "F16" },
                     self.zero_mode(),
                     self.wg_n,
@@ -262,8 +225,7 @@ impl GemmVariant {
                     u8::from(self.unit_groups),
                     u8::from(self.conv),
                     self.lookahead,
-                    self.wbits,
-                    u8::from(self.tile_staging)
+                    self.wbits
                 )
             },
             SOURCE,
@@ -285,7 +247,7 @@ struct GemmArgs {
     counters: u64,
 }
 
-/// `lowbit::w4a16_gemm::Shape`, in field order (18 ints, an int64, the convolution fields).
+/// `lowbit::w4a16_gemm::Shape`, in field order (14 ints, an int64, the convolution fields).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 struct GemmShape {
@@ -306,7 +268,6 @@ struct GemmShape {
     split_pairs_recip: i32,
     activation: i32,
     y_vector: i32,
-    y_tma: i32,
     y_stride: i64,
     conv: ConvFields,
 }
@@ -465,7 +426,6 @@ impl LinearW4A16Gemm {
                     conv,
                     lookahead: default_lookahead(wg_tokens),
                     wbits: plan.code_bits,
-                    tile_staging: false,
                 },
             )
         };
@@ -854,7 +814,7 @@ impl LinearW4A16Gemm {
             MapElement::F16
         };
         // Boxes of 64 columns: one 128-byte swizzled row of 16-bit values.
-        let xmap = tensor_map_2d("x", element, x, (m, x_cols, x_stride), (bm, 64), Swizzle::B128)?;
+        let xmap = tensor_map_2d("x", element, x, (m, x_cols, x_stride), (bm, 64), true)?;
         let m_tiles = m.div_ceil(bm);
         let split = self.split_plan_for(kernel, m);
         let splits = split.splits;
@@ -870,23 +830,6 @@ impl LinearW4A16Gemm {
             ));
         }
         args.trace = self.trace;
-        // A linear layer's whole tiles leave through one TMA store per warp of its [tokens][32 columns] staging,
-        // swizzled as the kernel stages it (its EPILOGUE), when the variant stages whole tiles and y's rows are
-        // 16-byte aligned.
-        let y_tma = kernel.variant.tile_staging && y_vector != 0 && conv.taps == 0;
-        let ymap = if y_tma {
-            let rows = kernel.variant.wg_tokens;
-            tensor_map_2d(
-                "y",
-                element,
-                args.y,
-                (m, p.n, y_stride as usize),
-                (rows, 32),
-                Swizzle::B64,
-            )?
-        } else {
-            xmap // not read
-        };
         let shape = GemmShape {
             m: m as i32,
             n: p.n as i32,
@@ -909,7 +852,6 @@ impl LinearW4A16Gemm {
             split_pairs_recip: 65536_usize.div_ceil(split_pairs) as i32,
             activation: activation.code(),
             y_vector,
-            y_tma: i32::from(y_tma),
             y_stride,
             conv,
         };
@@ -929,15 +871,14 @@ impl LinearW4A16Gemm {
             cluster: (splits > 1).then_some(split.cluster),
             dependent: self.dependent_launch,
         };
-        let mut params: [*mut std::ffi::c_void; 4] = [
+        let mut params: [*mut std::ffi::c_void; 3] = [
             &xmap as *const TensorMap as *mut _,
-            &ymap as *const TensorMap as *mut _,
             &args as *const GemmArgs as *mut _,
             &shape as *const GemmShape as *mut _,
         ];
-        // SAFETY: x is read through the tensor map (zeros outside its bounds); y (written through its map, which
-        // drops what lies outside [m, N], or by the lanes), bias and (conv) offsets were checked by the caller for
-        // this m; the weight buffers are the operator's own. `params` points at the four kernel parameters, in order.
+        // SAFETY: x is read through the tensor map (zeros outside its bounds); y, bias and (conv) offsets were
+        // checked by the caller for this m; the weight buffers are the operator's own. `params` points at the three
+        // kernel parameters, in order.
         unsafe { launch_ex(&kernel.function, stream, launch, &mut params) }.map_err(|rc| Error::Cuda {
             context: format!("launching w4a16_gemm (splits {splits}, convolution {})", conv.taps > 0),
             message: format!("{rc:?}"),
@@ -1081,11 +1022,13 @@ fn default_lookahead(wg_tokens: usize) -> usize {
     }
 }
 
-/// Compiles (or fetches) `variant`, fitted to the device's shared memory ([`GemmVariant::fit`]), and allows it that
+/// Compiles (or fetches) `variant` with as many pipeline stages as fit, up to its `stages`, and allows it that
 /// much dynamic shared memory.
-fn load_variant(device: &CudaDevice, variant: GemmVariant) -> Result<GemmKernel> {
+fn load_variant(device: &CudaDevice, mut variant: GemmVariant) -> Result<GemmKernel> {
     let limits = smem_limits(device.info().compute_capability);
-    let variant = variant.fit(limits.per_cta);
+    while variant.stages > 2 && variant.smem_bytes() > limits.per_cta {
+        variant.stages -= 1;
+    }
     let function = device.function_with_shared_memory(variant.source(), "w4a16_gemm", variant.smem_bytes())?;
     let mut resident_clusters = [0; MAX_SPLITS + 1];
     for (ctas, resident) in resident_clusters.iter_mut().enumerate().skip(2) {
@@ -1118,7 +1061,7 @@ mod tests {
                     if conv && (act != DType::F16 || wg_tokens == 16) {
                         continue; // the convolution path is f16 only, on 64- and 128-token tiles
                     }
-                    let v = GemmVariant {
+                    let mut v = GemmVariant {
                         wbits,
                         act,
                         zeros,
@@ -1129,9 +1072,10 @@ mod tests {
                         offsets,
                         conv,
                         lookahead: default_lookahead(wg_tokens),
-                        tile_staging: false,
+                    };
+                    while v.stages > 2 && v.smem_bytes() > limits.per_cta {
+                        v.stages -= 1;
                     }
-                    .fit(limits.per_cta);
                     let compiled = crate::cuda::compile(v.source(), "sm_90a").unwrap();
                     let local: Vec<&str> = compiled
                         .log
