@@ -257,9 +257,6 @@ __device__ __forceinline__ void unpack8(const uint4& t, float (&v)[8]) {
     const u32 w[4] = {t.x, t.y, t.z, t.w};
     unpack_pairs<T, 8>(w, v);
 }
-// Widens [lo, hi] to the eight values of one 16-byte load: the min / max run on the packed pairs (3 + 3 HMNMX2),
-// only their two survivors are converted (the order of min / max does not matter, and f16 / bf16 -> f32 is exact
-// and monotonic).
 // Lane-wise min / max of two packed pairs of T (one HMNMX2).
 template <class T>
 __device__ __forceinline__ u32 pair_min(u32 a, u32 b) {
@@ -273,6 +270,9 @@ __device__ __forceinline__ u32 pair_max(u32 a, u32 b) {
     const P m = __hmax2(*reinterpret_cast<const P*>(&a), *reinterpret_cast<const P*>(&b));
     return *reinterpret_cast<const u32*>(&m);
 }
+// Widens [lo, hi] to the eight values of one 16-byte load: the min / max run on the packed pairs (3 + 3 HMNMX2),
+// only their two survivors are converted (the order of min / max does not matter, and f16 / bf16 -> f32 is exact
+// and monotonic).
 template <class T>
 __device__ __forceinline__ void widen_range8(const uint4& t, float& lo, float& hi) {
     const u32 mn = pair_min<T>(pair_min<T>(t.x, t.y), pair_min<T>(t.z, t.w));
@@ -315,16 +315,15 @@ __device__ __forceinline__ void quantize_block_vec(const QuantizeParams& p) {
 
     float v[N];
     float lo = __int_as_float(0x7F800000), hi = -lo;  // +inf, -inf
-    bool ranged = false;
-    if constexpr (N == 8) {  // the common case: the range on the packed pairs
-        if (whole) {
+    const bool pair_range = N == 8 && whole;  // the common case: the range on the packed pairs
+    if constexpr (N == 8) {
+        if (pair_range) {
             const uint4 t = *reinterpret_cast<const uint4*>(reinterpret_cast<const unsigned short*>(p.x) + src + first);
             widen_range8<T>(t, lo, hi);
             unpack8<T>(t, v);
-            ranged = true;
         }
     }
-    if (!ranged) {
+    if (!pair_range) {
         if (whole) {
             load_values<T, N>(p.x, src + first, v);
         } else {

@@ -13,11 +13,13 @@
 
 mod cache;
 mod device;
+mod launch;
 mod nvrtc;
 mod tensor_map;
 
 pub use cache::{cache_dir, CacheOutcome};
 pub use device::{copy_device, CudaDevice, DeviceInfo, StreamTimer};
+pub(crate) use launch::{launch_ex, resident_cluster_count, Launch};
 pub use nvrtc::{
     arch_for, compile, compile_options, include_dir, nvrtc_present, nvrtc_version, variant_source, Compiled,
     KernelSource, COMMON_HEADER, DEQUANTIZE, KERNELS, KNOWN_ARCHES,

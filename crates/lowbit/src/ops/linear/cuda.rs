@@ -1211,7 +1211,8 @@ impl LinearW4A16Cuda {
         // the one-CTA-per-SM variants of M > 16) reduce the same splits in the same order through global memory.
         for (v, f, cluster) in &mut kernels {
             *cluster = splits > 1
-                && gemm::resident_cluster_count(f, v.block_threads() as u32, v.smem_bytes(), splits) >= plan.n_tiles();
+                && crate::cuda::resident_cluster_count(f, v.block_threads() as u32, v.smem_bytes(), splits)
+                    >= plan.n_tiles();
         }
         let ctas = match splits {
             1 => tuning.ctas.unwrap_or(ctas_per_sm * sms).clamp(1, units),
@@ -1282,7 +1283,7 @@ impl LinearW4A16Cuda {
         self.kernels
             .iter()
             .map(|(v, f, _)| {
-                let count = |s| gemm::resident_cluster_count(f, v.block_threads() as u32, v.smem_bytes(), s);
+                let count = |s| crate::cuda::resident_cluster_count(f, v.block_threads() as u32, v.smem_bytes(), s);
                 (v.name(), [count(2), count(4), count(8)])
             })
             .collect()
@@ -1407,7 +1408,7 @@ impl LinearW4A16Cuda {
             hi: clamp.map_or(0.0, |c| c.1),
         };
         // Cluster split-K and the kernel's DEPENDENT LAUNCH, each when this operator uses it.
-        let launch = gemm::Launch {
+        let launch = crate::cuda::Launch {
             grid: self.ctas as u32,
             block: variant.block_threads() as u32,
             smem: variant.smem_bytes(),
@@ -1422,7 +1423,7 @@ impl LinearW4A16Cuda {
             &args as *const KernelArgs as *mut _,
             &shape as *const KernelShape as *mut _,
         ];
-        unsafe { gemm::launch_ex(function, stream, launch, &mut params) }.map_err(|rc| Error::Cuda {
+        unsafe { crate::cuda::launch_ex(function, stream, launch, &mut params) }.map_err(|rc| Error::Cuda {
             context: format!(
                 "launching w4a16_linear (clusters of {})",
                 if *cluster { self.splits } else { 1 }
