@@ -186,7 +186,7 @@ fn block_w8a8_matches_reference() {
     let mut rng = SplitMix64(0xC8A8_0002);
     for m in [1, 7, 33, 222] {
         for n in [128, 576] {
-            for (k, block) in [(256, 64), (3884, 64), (1000, 32), (4096, 128)] {
+            for (k, block) in [(256, 64), (3884, 64), (1000, 32), (4096, 128), (1280, 256)] {
                 for mode in [ActivationQuant::Asymmetric, ActivationQuant::Symmetric] {
                     let bias = rng.next_u64() % 2 == 0;
                     if (m * n * k) % 2 == 0 {
@@ -270,6 +270,9 @@ fn exact_integer_mode_is_bit_exact() {
         (5usize, 136usize, 256usize, 32usize),
         (17, 128, 3884, 64),
         (3, 256, 512, 128),
+        // The wgmma kernel's halves (`_h`): blocks of two stages, and a partial last block of 128.
+        (9, 384, 1280, 256),
+        (130, 128, 3884, 128),
     ] {
         let blocks = k.div_ceil(block);
         let pow2 = |rng: &mut SplitMix64| 2f32.powi(rng.int(-2, 2));
@@ -299,6 +302,10 @@ fn exact_integer_mode_is_bit_exact() {
             for kernel in kernels(&dev, k, block) {
                 let scheme = W8a8Scheme::Block(ActivationQuant::Asymmetric);
                 let op = W8a8LinearCuda::with_kernel(&dev, &weight, Some(&bias), scheme, dtype, kernel).unwrap();
+                if kernel == GemmKernel::Wgmma {
+                    let halves = blocks > 1 && block <= 256;
+                    assert_eq!(op.kernel_name().ends_with("_h"), halves, "{}", op.kernel_name());
+                }
                 let got = run_uploaded(&dev, &op, &ad, m, dtype);
                 let rounded = round_all(&want, dtype);
                 assert_eq!(
