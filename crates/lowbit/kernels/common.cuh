@@ -875,55 +875,6 @@ __device__ __forceinline__ void wgmma_s8_m64n128k32(int (&d)[64], u64 desc_a, u6
         : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
-// The 32 accumulators of one 64-column half (H = 0: columns 0..63, H = 1: 64..127) of an m64n128 fragment, as asm
-// operands: an m64n64 wgmma's d[4j + e] is the m64n128 fragment's d[32H + 4j + e] (same rows, columns + 64H).
-#define LB_HALF_OPS(C, d, H)                                                                                       \
-    C(d[32 * H + 0]), C(d[32 * H + 1]), C(d[32 * H + 2]), C(d[32 * H + 3]), C(d[32 * H + 4]), C(d[32 * H + 5]),   \
-        C(d[32 * H + 6]), C(d[32 * H + 7]), C(d[32 * H + 8]), C(d[32 * H + 9]), C(d[32 * H + 10]),                \
-        C(d[32 * H + 11]), C(d[32 * H + 12]), C(d[32 * H + 13]), C(d[32 * H + 14]), C(d[32 * H + 15]),            \
-        C(d[32 * H + 16]), C(d[32 * H + 17]), C(d[32 * H + 18]), C(d[32 * H + 19]), C(d[32 * H + 20]),            \
-        C(d[32 * H + 21]), C(d[32 * H + 22]), C(d[32 * H + 23]), C(d[32 * H + 24]), C(d[32 * H + 25]),            \
-        C(d[32 * H + 26]), C(d[32 * H + 27]), C(d[32 * H + 28]), C(d[32 * H + 29]), C(d[32 * H + 30]),            \
-        C(d[32 * H + 31])
-#define LB_INOUT_R(x) "+r"(x)
-#define LB_INOUT_F(x) "+f"(x)
-#define LB_D32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
-               "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
-
-// Half H of wgmma_s8_m64n128k32: d's 64-column half H (+)= A[64 x 32] * B[32 x 64], B's descriptor pointing at the
-// half's first column. Two halves in two commit groups let the CUDA cores work on one half's dots while the tensor
-// cores compute the other's.
-template <int H>
-__device__ __forceinline__ void wgmma_s8_m64n64k32(int (&d)[64], u64 desc_a, u64 desc_b, int accumulate) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 " LB_D32 ", %32, %33, p;\n}\n"
-                 : LB_HALF_OPS(LB_INOUT_R, d, H)
-                 : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-}
-// Half H of wgmma_tf32_m64n128k8 (B's descriptor pointing at the half's first column).
-template <int H>
-__device__ __forceinline__ void wgmma_tf32_m64n64k8(float (&d)[64], const float (&a)[4], u64 desc_b) {
-    asm volatile("wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 " LB_D32 ", {%32, %33, %34, %35}, %36, 1, 1, 1;\n"
-                 : LB_HALF_OPS(LB_INOUT_F, d, H)
-                 : "r"(__float_as_uint(a[0])), "r"(__float_as_uint(a[1])), "r"(__float_as_uint(a[2])),
-                   "r"(__float_as_uint(a[3])), "l"(desc_b));
-}
-// The 32 accumulators of half H (after the wait for the group that wrote them: no access moves above it).
-template <int H>
-__device__ __forceinline__ void wgmma_fence_half(int (&d)[64]) {
-#pragma unroll
-    for (int i = 0; i < 32; ++i) asm volatile("" : "+r"(d[32 * H + i])::"memory");
-}
-template <int H>
-__device__ __forceinline__ void wgmma_fence_half(float (&d)[64]) {
-#pragma unroll
-    for (int i = 0; i < 32; ++i) asm volatile("" : "+f"(d[32 * H + i])::"memory");
-}
-#undef LB_D32
-#undef LB_INOUT_F
-#undef LB_INOUT_R
-#undef LB_HALF_OPS
-
 #endif  // sm_90
 
 }  // namespace lowbit

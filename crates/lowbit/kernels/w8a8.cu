@@ -746,43 +746,37 @@ struct BlockWalk {
     }
 };
 
-// The block parameters of this lane's two rows of the warpgroup tile (rows row0 + g and row0 + g + 8; `row0`: the
-// warp's first row in the CTA tile): {sA, oA, sumA, 0} each.
-__device__ __forceinline__ void load_row_params(u32 a_params, u32 row0, int lane, float4 (&rows)[2]) {
+// out += (sA*sB)*dot for this warp's rows of the warpgroup tile (`row0`: the warp's first row in the CTA tile),
+// `a_params`: the rows' float4, `scales`: the columns' sB. Returns the rows' params. The dots are converted with
+// I2FP: on sm_90 it issues once and ran 10% faster than the two-instruction magic-number conversion (H200).
+__device__ __forceinline__ void apply_scaled_dots(float (&out)[64], const int (&dot)[64], u32 a_params, u32 scales,
+                                                  u32 row0, int lane, float4 (&rows)[2]) {
+    const int g = lane >> 2, t = lane & 3;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) rows[h] = lds128f(a_params + (row0 + (lane >> 2) + 8 * h) * 16);
-}
-
-// out += (sA*sB)*dot for the 64-column half H of this warp's rows (`sa`: its two rows' sA, `scales`: the tile's
-// 128 sB). The dots are
-// converted with I2FP: on sm_90 it issues once and ran 10% faster than the two-instruction magic-number conversion
-// (H200).
-template <int H>
-__device__ __forceinline__ void apply_scaled_dots(float (&out)[64], const int (&dot)[64], const float (&sa)[2],
-                                                  u32 scales, int lane) {
-    const int t = lane & 3;
+    for (int h = 0; h < 2; ++h) rows[h] = lds128f(a_params + (row0 + g + 8 * h) * 16);
 #pragma unroll
-    for (int j = 8 * H; j < 8 * H + 8; ++j) {
+    for (int j = 0; j < 16; ++j) {
         const float2 sb = lds64f(scales + (j * 8 + 2 * t) * 4);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
                 const int e = 4 * j + 2 * h + c;
-                out[e] = fmaf(sa[h] * (c ? sb.y : sb.x), __int2float_rn(dot[e]), out[e]);
+                out[e] = fmaf(rows[h].x * (c ? sb.y : sb.x), __int2float_rn(dot[e]), out[e]);
             }
         }
     }
 }
 
-// The block's offset terms, out += sA*oB*sumA + oA*ot, as one tf32 wgmma per half (the tensor cores are idle for
-// it; the CUDA cores would spend two FFMA per element): A row m = (u_hi, oA_hi, u_lo, oA_lo, u_hi, oA_hi, 0, 0) with
+// The block's offset terms, out += sA*oB*sumA + oA*ot, as one tf32 wgmma (the tensor cores are idle for it; the CUDA
+// cores would spend two FFMA per element): A row m = (u_hi, oA_hi, u_lo, oA_lo, u_hi, oA_hi, 0, 0) with
 // u = sA*sumA, B column n = (oB_hi, ot_hi, oB_hi, ot_hi, oB_lo, ot_lo, 0, 0) from the host, where x = x_hi + x_lo
 // in tf32: hi*hi + lo*hi + hi*lo keeps near-f32 accuracy. A comes from registers: lane 4g + t holds k = t and
 // t + 4 of its rows g and g + 8, which are the rows whose parameters it already has (`rows`), so the issue needs
-// no shared-memory store, proxy fence or warpgroup barrier. `offset_operand` builds A once for both halves.
-__device__ __forceinline__ void offset_operand(const float4 (&rows)[2], int lane, float (&a)[4]) {
+// no shared-memory store, proxy fence or warpgroup barrier.
+__device__ __forceinline__ void issue_offset_terms(float (&out)[64], const float4 (&rows)[2], u32 w_offset, int lane) {
     const int t = lane & 3;
+    float a[4];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const float v = (t & 1) ? rows[h].y : rows[h].x * rows[h].z;  // k = t: oA for odd t, u for even
@@ -790,51 +784,9 @@ __device__ __forceinline__ void offset_operand(const float4 (&rows)[2], int lane
         a[h] = t < 2 ? hi : lo;          // k = t:     u_hi, oA_hi, u_lo, oA_lo
         a[2 + h] = t < 2 ? hi : 0.0f;    // k = t + 4: u_hi, oA_hi, 0, 0
     }
-}
-template <int H>
-__device__ __forceinline__ void issue_offset_terms(float (&out)[64], const float (&a)[4], u32 w_offset) {
     wgmma_fence();
-    wgmma_tf32_m64n64k8<H>(out, a, smem_desc_sw32(w_offset + H * 64 * 32));  // 32 bytes per column
+    wgmma_tf32_m64n128k8(out, a, smem_desc_sw32(w_offset));
     wgmma_commit();
-}
-
-// The block's correction of half H once its dots have landed: out += (sA*sB)*dot on the CUDA cores, then the offset
-// terms' wgmma. The rows' parameters are reloaded per half (two shared loads) rather than held through the other
-// half: the registers are what lets ptxas keep the wgmma pipeline.
-template <int H>
-__device__ __forceinline__ void correct_half(float (&out)[64], int (&dot)[64], u32 params, u32 row0, int lane) {
-    const u32 w_offset = params + SLOT_BYTES;
-    float4 rows[2];
-    float a[4];
-    load_row_params(params, row0, lane, rows);
-    wgmma_fence_half<H>(dot);
-    wgmma_fence_half<H>(out);
-    const float sa[2] = {rows[0].x, rows[1].x};
-    offset_operand(rows, lane, a);
-    apply_scaled_dots<H>(out, dot, sa, w_offset + W_OFFSET_BYTES, lane);
-    issue_offset_terms<H>(out, a, w_offset);
-}
-
-// A stage's four k steps of dots (past K the codes are zero padding up to k_pad, on both sides); `start`: the stage
-// starts a block, so its first k step overwrites the accumulators. HALVES issues the two 64-column halves (W's
-// columns 64.. start 64 rows of 128 bytes further: + 512 in the address field), so that every wgmma of the kernel
-// that writes `dot` is an m64n64 one: mixed with m64n128 ones on the same registers, ptxas serialised them (C7511).
-template <int H>
-__device__ __forceinline__ void issue_dots_half(int (&dot)[64], u64 a_desc, u64 b_desc, bool start) {
-#pragma unroll
-    for (int ks = 0; ks < STEPS_PER_STAGE; ++ks)
-        wgmma_s8_m64n64k32<H>(dot, a_desc + 2 * ks, b_desc + H * 512 + 2 * ks, (start && ks == 0) ? 0 : 1);
-}
-template <bool HALVES>
-__device__ __forceinline__ void issue_dots(int (&dot)[64], u64 a_desc, u64 b_desc, bool start) {
-    if constexpr (HALVES) {
-        issue_dots_half<0>(dot, a_desc, b_desc, start);
-        issue_dots_half<1>(dot, a_desc, b_desc, start);
-    } else {
-#pragma unroll
-        for (int ks = 0; ks < STEPS_PER_STAGE; ++ks)
-            wgmma_s8_m64n128k32(dot, a_desc + 2 * ks, b_desc + 2 * ks, (start && ks == 0) ? 0 : 1);
-    }
 }
 
 // The producer thread: every k tile of every tile of this CTA, each into the next free stage.
@@ -870,7 +822,7 @@ __device__ __forceinline__ void produce(const TensorMap* a_map, const TensorMap*
 // A consumer warpgroup (`wg` 0 or 1, `tid` 0..255 over both): rows wg * 64 .. + 64 of every tile of this CTA.
 // The two warpgroups take turns issuing their wgmmas (wg 0 first, named barriers 4 and 5), so the tensor cores run
 // one warpgroup's block while the other applies its correction on the CUDA cores (ping-pong).
-template <class T, int STAGES, bool HALVES>
+template <class T, int STAGES>
 __device__ __forceinline__ void consume(const GemmParams& p, u32 base, u32 bars, u32 k_tiles, u32 tiles, int wg,
                                         int tid) {
     const int lane = tid % 32, warp = tid / 32;
@@ -889,55 +841,34 @@ __device__ __forceinline__ void consume(const GemmParams& p, u32 base, u32 bars,
         bool block_start = true, held = false;  // held: the previous stage, its wgmmas maybe still running
         u32 held_buf = 0;
         BlockWalk walk(p);
-        const auto release_held = [&] {
-            if (held) mbar_arrive(bars + (STAGES + held_buf) * 8);  // its wgmmas have retired
-        };
         for (u32 kt = 0; kt < k_tiles; ++kt, ++use) {
             mbar_wait(bars + buf * 8, (use / STAGES) & 1);
-            const u32 stage = base + buf * HOPPER_STAGE_BYTES, params = stage + 2 * TILE_BYTES;
+            const u32 stage = base + buf * HOPPER_STAGE_BYTES;
             if (wg == 1 || !first_turn) named_barrier_sync(my_turn, HOPPER_CONSUMERS);
             first_turn = false;
-            const bool block_end = walk.ends(kt, k_tiles);
+            wgmma_fence();
+            // All four k steps: past K the codes are zero padding up to k_pad, on both sides.
             // A k step is 32 bytes further along the rows: + 2 in the descriptors' address field (addr >> 4).
             const u64 a_desc = smem_desc_sw128(stage + wg_row * TILE_K), b_desc = smem_desc_sw128(stage + TILE_BYTES);
-            if (!block_end) {  // the block goes on: keep this stage's wgmmas in flight
-                wgmma_fence();
-                issue_dots<HALVES>(dot, a_desc, b_desc, block_start);
-                wgmma_commit();
-                named_barrier_arrive(their_turn, HOPPER_CONSUMERS);
-                wgmma_wait<1>();  // the previous stage's wgmmas
-                release_held();
-            } else if constexpr (HALVES) {
-                // HALVES: the halves go out in two commit groups, so the CUDA cores correct the low half while the
-                // tensor cores compute the high one. The previous stage's wgmmas are waited for first: ptxas does
-                // not count commit groups across iterations, and would serialise every wgmma (C7514) at the first
-                // read of `out` with the previous block's offset terms possibly in flight. They are short, and the
-                // other warpgroup's wgmmas keep the tensor cores busy meanwhile. (The fence comes after that wait:
-                // before it, ptxas injects its own.)
-                wgmma_wait<0>();
-                release_held();
-                wgmma_fence();
-                issue_dots_half<0>(dot, a_desc, b_desc, block_start);
-                wgmma_commit();
-                issue_dots_half<1>(dot, a_desc, b_desc, block_start);
-                wgmma_commit();
-                named_barrier_arrive(their_turn, HOPPER_CONSUMERS);
-                wgmma_wait<1>();  // the low half's dots
-                correct_half<0>(out, dot, params, row0, lane);
-                wgmma_wait<1>();  // the high half's dots
-                correct_half<1>(out, dot, params, row0, lane);
-            } else {
-                wgmma_fence();
-                issue_dots<false>(dot, a_desc, b_desc, block_start);
-                wgmma_commit();
-                named_barrier_arrive(their_turn, HOPPER_CONSUMERS);
+#pragma unroll
+            for (int ks = 0; ks < STEPS_PER_STAGE; ++ks)
+                wgmma_s8_m64n128k32(dot, a_desc + 2 * ks, b_desc + 2 * ks, (block_start && ks == 0) ? 0 : 1);
+            wgmma_commit();
+            named_barrier_arrive(their_turn, HOPPER_CONSUMERS);
+            block_start = walk.ends(kt, k_tiles);
+            walk.next(block_start);
+            if (block_start) {
                 wgmma_wait<0>();  // this block's dots, and the previous block's offset terms
-                release_held();
-                correct_half<0>(out, dot, params, row0, lane);
-                correct_half<1>(out, dot, params, row0, lane);
+                wgmma_fence_operands(dot);
+                wgmma_fence_operands(out);
+                const u32 params = stage + 2 * TILE_BYTES, w_offset = params + SLOT_BYTES;
+                float4 rows[2];
+                apply_scaled_dots(out, dot, params, w_offset + W_OFFSET_BYTES, row0, lane, rows);
+                issue_offset_terms(out, rows, w_offset, lane);
+            } else {  // the block goes on: keep one stage of wgmmas in flight
+                wgmma_wait<1>();
             }
-            block_start = block_end;
-            walk.next(block_end);
+            if (held) mbar_arrive(bars + (STAGES + held_buf) * 8);  // its wgmmas have retired
             held = true;
             held_buf = buf;
             if (++buf == STAGES) buf = 0;
@@ -964,7 +895,7 @@ __device__ __forceinline__ void consume(const GemmParams& p, u32 base, u32 bars,
     if (wg == 0 && !first_turn) named_barrier_sync(my_turn, HOPPER_CONSUMERS);  // wg 1's last hand-over
 }
 
-template <class T, int STAGES, bool HALVES>
+template <class T, int STAGES>
 __device__ __forceinline__ void gemm_hopper(const TensorMap* a_map, const TensorMap* w_map, const TensorMap* ap_map,
                                             const GemmParams& p) {
     extern __shared__ __align__(16) unsigned char smem[];
@@ -980,7 +911,7 @@ __device__ __forceinline__ void gemm_hopper(const TensorMap* a_map, const Tensor
         return;
     }
     setmaxnreg_inc<240>();
-    consume<T, STAGES, HALVES>(p, base, bars, k_tiles, tiles, wg, tid);
+    consume<T, STAGES>(p, base, bars, k_tiles, tiles, wg, tid);
 }
 #endif  // sm_90
 
@@ -1047,23 +978,17 @@ GEMM_KERNEL(w8a8_gemm_bf16_s4, __nv_bfloat16, 4)
 
 // The Hopper kernels exist on every architecture (one module for all) but only do work on sm_90a.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define WGMMA_BODY(T, STAGES, HALVES) gemm_hopper<T, STAGES, HALVES>(&a_map, &w_map, &ap_map, p);
+#define WGMMA_BODY(T, STAGES) gemm_hopper<T, STAGES>(&a_map, &w_map, &ap_map, p);
 #else
-#define WGMMA_BODY(T, STAGES, HALVES) __trap();
+#define WGMMA_BODY(T, STAGES) __trap();
 #endif
-#define WGMMA_KERNEL(NAME, T, STAGES, HALVES)                                                               \
+#define WGMMA_KERNEL(NAME, T, STAGES)                                                                 \
     extern "C" __global__ void __launch_bounds__(384, 1)                                              \
         NAME(const __grid_constant__ TensorMap a_map, const __grid_constant__ TensorMap w_map,        \
              const __grid_constant__ TensorMap ap_map, const GemmParams p) {                          \
-        WGMMA_BODY(T, STAGES, HALVES)                                                                 \
+        WGMMA_BODY(T, STAGES)                                                                         \
     }
-// `_h`: HALVES (per-block scales: most stages end a block); without it, one block per row (SmoothQuant), whose
-// stages keep one m64n128 wgmma per k step (the halves read the A tile twice from shared memory: 5% slower there).
-WGMMA_KERNEL(w8a8_wgmma_f16_s3, __half, 3, false)
-WGMMA_KERNEL(w8a8_wgmma_f16_s4, __half, 4, false)
-WGMMA_KERNEL(w8a8_wgmma_bf16_s3, __nv_bfloat16, 3, false)
-WGMMA_KERNEL(w8a8_wgmma_bf16_s4, __nv_bfloat16, 4, false)
-WGMMA_KERNEL(w8a8_wgmma_f16_s3_h, __half, 3, true)
-WGMMA_KERNEL(w8a8_wgmma_f16_s4_h, __half, 4, true)
-WGMMA_KERNEL(w8a8_wgmma_bf16_s3_h, __nv_bfloat16, 3, true)
-WGMMA_KERNEL(w8a8_wgmma_bf16_s4_h, __nv_bfloat16, 4, true)
+WGMMA_KERNEL(w8a8_wgmma_f16_s3, __half, 3)
+WGMMA_KERNEL(w8a8_wgmma_f16_s4, __half, 4)
+WGMMA_KERNEL(w8a8_wgmma_bf16_s3, __nv_bfloat16, 3)
+WGMMA_KERNEL(w8a8_wgmma_bf16_s4, __nv_bfloat16, 4)

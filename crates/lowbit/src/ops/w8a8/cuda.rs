@@ -471,7 +471,7 @@ pub enum GemmKernel {
     /// mma.sync m16n8k32 (sm_80 and later, every block size): `w8a8_gemm_<t>_s<stages>`.
     MmaSync,
     /// Warp-specialised wgmma m64n128k32 fed by TMA (sm_90a; blocks that are multiples of 128, or one per row):
-    /// `w8a8_wgmma_<t>_s<stages>`, with `_h` (64-column halves) where blocks span one or two stages.
+    /// `w8a8_wgmma_<t>_s<stages>`.
     Wgmma,
 }
 
@@ -660,14 +660,7 @@ impl W8a8LinearCuda {
             ))
         })?;
         let smem = smem_for(stages);
-        // On the wgmma kernel, blocks of one or two stages take the `_h` variant (HALVES in w8a8.cu: each block's
-        // correction overlaps its own high half's wgmmas); one block per row (SmoothQuant) keeps 128-column wgmmas.
-        let halves = choice == GemmKernel::Wgmma && blocks > 1 && block <= 2 * TILE_K;
-        let kernel = format!(
-            "w8a8_{prefix}_{}_s{stages}{}",
-            dtype.name(),
-            if halves { "_h" } else { "" }
-        );
+        let kernel = format!("w8a8_{prefix}_{}_s{stages}", dtype.name());
         let gemm = device.function_with_shared_memory(&KERNEL, &kernel, smem)?;
         let codes = device.upload(&codes)?;
         if choice == GemmKernel::Wgmma {
@@ -725,7 +718,7 @@ impl W8a8LinearCuda {
         self.block_size
     }
 
-    /// The GEMM kernel launched (`w8a8_gemm_<dtype>_s<stages>` or `w8a8_wgmma_<dtype>_s<stages>[_h]`).
+    /// The GEMM kernel launched (`w8a8_gemm_<dtype>_s<stages>` or `w8a8_wgmma_<dtype>_s<stages>`).
     pub fn kernel_name(&self) -> &str {
         &self.kernel
     }
