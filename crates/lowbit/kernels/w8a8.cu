@@ -854,11 +854,11 @@ __device__ __forceinline__ void consume(const GemmParams& p, u32 base, u32 bars,
             for (int ks = 0; ks < STEPS_PER_STAGE; ++ks)
                 wgmma_s8_m64n128k32(dot, a_desc + 2 * ks, b_desc + 2 * ks, (block_start && ks == 0) ? 0 : 1);
             wgmma_commit();
+            named_barrier_arrive(their_turn, HOPPER_CONSUMERS);
             block_start = walk.ends(kt, k_tiles);
             walk.next(block_start);
             if (block_start) {
                 wgmma_wait<0>();  // this block's dots, and the previous block's offset terms
-                named_barrier_arrive(their_turn, HOPPER_CONSUMERS);
                 wgmma_fence_operands(dot);
                 wgmma_fence_operands(out);
                 const u32 params = stage + 2 * TILE_BYTES, w_offset = params + SLOT_BYTES;
@@ -867,7 +867,6 @@ __device__ __forceinline__ void consume(const GemmParams& p, u32 base, u32 bars,
                 issue_offset_terms(out, rows, w_offset, lane);
             } else {  // the block goes on: keep one stage of wgmmas in flight
                 wgmma_wait<1>();
-                named_barrier_arrive(their_turn, HOPPER_CONSUMERS);
             }
             if (held) mbar_arrive(bars + (STAGES + held_buf) * 8);  // its wgmmas have retired
             held = true;
