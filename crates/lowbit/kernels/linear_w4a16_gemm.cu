@@ -46,6 +46,13 @@
 //   HYBRID: with more tiles than CTAs and the last wave at most half full (448 tiles on 132 SMs: 3 waves and 52
 //   tiles), the first `whole` tiles (the full waves) run unsplit and only the rest split (clusters of 2 over the
 //   whole grid), so the last wave takes half as long instead of leaving most SMs idle.
+//   STREAM-K (s.stream; small batches whose tiles do not fill the SMs evenly: 112 tiles of 16 tokens on 132 SMs
+//   left 20 SMs idle): CTA c of G takes the contiguous units [c U / G, (c + 1) U / G) of the U = tiles x k tiles
+//   in tile order, so every SM streams the same number of weight bytes. A tile whose k range is split between
+//   CTAs is finished by a fix-up per warp (a warp's accumulators are its own 32 columns), as in the decode kernel:
+//   each piece's warp writes its fp32 partial to its CTA's slot (first segment 2c, last 2c + 1) and bumps the
+//   (tile, warp) counter; the last to arrive sums the slots in piece order (lowest k first) and stores y. The same
+//   order whoever arrives last: repeated runs are bit-identical, and the partition depends on the shape only.
 //
 // * PERSISTENT. The grid is at most one CTA per SM; CTA c takes work items (tile x split) c, c + grid, ... and the
 //   producer runs ahead across items, so the next tile's stages fill while the consumers run an epilogue: K = 4096
@@ -101,6 +108,7 @@ struct Shape {
     int cluster;      // CTAs per thread-block cluster (split-K; 1 without)
     int groups;       // clusters per tile: 1, or more when clusters of `splits` do not all fit (SPLIT-K)
     int whole;        // tiles run unsplit before the split ones: 0, or a multiple of the grid (HYBRID)
+    int stream;       // 1: STREAM-K (CTA c takes units [c U / G, (c + 1) U / G)); splits is then 1
     int split_pairs;  // split-K epilogue: row pairs per CTA of a cluster, ceil(BM / 2 / cluster)
     int split_pairs_recip;  // ceil(2^16 / split_pairs): pair / split_pairs = (pair * recip) >> 16 (exact, pair < 128)
     int activation;   // Activation code (common.cuh)
@@ -131,8 +139,10 @@ struct Args {
     const u16* bias;       // [N] bits of T, or null
     u16* y;                // [M][y_stride] bits of T
     u64* trace;            // diagnostics, normally null: TRACE_SLOTS timestamps per CTA (see Trace)
-    float* partials;       // split-K with groups > 1: [tiles][cluster][groups][2 split_pairs][N_CTA] fp32
-    u32* counters;         // split-K with groups > 1: [tiles][MAX_CLUSTER] arrivals, zero between launches
+    float* partials;       // split-K with groups > 1: [tiles][cluster][groups][2 split_pairs][N_CTA] fp32;
+                           // STREAM-K: [2 G][BM * N_CTA] fp32, one slot per CTA and partial segment
+    u32* counters;         // [tiles][MAX_CLUSTER] arrivals (split-K groups: per rank; STREAM-K: per consumer
+                           // warp), zero between launches
 };
 
 constexpr int MAX_CLUSTER = 8;  // counters per tile
@@ -174,6 +184,8 @@ struct Gemm {
     static constexpr int PIPE_BYTES = STAGES * STAGE_BYTES + STAGING_BYTES;
     static constexpr int DATA_BYTES = PIPE_BYTES > Y_BYTES ? PIPE_BYTES : Y_BYTES;
     static constexpr int TILE_FLOATS = BM * N_CTA;
+    // Tiles that may take STREAM-K (the host's STREAM_MAX_TOKENS): the 128-token tile's fix-up would spill.
+    static constexpr bool STREAM = WG_TOKENS <= 64 && !CONV;
 
     __device__ static __forceinline__ void wgmma(float (&d)[ACC], uint4 a, u64 desc, int accumulate) {
         wgmma_m64k16<T, WG_TOKENS>(d, a, desc, accumulate);
@@ -183,9 +195,12 @@ struct Gemm {
         return s.group_shift >= 0 ? k >> s.group_shift : k / s.group;
     }
 
-    // One work item: a tile (nt, mt) and a split of its k range (`splits` 1: the whole tile).
+    // One work item: a tile (nt, mt) and a split of its k range (`splits` 1: the whole tile). STREAM-K: a
+    // segment of the tile's k range, piece `piece` of `pieces` (the CTAs first_cta, ... that share the tile), whose
+    // partial goes to `slot` when pieces > 1.
     struct Work {
         int nt, mt, split, splits, kt0, kt1;
+        int tile_seq, piece, pieces, first_cta, slot;
     };
     // The work items of a launch: the whole tiles, then the splits of the others.
     __device__ static __forceinline__ int item_count(const Shape& s) {
@@ -201,14 +216,65 @@ struct Gemm {
             const int rest = item - s.whole;
             tile_seq = s.whole + rest / s.splits, w.split = rest % s.splits, w.splits = s.splits;
         }
+        place_tile(s, tile_seq, w);
+        w.kt0 = (int)((long long)w.split * s.KT / w.splits);
+        w.kt1 = (int)((long long)(w.split + 1) * s.KT / w.splits);
+        w.piece = 0, w.pieces = 1;
+        return w;
+    }
+
+    // Tile `tile_seq` of the launch order: groups of RASTER_N column tiles, token tiles inner within a group.
+    __device__ static __forceinline__ void place_tile(const Shape& s, int tile_seq, Work& w) {
         const int per_group = RASTER_N * s.MT, group = tile_seq / per_group;
         const int first_n = group * RASTER_N, width = min(RASTER_N, s.NT - first_n);
         const int local = tile_seq - group * per_group;
-        w.nt = first_n + local % width, w.mt = local / width;
-        w.kt0 = (int)((long long)w.split * s.KT / w.splits);
-        w.kt1 = (int)((long long)(w.split + 1) * s.KT / w.splits);
+        w.tile_seq = tile_seq, w.nt = first_n + local % width, w.mt = local / width;
+    }
+
+    // STREAM-K: the first unit of CTA c (c = gridDim.x: the end), and the CTA whose range holds unit u.
+    __device__ static __forceinline__ long long unit_begin(const Shape& s, int c) {
+        return (long long)c * ((long long)s.NT * s.MT * s.KT) / gridDim.x;
+    }
+    __device__ static __forceinline__ int cta_of(const Shape& s, long long u) {
+        return (int)(((u + 1) * gridDim.x - 1) / ((long long)s.NT * s.MT * s.KT));
+    }
+
+    // STREAM-K: this CTA's segment of the tile holding unit u, up to the end of its range.
+    __device__ static __forceinline__ Work stream_work(const Shape& s, long long u, long long end) {
+        Work w;
+        const int tile_seq = (int)(u / s.KT);
+        const long long first = (long long)tile_seq * s.KT;
+        place_tile(s, tile_seq, w);
+        w.split = 0, w.splits = 1;
+        w.kt0 = (int)(u - first), w.kt1 = (int)min((long long)s.KT, end - first);
+        w.first_cta = cta_of(s, first);
+        w.pieces = cta_of(s, first + s.KT - 1) - w.first_cta + 1;
+        w.piece = blockIdx.x - w.first_cta;
+        // A CTA's range splits at most its first and its last tile: slots 2c and 2c + 1.
+        w.slot = 2 * blockIdx.x + (u == unit_begin(s, blockIdx.x) ? 0 : 1);
         return w;
     }
+
+    // This CTA's work items in order: items blockIdx.x, + gridDim.x, ... (the grid is at most one CTA per SM), or
+    // with STREAM-K the tile segments of its unit range.
+    struct Cursor {
+        long long at, end;  // the next item and the item count, or (STREAM-K) the next unit and the range's end
+        __device__ __forceinline__ explicit Cursor(const Shape& s) {
+            if (STREAM && s.stream) at = unit_begin(s, blockIdx.x), end = unit_begin(s, blockIdx.x + 1);
+            else at = blockIdx.x, end = item_count(s);
+        }
+        __device__ __forceinline__ bool next(const Shape& s, Work& w) {
+            if (at >= end) return false;
+            if (STREAM && s.stream) {
+                w = stream_work(s, at, end);
+                at += w.kt1 - w.kt0;
+            } else {
+                w = work(s, (int)at);
+                at += gridDim.x;
+            }
+            return true;
+        }
+    };
 
     // One stage's weight copies (codes, scale rows, zero rows), after announcing all of its bytes, x's included.
     __device__ static __forceinline__ void issue_weights(const Args& a, const Shape& s, u32 stage, u32 full,
@@ -243,19 +309,17 @@ struct Gemm {
     // its bytes, issue the copies. It runs ahead across items, so the next tile's stages fill during an epilogue.
     // DEPENDENT LAUNCH: the weights of the first item's first stages go out before the wait for the previous
     // kernel, their x after. (Only the first item's: the producer runs on 40 registers.)
-    __device__ static void produce(const TensorMap* xmap, const Args& a, const Shape& s, u32 base, u32 bars,
-                                   int items) {
+    __device__ static void produce(const TensorMap* xmap, const Args& a, const Shape& s, u32 base, u32 bars) {
         int early = 0;
-        if (blockIdx.x < items) {
-            const Work w = work(s, blockIdx.x);
+        Work w;
+        if (Cursor(s).next(s, w)) {
             early = min(STAGES, w.kt1 - w.kt0);
             for (int i = 0; i < early; ++i)
                 issue_weights(a, s, base + i * STAGE_BYTES, bars + i * 8, w, w.kt0 + i);
         }
         wait_for_prerequisite_grids();
         int buf = 0, i = 0;
-        for (int item = blockIdx.x; item < items; item += gridDim.x) {
-            const Work w = work(s, item);
+        for (Cursor items(s); items.next(s, w);) {
             for (int kt = w.kt0; kt < w.kt1; ++kt, ++i) {
                 const u32 full = bars + buf * 8, empty = bars + (STAGES + buf) * 8;
                 const u32 stage = base + buf * STAGE_BYTES;
@@ -748,10 +812,60 @@ struct Gemm {
         }
     }
 
+    // STREAM-K's fix-up of a tile split between CTAs, per consumer warp (its accumulators are its own 32 columns x
+    // WG_TOKENS tokens, so no CTA barrier): publish the partial to this segment's slot; the warp that arrives last
+    // among the tile's pieces sums every piece's slot, its own included, in piece order (lowest k first) into `acc`
+    // and returns true, to store y; the others return false. Slot layout: float4 i of accumulator row t of lane l
+    // of warp w at ((w * 2 + t) * ACC / 4 + i) * 32 + l, a warp's stores 512 contiguous bytes.
+    __device__ static __forceinline__ float4* slot_ptr(const Args& a, int slot, int warp, int lane, int t, int i) {
+        return reinterpret_cast<float4*>(a.partials + (long long)slot * TILE_FLOATS) +
+               ((warp * 2 + t) * (ACC / 4) + i) * 32 + lane;
+    }
+
+    __device__ static bool stream_fixup(const Args& a, const Shape& s, const Work& w, float (&acc)[2][ACC]) {
+        const int ctid = thread_index(), lane = ctid & 31, warp = ctid >> 5;
+#pragma unroll
+        for (int t = 0; t < 2; ++t)
+#pragma unroll
+            for (int i = 0; i < ACC / 4; ++i)
+                __stcg(slot_ptr(a, w.slot, warp, lane, t, i),
+                       make_float4(acc[t][4 * i], acc[t][4 * i + 1], acc[t][4 * i + 2], acc[t][4 * i + 3]));
+        // bar.warp.sync orders the lanes' stores before lane 0's release; the acq_rel add both publishes them and,
+        // for the last arriver, acquires every other piece's.
+        __syncwarp();
+        u32* counter = a.counters + (w.mt * s.NT + w.nt) * MAX_CLUSTER + warp;
+        u32 arrived = 0;
+        if (lane == 0) arrived = atomic_add_acq_rel_gpu(counter, 1u);
+        arrived = __shfl_sync(0xFFFFFFFFu, arrived, 0);
+        if (arrived != (u32)(w.pieces - 1)) return false;
+        __syncwarp();
+        const long long first = (long long)w.tile_seq * s.KT;
+        for (int p = 0; p < w.pieces; ++p) {
+            const int c = w.first_cta + p;
+            // CTA c's segment here is its first (slot 2c) when its range starts in this tile, else its last.
+            const int slot = 2 * c + (unit_begin(s, c) >= first ? 0 : 1);
+#pragma unroll
+            for (int t = 0; t < 2; ++t)
+#pragma unroll
+                for (int i = 0; i < ACC / 4; ++i) {
+                    const float4 q = __ldcg(slot_ptr(a, slot, warp, lane, t, i));
+                    float* d = &acc[t][4 * i];
+                    if (p == 0) {
+                        d[0] = q.x, d[1] = q.y, d[2] = q.z, d[3] = q.w;
+                    } else {
+                        d[0] += q.x, d[1] += q.y, d[2] += q.z, d[3] += q.w;
+                    }
+                }
+        }
+        if (lane == 0) *counter = 0;  // every piece has arrived: ready for the next launch (graph replays included)
+        return true;
+    }
+
     // The epilogue of one work item.
     template <int ACT>
     __device__ static __forceinline__ void finish_item(const Args& a, const Shape& s, u32 base, const Work& w, int wg,
-                                                       const float (&acc)[2][ACC]) {
+                                                       float (&acc)[2][ACC]) {
+        if (STREAM && w.pieces > 1 && !stream_fixup(a, s, w, acc)) return;
         if (w.splits > 1) {
             epilogue_split<ACT>(a, s, base, w, wg, acc);
         } else if (CONV) {
@@ -768,9 +882,8 @@ struct Gemm {
         const u32 bars = base + DATA_BYTES;
         const int tid = threadIdx.x, wg = tid >> 7;
 
-        const int items = item_count(s);
         // Whether this CTA takes a split item: then its last one (the host's rule; whole is a multiple of the grid).
-        const bool splits_a_tile = s.splits > 1 && s.whole + (int)blockIdx.x < items;
+        const bool splits_a_tile = s.splits > 1 && s.whole + (int)blockIdx.x < item_count(s);
         allow_dependent_launch();  // DEPENDENT LAUNCH: the next kernel may take SMs as this one's CTAs exit
 
         if (tid == 0) {
@@ -780,7 +893,7 @@ struct Gemm {
         __syncthreads();
         if (wg == 2) {
             setmaxnreg_dec<40>();
-            if (tid == CONSUMERS) produce(xmap, a, s, base, bars, items);
+            if (tid == CONSUMERS) produce(xmap, a, s, base, bars);
             if (splits_a_tile) cluster_sync(), cluster_sync();  // epilogue_split's two barriers
             return;
         }
@@ -793,11 +906,10 @@ struct Gemm {
         u32 phase = 0;
         if (a.trace) mbar_wait(bars, 0), trace_stamp(a.trace, TRACE_FIRST_FULL);
         int taken = 0;
-        // Persistent: the grid is at most one CTA per SM and each CTA takes items blockIdx.x, + gridDim.x, ...
-        // A CTA's split item is its last (the host's rule), so the shared-memory epilogue, which reuses the stages,
-        // never races the producer.
-        for (int item = blockIdx.x; item < items; item += gridDim.x) {
-            const Work w = work(s, item);
+        // Persistent: the grid is at most one CTA per SM (Cursor). A CTA's split item is its last (the host's
+        // rule), so the shared-memory epilogue, which reuses the stages, never races the producer.
+        Work w;
+        for (Cursor items(s); items.next(s, w);) {
             float acc[2][ACC];  // written by the first wgmma (accumulate = 0)
             mainloop(s, base, bars, w.kt0, w.kt1, wg, buf, phase, acc);
             if (taken == 0) trace_stamp(a.trace, TRACE_MAINLOOP_END);

@@ -21,7 +21,8 @@
 //! `LOWBIT_BENCH_STAGES=3,4` with that pipeline depth (`lowbit_s3`, ...), `LOWBIT_BENCH_SPLITS=1,8` with cluster
 //! split-K forced to that split count, 1 being stream-K (`lowbit_k1`, ...); `LOWBIT_BENCH_NO_PDL=1` with the decode
 //! kernel launched without programmatic dependent launch (`lowbit_nopdl`). Each also gets a graph record (`_graph`).
-//! `LOWBIT_BENCH_NO_PDL=1` also times the GEMM without it (`lowbit_gemm_nopdl`, M >= 64 on sm_90).
+//! `LOWBIT_BENCH_NO_PDL=1` also times the GEMM without it (`lowbit_gemm_nopdl`, M >= 64 on sm_90), and
+//! `LOWBIT_BENCH_NO_STREAM=1` the GEMM with its STREAM-K turned off (`lowbit_gemm_nostream`, M <= 64 on sm_90).
 
 use super::{graph_replay_us, median_of_batches, BenchArgs, BenchRecord, Rounds, Shape, Sink};
 use half::{bf16, f16};
@@ -197,17 +198,40 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
     let mut layers: Vec<QuantLinear> = (0..sets)
         .map(|_| QuantLinear::new(&device, &w, None, Activation::None, dtype, max_m))
         .collect::<Result<_>>()?;
-    // The GEMM launched without programmatic dependent launch (LOWBIT_BENCH_NO_PDL=1), against `lowbit_gemm`.
-    let mut gemm_nopdl: Vec<LinearW4A16Gemm> = Vec::new();
-    if std::env::var("LOWBIT_BENCH_NO_PDL").is_ok_and(|v| v == "1") && ms.iter().any(|&m| m >= 64) {
+    // The GEMM launched without programmatic dependent launch (LOWBIT_BENCH_NO_PDL=1) or without STREAM-K
+    // (LOWBIT_BENCH_NO_STREAM=1), against `lowbit_gemm`: (impl, batch sizes, one operator per rotation set).
+    type GemmVariant = (&'static str, fn(usize) -> bool, Vec<LinearW4A16Gemm>);
+    let mut gemm_variants: Vec<GemmVariant> = Vec::new();
+    let knobs: [(&str, &'static str, fn(usize) -> bool, fn(&mut LinearW4A16Gemm)); 2] = [
+        (
+            "LOWBIT_BENCH_NO_PDL",
+            "lowbit_gemm_nopdl",
+            |m| m >= 64,
+            |g| g.set_dependent_launch(false),
+        ),
+        (
+            "LOWBIT_BENCH_NO_STREAM",
+            "lowbit_gemm_nostream",
+            |m| m <= 64,
+            |g| g.force_stream_k(Some(false)),
+        ),
+    ];
+    for (var, label, takes, setup) in knobs {
+        if !std::env::var(var).is_ok_and(|v| v == "1") || !ms.iter().any(|&m| takes(m)) {
+            continue;
+        }
+        let mut ops = Vec::new();
         for _ in 0..sets {
             let weight = DeviceW4::upload(dev, &packed)?;
             if !supported(dev, &weight) {
                 break;
             }
             let mut gemm = LinearW4A16Gemm::with_weight(dev, weight, max_m, None)?;
-            gemm.set_dependent_launch(false);
-            gemm_nopdl.push(gemm);
+            setup(&mut gemm);
+            ops.push(gemm);
+        }
+        if !ops.is_empty() {
+            gemm_variants.push((label, takes, ops));
         }
     }
     let mut variant_ops: Vec<(&str, Vec<LinearW4A16Cuda>)> = Vec::new();
@@ -280,7 +304,7 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
             let (layers_c, ys_c) = (RefCell::new(&mut layers), RefCell::new(&mut ys));
             let (ws_c, ws_planes_c) = (RefCell::new(&mut ws), RefCell::new(&mut ws_planes));
             let (layers_c, ys_c, ws_c, ws_planes_c) = (&layers_c, &ys_c, &ws_c, &ws_planes_c);
-            let (stream, xs, dense_w, blas, planes, nopdl) = (&stream, &xs, &dense_w, &blas, &planes, &gemm_nopdl);
+            let (stream, xs, dense_w, blas, planes) = (&stream, &xs, &dense_w, &blas, &planes);
             let mut rounds = Rounds::new();
             let mut timed: Vec<(String, usize)> = Vec::new(); // (impl, bytes) of each launcher, in order
             rounds.add(dense_sets, move |i| {
@@ -317,18 +341,12 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
                 });
                 timed.push(("lowbit_gemm_planes".into(), quant_bytes));
             }
-            if !nopdl.is_empty() && m >= 64 {
+            for (label, _, ops) in gemm_variants.iter().filter(|v| (v.1)(m)) {
                 rounds.add(sets, move |i| {
-                    nopdl[i].run(
-                        stream,
-                        &xs[i],
-                        m,
-                        None,
-                        &mut ys_c.borrow_mut()[i],
-                        &mut **ws_c.borrow_mut(),
-                    )
+                    let (ys, ws) = (&mut ys_c.borrow_mut()[i], &mut **ws_c.borrow_mut());
+                    ops[i].run(stream, &xs[i], m, None, ys, ws)
                 });
-                timed.push(("lowbit_gemm_nopdl".into(), quant_bytes));
+                timed.push((label.to_string(), quant_bytes));
             }
             sink.status(format!(
                 "linear {m}x{k}x{n} {dtype}: {} launchers in turn (QuantLinear: {dispatched})",

@@ -55,7 +55,8 @@ const MIN_KT_PER_SPLIT: usize = 4;
 const MAX_CLUSTER: usize = 8;
 
 /// How a tile's k range is split: `groups` thread-block clusters of `cluster` CTAs each. The clusters of a tile
-/// reduce in shared memory, then (groups > 1) add their sums through global memory.
+/// reduce in shared memory, then (groups > 1) add their sums through global memory. Or `stream`: the kernel's
+/// STREAM-K, every CTA the same number of k tiles, split tiles finished by a fix-up in global memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SplitPlan {
     /// CTAs per split tile: `cluster · groups`.
@@ -65,6 +66,8 @@ pub struct SplitPlan {
     /// Tiles that run unsplit before the split ones (the kernel's HYBRID): 0, or the full waves of a grid of
     /// [`LinearW4A16Gemm::hybrid_grid`] CTAs when only the last, at most half-full wave splits.
     pub whole: usize,
+    /// STREAM-K over every SM (then `splits` is 1).
+    pub stream: bool,
 }
 
 impl SplitPlan {
@@ -73,6 +76,12 @@ impl SplitPlan {
         cluster: 1,
         groups: 1,
         whole: 0,
+        stream: false,
+    };
+
+    const STREAM: SplitPlan = SplitPlan {
+        stream: true,
+        ..SplitPlan::NONE
     };
 }
 
@@ -93,6 +102,12 @@ const PUSH_US_PER_KB: f64 = 0.07;
 /// What the global step of a tile split into several cluster groups adds: the last cluster's copy of the others'
 /// sums and its own epilogue took ~5 us per tile at 2 and at 4 groups (the non-last clusters' publish ~1.6 us).
 const GROUPS_EPILOGUE_US: f64 = 5.0;
+/// What STREAM-K's fix-up adds to a launch: publishing a partial (a GPU-scope release behind 2-8 KB per warp) and
+/// the last warp's loads of the tile's 2-3 partials (the decode kernel's fix-up took ~1.2 + ~2 us per tile).
+const STREAM_FIXUP_US: f64 = 2.5;
+/// Largest tile (tokens per warpgroup) that may take STREAM-K: its slots (two per SM, one tile of fp32 each) are
+/// part of the workspace.
+const STREAM_MAX_TOKENS: usize = 64;
 /// Deepest pipeline (lowered to what fits in shared memory).
 const MAX_STAGES: usize = 6;
 
@@ -247,7 +262,7 @@ struct GemmArgs {
     counters: u64,
 }
 
-/// `lowbit::w4a16_gemm::Shape`, in field order (14 ints, an int64, the convolution fields).
+/// `lowbit::w4a16_gemm::Shape`, in field order (15 ints, an int64, the convolution fields).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 struct GemmShape {
@@ -264,6 +279,7 @@ struct GemmShape {
     cluster: i32,
     groups: i32,
     whole: i32,
+    stream: i32,
     split_pairs: i32,
     split_pairs_recip: i32,
     activation: i32,
@@ -330,6 +346,8 @@ pub struct LinearW4A16Gemm {
     sms: usize,
     /// Forced split count (benchmarking); `None`: [`LinearW4A16Gemm::splits`]'s choice.
     forced_splits: Option<usize>,
+    /// Forced STREAM-K on or off where the tile allows it (testing, benchmarking); `None`: the cost model's choice.
+    forced_stream: Option<bool>,
     /// Forced tokens per warpgroup (benchmarking); `None`: chosen by batch size.
     forced_tokens: Option<usize>,
     /// Largest cluster a split tile may use (testing the cluster groups on small shapes); normally 8.
@@ -339,8 +357,8 @@ pub struct LinearW4A16Gemm {
     /// Launch as the programmatic dependent of the stream's previous kernel (the kernel's DEPENDENT LAUNCH);
     /// always, unless turned off for benchmarking ([`LinearW4A16Gemm::set_dependent_launch`]).
     dependent_launch: bool,
-    /// Split-K arrival counters of tiles split into several cluster groups, `[sms][MAX_CLUSTER]`, zero between
-    /// launches (the last arrival resets its counter).
+    /// Arrival counters of tiles split into several cluster groups or by STREAM-K, `[sms][MAX_CLUSTER]` (at most
+    /// one tile per SM splits either way), zero between launches (the last arrival resets its counter).
     counters: cudarc::driver::CudaSlice<u32>,
 }
 
@@ -446,6 +464,7 @@ impl LinearW4A16Gemm {
             max_m,
             sms,
             forced_splits: splits,
+            forced_stream: None,
             forced_tokens: None,
             max_cluster: MAX_SPLITS,
             trace: 0,
@@ -509,6 +528,10 @@ impl LinearW4A16Gemm {
     fn estimated_cost(&self, kernel: &GemmKernel, m: usize, plan: SplitPlan) -> f64 {
         let v = &kernel.variant;
         let k_tiles = self.weight.plan.k_tiles();
+        if plan.stream {
+            let units = self.tiles(kernel, m) * k_tiles;
+            return units.div_ceil(units.min(self.sms)) as f64 * kt_us(v.wg_tokens) + STREAM_FIXUP_US;
+        }
         let whole_waves = plan.whole.div_ceil(self.hybrid_grid());
         let waves = ((self.tiles(kernel, m) - plan.whole) * plan.splits).div_ceil(self.sms);
         let kt = k_tiles.div_ceil(plan.splits);
@@ -546,6 +569,7 @@ impl LinearW4A16Gemm {
                     cluster,
                     groups: splits / cluster,
                     whole: 0,
+                    stream: false,
                 })
         };
         if kernel.variant.conv {
@@ -553,6 +577,18 @@ impl LinearW4A16Gemm {
                 .rev()
                 .find_map(|s| fitting(s, false))
                 .unwrap_or(SplitPlan::NONE);
+        }
+        // STREAM-K: linear tiles of up to STREAM_MAX_TOKENS tokens, at most one per SM (the counters), when the
+        // tiles do not already fill the SMs evenly.
+        let stream = (!kernel.variant.conv
+            && kernel.variant.wg_tokens <= STREAM_MAX_TOKENS
+            && tiles <= self.sms
+            && self.forced_stream != Some(false))
+        .then_some(SplitPlan::STREAM);
+        if self.forced_stream == Some(true) {
+            if let Some(plan) = stream {
+                return plan;
+            }
         }
         if self.forced_splits.is_some() {
             return (2..=wanted)
@@ -571,11 +607,13 @@ impl LinearW4A16Gemm {
             cluster: 2,
             groups: 1,
             whole: waves * grid,
+            stream: false,
         });
         // Fewer splits first, so a tie keeps the cheaper epilogue.
         std::iter::once(SplitPlan::NONE)
             .chain(hybrid)
             .chain(candidates)
+            .chain(stream)
             .fold((SplitPlan::NONE, f64::INFINITY), |best, plan| {
                 let cost = self.estimated_cost(kernel, m, plan);
                 if cost < best.1 {
@@ -585,6 +623,13 @@ impl LinearW4A16Gemm {
                 }
             })
             .0
+    }
+
+    /// Forces the kernel's STREAM-K on (`Some(true)`, wherever the tile allows it) or off (`Some(false)`); `None`
+    /// restores the cost model's choice (testing, benchmarking).
+    #[doc(hidden)]
+    pub fn force_stream_k(&mut self, on: Option<bool>) {
+        self.forced_stream = on;
     }
 
     /// Caps the CTAs per cluster of a split tile at `ctas` (at least 2), so that small shapes split into several
@@ -667,15 +712,22 @@ impl LinearW4A16Gemm {
         (self.max_m * self.weight.plan.k_pad * 2).next_multiple_of(256)
     }
 
-    /// Bytes of the fp32 sums that the cluster groups of split tiles exchange, at most: the tiles x groups of a
-    /// launch are at most SMs / 2 clusters (of 2 CTAs or more), each publishing ceil(BM / 2 / cluster) row pairs
-    /// per CTA.
+    /// Bytes of the fp32 partials of split tiles, at most: the sums that the cluster groups of split tiles
+    /// exchange (the tiles x groups of a launch are at most SMs / 2 clusters of 2 CTAs or more, each publishing
+    /// ceil(BM / 2 / cluster) row pairs per CTA), or STREAM-K's two slots of one tile per SM.
     fn partials_bytes(&self) -> usize {
         if self.kernels[0].variant.conv {
             return 0;
         }
         let k = &self.kernels[self.slot(128)].variant;
-        self.sms * (k.bm() / 2 + 2) * k.n_cta() * 4
+        let groups = self.sms * (k.bm() / 2 + 2) * k.n_cta() * 4;
+        let stream = self
+            .kernels
+            .iter()
+            .map(|k| &k.variant)
+            .filter(|v| v.wg_tokens <= STREAM_MAX_TOKENS);
+        let slots = stream.map(|v| 2 * self.sms * v.bm() * v.n_cta() * 4).max().unwrap_or(0);
+        groups.max(slots)
     }
 
     /// Device scratch `run` needs: x staged for TMA (act-order or unaligned x), then the split-K partials of
@@ -821,7 +873,11 @@ impl LinearW4A16Gemm {
         // The split-K epilogue's share of the tile per CTA of a cluster, in row pairs (see `epilogue_split`).
         let split_pairs = (bm / 2).div_ceil(split.cluster);
         let tiles = p.n_tiles() * m_tiles;
-        let items = split.whole + (tiles - split.whole) * splits;
+        let items = if split.stream {
+            tiles * p.k_tiles()
+        } else {
+            split.whole + (tiles - split.whole) * splits
+        };
         if m > i32::MAX as usize || items > i32::MAX as usize {
             return Err(Error::invalid(
                 "x",
@@ -848,6 +904,7 @@ impl LinearW4A16Gemm {
             cluster: split.cluster as i32,
             groups: split.groups as i32,
             whole: split.whole as i32,
+            stream: i32::from(split.stream),
             split_pairs: split_pairs as i32,
             split_pairs_recip: 65536_usize.div_ceil(split_pairs) as i32,
             activation: activation.code(),
@@ -856,7 +913,8 @@ impl LinearW4A16Gemm {
             conv,
         };
         // Split-K runs clusters of `cluster` CTAs (grid = items, a multiple of splits; a hybrid plan: every SM, in
-        // whole clusters, each CTA's last item its split one). Every launch is the
+        // whole clusters, each CTA's last item its split one); STREAM-K one CTA per SM, at least a unit each (here
+        // `items` counts units). Every launch is the
         // programmatic dependent of the stream's previous kernel (the kernel's DEPENDENT LAUNCH: the next GEMM's
         // first weight stages load during this one's tail; a convolution's image comes from its pack kernel).
         let grid = if split.whole > 0 {
@@ -927,8 +985,8 @@ fn load_variant(device: &CudaDevice, mut variant: GemmVariant) -> Result<GemmKer
 mod tests {
     use super::*;
 
-    /// Every GEMM specialisation a layer or a convolution can load compiles for sm_90a without spills or a stack
-    /// frame (NVRTC only, no GPU). A split-K epilogue that kept arrays in local memory once cost 30% of the main
+    /// Every GEMM specialisation a layer or a convolution can load compiles for sm_90a without spills, a stack
+    /// frame or a serialised wgmma pipeline (NVRTC only, no GPU). A split-K epilogue that kept arrays in local memory once cost 30% of the main
     /// loop's speed with every GPU test passing.
     #[test]
     fn gemm_variants_compile_without_local_memory() {
@@ -972,6 +1030,14 @@ mod tests {
                         v.smem_bytes()
                     );
                     assert!(local.is_empty(), "{}: {local:?}", v.name());
+                    // Nor a wgmma pipeline that ptxas serialised or had to add waits to (what `lowbit doctor`
+                    // refuses for the default variant).
+                    let serialised: Vec<&str> = compiled
+                        .log
+                        .lines()
+                        .filter(|l| l.contains("are serialized") || l.contains("is injected"))
+                        .collect();
+                    assert!(serialised.is_empty(), "{}: {serialised:?}", v.name());
                 }
             }
         }
