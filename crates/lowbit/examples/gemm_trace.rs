@@ -2,7 +2,7 @@
 //! traced launch and summarises its timeline (the kernel's `Trace` events, %globaltimer) over the CTAs.
 //!
 //! ```text
-//! cargo run --release --example gemm_trace -- 256x4096x4096 64x4096x4096 [--splits 1] [--small-batch 0] [--tokens 64|128] [--look64 2|3] [--decode-splits 1|2|4|8]
+//! cargo run --release --example gemm_trace -- 256x4096x4096 64x4096x4096 [--splits 1] [--small-batch 0] [--tokens 64|128] [--look64 2|3] [--stream on|off] [--stages N] [--decode-splits 1|2|4|8]
 //! ```
 //! Each shape is `MxKxN` (f16, group 128, zero points), `decode:MxKxN` for the decode kernel (the same weight; the
 //! stream-K fix-up's partials and counter show as `partials_seen`), or `conv:BxCxHxWxRxCo` for the convolution's
@@ -47,6 +47,8 @@ fn main() -> lowbit::Result<()> {
     let mut tokens = None;
     let mut look64 = None;
     let mut decode_splits = None;
+    let mut stream_k = None;
+    let mut stages = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -55,6 +57,8 @@ fn main() -> lowbit::Result<()> {
             "--tokens" => tokens = args.next().and_then(|v| v.parse().ok()),
             "--look64" => look64 = args.next().and_then(|v| v.parse().ok()),
             "--decode-splits" => decode_splits = args.next().and_then(|v| v.parse().ok()),
+            "--stream" => stream_k = args.next().map(|v| v == "on"),
+            "--stages" => stages = args.next().and_then(|v| v.parse().ok()),
             s if s.starts_with("conv:") => convs.push(s.to_string()),
             s => {
                 let (list, dims) = match s.strip_prefix("decode:") {
@@ -77,6 +81,12 @@ fn main() -> lowbit::Result<()> {
             op.force_tile_tokens(tokens);
             if let Some(steps) = look64 {
                 op.set_lookahead(&dev, 64, steps)?;
+            }
+            op.force_stream_k(stream_k);
+            if let Some(n) = stages {
+                for tokens in [16, 64, 128] {
+                    op.set_stages(&dev, tokens, n)?;
+                }
             }
             Ok(op)
         })?;

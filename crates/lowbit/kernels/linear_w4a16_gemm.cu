@@ -839,23 +839,38 @@ struct Gemm {
         arrived = __shfl_sync(0xFFFFFFFFu, arrived, 0);
         if (arrived != (u32)(w.pieces - 1)) return false;
         __syncwarp();
+        // BATCH pieces' loads in flight at once (an L2 round trip each otherwise): 64 registers of float4.
+        constexpr int BATCH = ACC <= 8 ? 4 : 1;
         const long long first = (long long)w.tile_seq * s.KT;
-        for (int p = 0; p < w.pieces; ++p) {
-            const int c = w.first_cta + p;
-            // CTA c's segment here is its first (slot 2c) when its range starts in this tile, else its last.
-            const int slot = 2 * c + (unit_begin(s, c) >= first ? 0 : 1);
+        for (int p0 = 0; p0 < w.pieces; p0 += BATCH) {
+            float4 q[BATCH][2][ACC / 4];
 #pragma unroll
-            for (int t = 0; t < 2; ++t)
+            for (int b = 0; b < BATCH; ++b) {
+                const int c = w.first_cta + p0 + b;
+                // CTA c's segment here is its first (slot 2c) when its range starts in this tile, else its last.
+                const int slot = 2 * c + (unit_begin(s, c) >= first ? 0 : 1);
+                if (p0 + b < w.pieces) {
 #pragma unroll
-                for (int i = 0; i < ACC / 4; ++i) {
-                    const float4 q = __ldcg(slot_ptr(a, slot, warp, lane, t, i));
-                    float* d = &acc[t][4 * i];
-                    if (p == 0) {
-                        d[0] = q.x, d[1] = q.y, d[2] = q.z, d[3] = q.w;
-                    } else {
-                        d[0] += q.x, d[1] += q.y, d[2] += q.z, d[3] += q.w;
-                    }
+                    for (int t = 0; t < 2; ++t)
+#pragma unroll
+                        for (int i = 0; i < ACC / 4; ++i) q[b][t][i] = __ldcg(slot_ptr(a, slot, warp, lane, t, i));
                 }
+            }
+#pragma unroll
+            for (int b = 0; b < BATCH; ++b) {
+                if (p0 + b >= w.pieces) break;
+#pragma unroll
+                for (int t = 0; t < 2; ++t)
+#pragma unroll
+                    for (int i = 0; i < ACC / 4; ++i) {
+                        float* d = &acc[t][4 * i];
+                        if (p0 + b == 0) {
+                            d[0] = q[b][t][i].x, d[1] = q[b][t][i].y, d[2] = q[b][t][i].z, d[3] = q[b][t][i].w;
+                        } else {
+                            d[0] += q[b][t][i].x, d[1] += q[b][t][i].y, d[2] += q[b][t][i].z, d[3] += q[b][t][i].w;
+                        }
+                    }
+            }
         }
         if (lane == 0) *counter = 0;  // every piece has arrived: ready for the next launch (graph replays included)
         return true;

@@ -22,7 +22,9 @@
 //! split-K forced to that split count, 1 being stream-K (`lowbit_k1`, ...); `LOWBIT_BENCH_NO_PDL=1` with the decode
 //! kernel launched without programmatic dependent launch (`lowbit_nopdl`). Each also gets a graph record (`_graph`).
 //! `LOWBIT_BENCH_NO_PDL=1` also times the GEMM without it (`lowbit_gemm_nopdl`, M >= 64 on sm_90), and
-//! `LOWBIT_BENCH_NO_STREAM=1` the GEMM with its STREAM-K turned off (`lowbit_gemm_nostream`, M <= 64 on sm_90).
+//! `LOWBIT_BENCH_NO_STREAM=1` the GEMM with its STREAM-K turned off (`lowbit_gemm_nostream`, M <= 64 on sm_90),
+//! `LOWBIT_BENCH_GEMM_STAGES=3,4` with at most that many pipeline stages in its 16- and 64-token tiles
+//! (`lowbit_gemm_s3`, ...).
 
 use super::{graph_replay_us, median_of_batches, BenchArgs, BenchRecord, Rounds, Shape, Sink};
 use half::{bf16, f16};
@@ -47,6 +49,21 @@ const MS: [usize; 7] = [1, 4, 16, 64, 256, 1024, 4096];
 const MAX_DECODE_M: usize = lowbit::ops::linear::cuda::MAX_M;
 /// Calls captured per graph (cycling through the rotation sets).
 const GRAPH_CALLS: usize = 32;
+
+/// The counts of environment variable `var`, a comma-separated list (none when unset).
+fn list_var(var: &str) -> Result<Vec<usize>> {
+    let Ok(list) = std::env::var(var) else {
+        return Ok(Vec::new());
+    };
+    list.split(',')
+        .filter(|s| !s.trim().is_empty())
+        .map(|item| {
+            item.trim()
+                .parse()
+                .map_err(|_| Error::invalid(var, item, "must be a comma-separated list of counts"))
+        })
+        .collect()
+}
 
 /// Benchmarks the linear op on the GPU `args.device` names.
 pub fn run(args: &BenchArgs, sink: &mut Sink) -> Result<()> {
@@ -78,12 +95,7 @@ pub fn run(args: &BenchArgs, sink: &mut Sink) -> Result<()> {
         ("LOWBIT_BENCH_STAGES", "s"),
         ("LOWBIT_BENCH_SPLITS", "k"),
     ] {
-        let Ok(list) = std::env::var(var) else { continue };
-        for item in list.split(',').filter(|s| !s.trim().is_empty()) {
-            let value: usize = item
-                .trim()
-                .parse()
-                .map_err(|_| Error::invalid(var, item, "must be a comma-separated list of counts"))?;
+        for value in list_var(var)? {
             let tuning = match prefix {
                 "c" => Tuning {
                     ctas: Some(value),
@@ -198,26 +210,30 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
     let mut layers: Vec<QuantLinear> = (0..sets)
         .map(|_| QuantLinear::new(&device, &w, None, Activation::None, dtype, max_m))
         .collect::<Result<_>>()?;
-    // The GEMM launched without programmatic dependent launch (LOWBIT_BENCH_NO_PDL=1) or without STREAM-K
-    // (LOWBIT_BENCH_NO_STREAM=1), against `lowbit_gemm`: (impl, batch sizes, one operator per rotation set).
-    type GemmVariant = (&'static str, fn(usize) -> bool, Vec<LinearW4A16Gemm>);
-    let mut gemm_variants: Vec<GemmVariant> = Vec::new();
-    let knobs: [(&str, &'static str, fn(usize) -> bool, fn(&mut LinearW4A16Gemm)); 2] = [
-        (
-            "LOWBIT_BENCH_NO_PDL",
-            "lowbit_gemm_nopdl",
-            |m| m >= 64,
-            |g| g.set_dependent_launch(false),
-        ),
-        (
-            "LOWBIT_BENCH_NO_STREAM",
-            "lowbit_gemm_nostream",
-            |m| m <= 64,
-            |g| g.force_stream_k(Some(false)),
-        ),
-    ];
-    for (var, label, takes, setup) in knobs {
-        if !std::env::var(var).is_ok_and(|v| v == "1") || !ms.iter().any(|&m| takes(m)) {
+    // The GEMM launched without programmatic dependent launch (LOWBIT_BENCH_NO_PDL=1), without STREAM-K
+    // (LOWBIT_BENCH_NO_STREAM=1) or with at most that many pipeline stages in its 16- and 64-token tiles
+    // (LOWBIT_BENCH_GEMM_STAGES=3,4), against `lowbit_gemm`: (impl, batch sizes, one operator per rotation set).
+    type GemmSetup = Box<dyn Fn(&mut LinearW4A16Gemm) -> Result<()>>;
+    let mut knobs: Vec<(String, fn(usize) -> bool, GemmSetup)> = Vec::new();
+    if std::env::var("LOWBIT_BENCH_NO_PDL").is_ok_and(|v| v == "1") {
+        let setup: GemmSetup = Box::new(|g| Ok(g.set_dependent_launch(false)));
+        knobs.push(("lowbit_gemm_nopdl".into(), |m| m >= 64, setup));
+    }
+    if std::env::var("LOWBIT_BENCH_NO_STREAM").is_ok_and(|v| v == "1") {
+        let setup: GemmSetup = Box::new(|g| Ok(g.force_stream_k(Some(false))));
+        knobs.push(("lowbit_gemm_nostream".into(), |m| m <= 64, setup));
+    }
+    for stages in list_var("LOWBIT_BENCH_GEMM_STAGES")? {
+        let dev = dev.clone();
+        let setup: GemmSetup = Box::new(move |g| {
+            g.set_stages(&dev, 16, stages)?;
+            g.set_stages(&dev, 64, stages)
+        });
+        knobs.push((format!("lowbit_gemm_s{stages}"), |m| m <= 64, setup));
+    }
+    let mut gemm_variants: Vec<(String, fn(usize) -> bool, Vec<LinearW4A16Gemm>)> = Vec::new();
+    for (label, takes, setup) in knobs {
+        if !ms.iter().any(|&m| takes(m)) {
             continue;
         }
         let mut ops = Vec::new();
@@ -227,7 +243,7 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
                 break;
             }
             let mut gemm = LinearW4A16Gemm::with_weight(dev, weight, max_m, None)?;
-            setup(&mut gemm);
+            setup(&mut gemm)?;
             ops.push(gemm);
         }
         if !ops.is_empty() {
@@ -346,7 +362,7 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
                     let (ys, ws) = (&mut ys_c.borrow_mut()[i], &mut **ws_c.borrow_mut());
                     ops[i].run(stream, &xs[i], m, None, ys, ws)
                 });
-                timed.push((label.to_string(), quant_bytes));
+                timed.push((label.clone(), quant_bytes));
             }
             sink.status(format!(
                 "linear {m}x{k}x{n} {dtype}: {} launchers in turn (QuantLinear: {dispatched})",

@@ -102,9 +102,11 @@ const PUSH_US_PER_KB: f64 = 0.07;
 /// What the global step of a tile split into several cluster groups adds: the last cluster's copy of the others'
 /// sums and its own epilogue took ~5 us per tile at 2 and at 4 groups (the non-last clusters' publish ~1.6 us).
 const GROUPS_EPILOGUE_US: f64 = 5.0;
-/// What STREAM-K's fix-up adds to a launch: publishing a partial (a GPU-scope release behind 2-8 KB per warp) and
-/// the last warp's loads of the tile's 2-3 partials (the decode kernel's fix-up took ~1.2 + ~2 us per tile).
-const STREAM_FIXUP_US: f64 = 2.5;
+/// What STREAM-K adds to a launch: publishing a partial (a GPU-scope release behind 2-8 KB per warp) and the last
+/// warp's loads of the tile's partials. Fitted to the first H200 runs: it gained 4-5% on 8192 x 28672 (112 tiles of
+/// 64 k tiles) at M = 1-64, lost 10-20% where cluster split-K fills the SMs (4096 x 4096, 14336 x 4096) and ~7%
+/// at 4096 x 14336, M = 64 (two splits of 56 tiles).
+const STREAM_FIXUP_US: f64 = 5.5;
 /// Largest tile (tokens per warpgroup) that may take STREAM-K: its slots (two per SM, one tile of fp32 each) are
 /// part of the workspace.
 const STREAM_MAX_TOKENS: usize = 64;
@@ -652,6 +654,21 @@ impl LinearW4A16Gemm {
         if !matches!(steps, 2 | 3) {
             return Err(Error::invalid("lookahead", steps, "must be 2 or 3"));
         }
+        self.reload(device, tokens, |v| v.lookahead = steps)
+    }
+
+    /// Reloads the kernel with `tokens` tokens per warpgroup with at most `stages` pipeline stages (2 or more;
+    /// benchmarking).
+    #[doc(hidden)]
+    pub fn set_stages(&mut self, device: &CudaDevice, tokens: usize, stages: usize) -> Result<()> {
+        if !(2..=MAX_STAGES).contains(&stages) {
+            return Err(Error::invalid("stages", stages, "must be in 2..=6"));
+        }
+        self.reload(device, tokens, |v| v.stages = stages)
+    }
+
+    /// Reloads the kernel with `tokens` tokens per warpgroup as `change` modifies its variant.
+    fn reload(&mut self, device: &CudaDevice, tokens: usize, change: impl FnOnce(&mut GemmVariant)) -> Result<()> {
         if !self.has_tile(tokens) {
             return Err(Error::invalid(
                 "tokens",
@@ -660,10 +677,8 @@ impl LinearW4A16Gemm {
             ));
         }
         let slot = self.slot(tokens);
-        let variant = GemmVariant {
-            lookahead: steps,
-            ..self.kernels[slot].variant
-        };
+        let mut variant = self.kernels[slot].variant;
+        change(&mut variant);
         self.kernels[slot] = load_variant(device, variant)?;
         Ok(())
     }
