@@ -102,11 +102,12 @@ const PUSH_US_PER_KB: f64 = 0.07;
 /// What the global step of a tile split into several cluster groups adds: the last cluster's copy of the others'
 /// sums and its own epilogue took ~5 us per tile at 2 and at 4 groups (the non-last clusters' publish ~1.6 us).
 const GROUPS_EPILOGUE_US: f64 = 5.0;
-/// What STREAM-K adds to a launch: publishing a partial (a GPU-scope release behind 2-8 KB per warp) and the last
-/// warp's loads of the tile's partials. Fitted to the first H200 runs: it gained 4-5% on 8192 x 28672 (112 tiles of
-/// 64 k tiles) at M = 1-64, lost 10-20% where cluster split-K fills the SMs (4096 x 4096, 14336 x 4096) and ~7%
-/// at 4096 x 14336, M = 64 (two splits of 56 tiles).
-const STREAM_FIXUP_US: f64 = 5.5;
+/// What STREAM-K adds to a launch: publishing a partial (a GPU-scope release behind 2-8 KB per warp), then per
+/// piece of a tile an L2 round trip of the last warp's loads. Fitted to the H200 runs (`w4a16-gemm.md`): 4-5%
+/// faster on 8192 x 28672 (112 tiles of 64 k tiles, 3 pieces a tile) at M = 1-64; 10-25% slower where a tile
+/// has 8-9 pieces (16 tiles of 32 k tiles, M = 64) and cluster split-K fills the SMs.
+const STREAM_FIXUP_US: f64 = 1.5;
+const STREAM_PIECE_US: f64 = 1.0;
 /// Largest tile (tokens per warpgroup) that may take STREAM-K: its slots (two per SM, one tile of fp32 each) are
 /// part of the workspace.
 const STREAM_MAX_TOKENS: usize = 64;
@@ -532,7 +533,9 @@ impl LinearW4A16Gemm {
         let k_tiles = self.weight.plan.k_tiles();
         if plan.stream {
             let units = self.tiles(kernel, m) * k_tiles;
-            return units.div_ceil(units.min(self.sms)) as f64 * kt_us(v.wg_tokens) + STREAM_FIXUP_US;
+            let per_cta = units.div_ceil(units.min(self.sms));
+            let pieces = k_tiles.div_ceil(per_cta) + 1; // the most CTAs sharing a tile
+            return per_cta as f64 * kt_us(v.wg_tokens) + STREAM_FIXUP_US + pieces as f64 * STREAM_PIECE_US;
         }
         let whole_waves = plan.whole.div_ceil(self.hybrid_grid());
         let waves = ((self.tiles(kernel, m) - plan.whole) * plan.splits).div_ceil(self.sms);
