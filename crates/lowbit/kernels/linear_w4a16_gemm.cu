@@ -839,7 +839,8 @@ struct Gemm {
         arrived = __shfl_sync(0xFFFFFFFFu, arrived, 0);
         if (arrived != (u32)(w.pieces - 1)) return false;
         __syncwarp();
-        // BATCH pieces' loads in flight at once (an L2 round trip each otherwise): 64 registers of float4.
+        // BATCH pieces' loads in flight at once (an L2 round trip each otherwise): 64 registers of float4 (two
+        // pieces of the 64-token tile spilled).
         constexpr int BATCH = ACC <= 8 ? 4 : 1;
         const long long first = (long long)w.tile_seq * s.KT;
         for (int p0 = 0; p0 < w.pieces; p0 += BATCH) {

@@ -23,6 +23,7 @@
 //! kernel launched without programmatic dependent launch (`lowbit_nopdl`). Each also gets a graph record (`_graph`).
 //! `LOWBIT_BENCH_NO_PDL=1` also times the GEMM without it (`lowbit_gemm_nopdl`, M >= 64 on sm_90), and
 //! `LOWBIT_BENCH_NO_STREAM=1` the GEMM with its STREAM-K turned off (`lowbit_gemm_nostream`, M <= 64 on sm_90),
+//! `LOWBIT_BENCH_STREAM=1` with STREAM-K wherever its tiles allow it (`lowbit_gemm_stream`, M <= 1024),
 //! `LOWBIT_BENCH_GEMM_STAGES=3,4` with at most that many pipeline stages in its 16- and 64-token tiles
 //! (`lowbit_gemm_s3`, ...).
 
@@ -222,6 +223,10 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
     if std::env::var("LOWBIT_BENCH_NO_STREAM").is_ok_and(|v| v == "1") {
         let setup: GemmSetup = Box::new(|g| Ok(g.force_stream_k(Some(false))));
         knobs.push(("lowbit_gemm_nostream".into(), |m| m <= 64, setup));
+    }
+    if std::env::var("LOWBIT_BENCH_STREAM").is_ok_and(|v| v == "1") {
+        let setup: GemmSetup = Box::new(|g| Ok(g.force_stream_k(Some(true))));
+        knobs.push(("lowbit_gemm_stream".into(), |m| m <= 1024, setup));
     }
     for stages in list_var("LOWBIT_BENCH_GEMM_STAGES")? {
         let dev = dev.clone();
