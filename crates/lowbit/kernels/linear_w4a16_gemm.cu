@@ -109,6 +109,7 @@ struct Shape {
     int groups;       // clusters per tile: 1, or more when clusters of `splits` do not all fit (SPLIT-K)
     int whole;        // tiles run unsplit before the split ones: 0, or a multiple of the grid (HYBRID)
     int stream;       // 1: STREAM-K (CTA c takes units [c U / G, (c + 1) U / G)); splits is then 1
+    int ramp;         // > 0: the pipeline's first fill keeps at most `ramp` stages in flight (produce)
     int split_pairs;  // split-K epilogue: row pairs per CTA of a cluster, ceil(BM / 2 / cluster)
     int split_pairs_recip;  // ceil(2^16 / split_pairs): pair / split_pairs = (pair * recip) >> 16 (exact, pair < 128)
     int activation;   // Activation code (common.cuh)
@@ -309,11 +310,13 @@ struct Gemm {
     // its bytes, issue the copies. It runs ahead across items, so the next tile's stages fill during an epilogue.
     // DEPENDENT LAUNCH: the weights of the first item's first stages go out before the wait for the previous
     // kernel, their x after. (Only the first item's: the producer runs on 40 registers.)
+    // RAMP (s.ramp > 0, an experiment): the first fill issues stage i only once stage i - ramp has landed, so that
+    // every SM's first stage is not queued behind the whole GPU's first STAGES stages.
     __device__ static void produce(const TensorMap* xmap, const Args& a, const Shape& s, u32 base, u32 bars) {
         int early = 0;
         Work w;
         if (Cursor(s).next(s, w)) {
-            early = min(STAGES, w.kt1 - w.kt0);
+            early = min(s.ramp > 0 ? min(s.ramp, STAGES) : STAGES, w.kt1 - w.kt0);
             for (int i = 0; i < early; ++i)
                 issue_weights(a, s, base + i * STAGE_BYTES, bars + i * 8, w, w.kt0 + i);
         }
@@ -325,6 +328,7 @@ struct Gemm {
                 const u32 stage = base + buf * STAGE_BYTES;
                 if (i >= early) {
                     if (i >= STAGES) mbar_wait(empty, ((i / STAGES) - 1) & 1);
+                    else if (s.ramp > 0 && i >= s.ramp) mbar_wait(bars + (i - s.ramp) * 8, 0);
                     issue_weights(a, s, stage, full, w, kt);
                 }
                 issue_x(xmap, s, stage, full, w, kt);

@@ -265,7 +265,7 @@ struct GemmArgs {
     counters: u64,
 }
 
-/// `lowbit::w4a16_gemm::Shape`, in field order (15 ints, an int64, the convolution fields).
+/// `lowbit::w4a16_gemm::Shape`, in field order (16 ints, an int64, the convolution fields).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 struct GemmShape {
@@ -283,6 +283,7 @@ struct GemmShape {
     groups: i32,
     whole: i32,
     stream: i32,
+    ramp: i32,
     split_pairs: i32,
     split_pairs_recip: i32,
     activation: i32,
@@ -351,6 +352,8 @@ pub struct LinearW4A16Gemm {
     forced_splits: Option<usize>,
     /// Forced STREAM-K on or off where the tile allows it (testing, benchmarking); `None`: the cost model's choice.
     forced_stream: Option<bool>,
+    /// The kernel's RAMP: stages in flight during the first fill, 0 for all of them (an experiment).
+    ramp: usize,
     /// Forced tokens per warpgroup (benchmarking); `None`: chosen by batch size.
     forced_tokens: Option<usize>,
     /// Largest cluster a split tile may use (testing the cluster groups on small shapes); normally 8.
@@ -468,6 +471,7 @@ impl LinearW4A16Gemm {
             sms,
             forced_splits: splits,
             forced_stream: None,
+            ramp: 0,
             forced_tokens: None,
             max_cluster: MAX_SPLITS,
             trace: 0,
@@ -635,6 +639,13 @@ impl LinearW4A16Gemm {
     #[doc(hidden)]
     pub fn force_stream_k(&mut self, on: Option<bool>) {
         self.forced_stream = on;
+    }
+
+    /// Keeps at most `stages` stages in flight while the pipeline first fills (the kernel's RAMP; 0: all of them;
+    /// benchmarking).
+    #[doc(hidden)]
+    pub fn set_ramp(&mut self, stages: usize) {
+        self.ramp = stages;
     }
 
     /// Caps the CTAs per cluster of a split tile at `ctas` (at least 2), so that small shapes split into several
@@ -923,6 +934,7 @@ impl LinearW4A16Gemm {
             groups: split.groups as i32,
             whole: split.whole as i32,
             stream: i32::from(split.stream),
+            ramp: self.ramp as i32,
             split_pairs: split_pairs as i32,
             split_pairs_recip: 65536_usize.div_ceil(split_pairs) as i32,
             activation: activation.code(),
