@@ -25,8 +25,8 @@
 //! `LOWBIT_BENCH_NO_STREAM=1` the GEMM with its STREAM-K turned off (`lowbit_gemm_nostream`, M <= 64 on sm_90),
 //! `LOWBIT_BENCH_STREAM=1` with STREAM-K wherever its tiles allow it (`lowbit_gemm_stream`, M <= 1024),
 //! `LOWBIT_BENCH_GEMM_STAGES=3,4` with at most that many pipeline stages in its 16- and 64-token tiles
-//! (`lowbit_gemm_s3`, ...), `LOWBIT_BENCH_GEMM_RAMP=1,2` with at most that many stages in flight while its
-//! pipeline first fills (`lowbit_gemm_ramp1`, ...).
+//! (`lowbit_gemm_s3`, ...), `LOWBIT_BENCH_GEMM_RAMP=0,1` with at most that many stages in flight while its
+//! pipeline first fills, 0 being all of them (`lowbit_gemm_ramp0`, ...).
 
 use super::{graph_replay_us, median_of_batches, BenchArgs, BenchRecord, Rounds, Shape, Sink};
 use half::{bf16, f16};
@@ -230,7 +230,7 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
         knobs.push(("lowbit_gemm_stream".into(), |m| m <= 1024, setup));
     }
     for ramp in list_var("LOWBIT_BENCH_GEMM_RAMP")? {
-        let setup: GemmSetup = Box::new(move |g| Ok(g.set_ramp(ramp)));
+        let setup: GemmSetup = Box::new(move |g| Ok(g.force_ramp(Some(ramp))));
         knobs.push((format!("lowbit_gemm_ramp{ramp}"), |m| m <= 64, setup));
     }
     for stages in list_var("LOWBIT_BENCH_GEMM_STAGES")? {

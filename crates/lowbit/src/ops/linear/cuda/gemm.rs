@@ -108,6 +108,11 @@ const GROUPS_EPILOGUE_US: f64 = 5.0;
 /// has 8-9 pieces (16 tiles of 32 k tiles, M = 64) and cluster split-K fills the SMs.
 const STREAM_FIXUP_US: f64 = 1.5;
 const STREAM_PIECE_US: f64 = 1.0;
+/// The kernel's RAMP for small batches: while the pipeline first fills, stage i is issued only once stage i - 2 has
+/// landed. With every SM asking for its 6 stages at once, each SM's first stage landed 3.6-3.9 us after the launch
+/// (examples/gemm_trace), and the consumers waited for it. H200, M = 16 and 64 on the anchor layers' split-K plans:
+/// 4-7% faster (`w4a16-gemm.md`); one stage (1) was slower, and so was STREAM-K's plan on 8192 x 28672 at M = 64.
+const RAMP_STAGES: usize = 2;
 /// Largest tile (tokens per warpgroup) that may take STREAM-K: its slots (two per SM, one tile of fp32 each) are
 /// part of the workspace.
 const STREAM_MAX_TOKENS: usize = 64;
@@ -352,8 +357,9 @@ pub struct LinearW4A16Gemm {
     forced_splits: Option<usize>,
     /// Forced STREAM-K on or off where the tile allows it (testing, benchmarking); `None`: the cost model's choice.
     forced_stream: Option<bool>,
-    /// The kernel's RAMP: stages in flight during the first fill, 0 for all of them (an experiment).
-    ramp: usize,
+    /// Forced RAMP (stages in flight during the first fill, 0: all of them; benchmarking); `None`: [`RAMP_STAGES`]
+    /// where it was measured faster.
+    forced_ramp: Option<usize>,
     /// Forced tokens per warpgroup (benchmarking); `None`: chosen by batch size.
     forced_tokens: Option<usize>,
     /// Largest cluster a split tile may use (testing the cluster groups on small shapes); normally 8.
@@ -471,7 +477,7 @@ impl LinearW4A16Gemm {
             sms,
             forced_splits: splits,
             forced_stream: None,
-            ramp: 0,
+            forced_ramp: None,
             forced_tokens: None,
             max_cluster: MAX_SPLITS,
             trace: 0,
@@ -641,11 +647,18 @@ impl LinearW4A16Gemm {
         self.forced_stream = on;
     }
 
-    /// Keeps at most `stages` stages in flight while the pipeline first fills (the kernel's RAMP; 0: all of them;
-    /// benchmarking).
+    /// Keeps at most `stages` stages in flight while the pipeline first fills (the kernel's RAMP; `Some(0)`: all
+    /// of them; `None`: the default, [`LinearW4A16Gemm::ramp`]; benchmarking).
     #[doc(hidden)]
-    pub fn set_ramp(&mut self, stages: usize) {
-        self.ramp = stages;
+    pub fn force_ramp(&mut self, stages: Option<usize>) {
+        self.forced_ramp = stages;
+    }
+
+    /// The kernel's RAMP for a launch of `variant` on `plan`: [`RAMP_STAGES`] for the linear 16- and 64-token tiles
+    /// on every plan but STREAM-K, where it was measured faster; 0 (no ramp) elsewhere.
+    fn ramp(&self, variant: &GemmVariant, plan: SplitPlan) -> usize {
+        let measured = !variant.conv && variant.wg_tokens <= 64 && !plan.stream;
+        self.forced_ramp.unwrap_or(if measured { RAMP_STAGES } else { 0 })
     }
 
     /// Caps the CTAs per cluster of a split tile at `ctas` (at least 2), so that small shapes split into several
@@ -934,7 +947,7 @@ impl LinearW4A16Gemm {
             groups: split.groups as i32,
             whole: split.whole as i32,
             stream: i32::from(split.stream),
-            ramp: self.ramp as i32,
+            ramp: self.ramp(&kernel.variant, split) as i32,
             split_pairs: split_pairs as i32,
             split_pairs_recip: 65536_usize.div_ceil(split_pairs) as i32,
             activation: activation.code(),
