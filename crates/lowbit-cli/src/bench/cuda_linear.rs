@@ -26,7 +26,7 @@
 //! `LOWBIT_BENCH_STREAM=1` with STREAM-K wherever its tiles allow it (`lowbit_gemm_stream`, M <= 1024),
 //! `LOWBIT_BENCH_GEMM_STAGES=3,4` with at most that many pipeline stages in its 16- and 64-token tiles
 //! (`lowbit_gemm_s3`, ...), `LOWBIT_BENCH_GEMM_RAMP=0,1` with at most that many stages in flight while its
-//! pipeline first fills, 0 being all of them (`lowbit_gemm_ramp0`, ...).
+//! pipeline first fills, 0 being all of them, on every tile (`lowbit_gemm_ramp0`, ...).
 
 use super::{graph_replay_us, median_of_batches, BenchArgs, BenchRecord, Rounds, Shape, Sink};
 use half::{bf16, f16};
@@ -231,7 +231,7 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
     }
     for ramp in list_var("LOWBIT_BENCH_GEMM_RAMP")? {
         let setup: GemmSetup = Box::new(move |g| Ok(g.force_ramp(Some(ramp))));
-        knobs.push((format!("lowbit_gemm_ramp{ramp}"), |m| m <= 64, setup));
+        knobs.push((format!("lowbit_gemm_ramp{ramp}"), |m| m <= 4096, setup));
     }
     for stages in list_var("LOWBIT_BENCH_GEMM_STAGES")? {
         let dev = dev.clone();
