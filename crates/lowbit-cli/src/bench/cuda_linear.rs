@@ -22,8 +22,7 @@
 //! split-K forced to that split count, 1 being stream-K (`lowbit_k1`, ...); `LOWBIT_BENCH_NO_PDL=1` with the decode
 //! kernel launched without programmatic dependent launch (`lowbit_nopdl`). Each also gets a graph record (`_graph`).
 //! `LOWBIT_BENCH_NO_PDL=1` also times the GEMM without it (`lowbit_gemm_nopdl`, M >= 64 on sm_90), and
-//! `LOWBIT_BENCH_NO_STREAM=1` the GEMM with its STREAM-K turned off (`lowbit_gemm_nostream`, M <= 64 on sm_90),
-//! `LOWBIT_BENCH_STREAM=1` with STREAM-K wherever its tiles allow it (`lowbit_gemm_stream`, M <= 1024),
+//! `LOWBIT_BENCH_STREAM=1` the GEMM with STREAM-K wherever its tiles allow it (`lowbit_gemm_stream`, M <= 1024),
 //! `LOWBIT_BENCH_GEMM_STAGES=3,4` with at most that many pipeline stages in its 16- and 64-token tiles
 //! (`lowbit_gemm_s3`, ...), `LOWBIT_BENCH_GEMM_RAMP=0,1` with at most that many stages in flight while its
 //! pipeline first fills, 0 being all of them, on every tile (`lowbit_gemm_ramp0`, ...).
@@ -212,25 +211,23 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
     let mut layers: Vec<QuantLinear> = (0..sets)
         .map(|_| QuantLinear::new(&device, &w, None, Activation::None, dtype, max_m))
         .collect::<Result<_>>()?;
-    // The GEMM launched without programmatic dependent launch (LOWBIT_BENCH_NO_PDL=1), without STREAM-K
-    // (LOWBIT_BENCH_NO_STREAM=1) or with at most that many pipeline stages in its 16- and 64-token tiles
-    // (LOWBIT_BENCH_GEMM_STAGES=3,4), against `lowbit_gemm`: (impl, batch sizes, one operator per rotation set).
+    // The GEMM launched without programmatic dependent launch (LOWBIT_BENCH_NO_PDL=1), with STREAM-K forced
+    // (LOWBIT_BENCH_STREAM=1), with its pipeline's first fill at that many stages in flight (LOWBIT_BENCH_GEMM_RAMP)
+    // or with at most that many pipeline stages in its 16- and 64-token tiles (LOWBIT_BENCH_GEMM_STAGES=3,4), against
+    // `lowbit_gemm`: (impl, batch sizes, one operator per rotation set).
     type GemmSetup = Box<dyn Fn(&mut LinearW4A16Gemm) -> Result<()>>;
     let mut knobs: Vec<(String, fn(usize) -> bool, GemmSetup)> = Vec::new();
     if std::env::var("LOWBIT_BENCH_NO_PDL").is_ok_and(|v| v == "1") {
         let setup: GemmSetup = Box::new(|g| Ok(g.set_dependent_launch(false)));
         knobs.push(("lowbit_gemm_nopdl".into(), |m| m >= 64, setup));
     }
-    if std::env::var("LOWBIT_BENCH_NO_STREAM").is_ok_and(|v| v == "1") {
-        let setup: GemmSetup = Box::new(|g| Ok(g.force_stream_k(Some(false))));
-        knobs.push(("lowbit_gemm_nostream".into(), |m| m <= 64, setup));
-    }
     if std::env::var("LOWBIT_BENCH_STREAM").is_ok_and(|v| v == "1") {
         let setup: GemmSetup = Box::new(|g| Ok(g.force_stream_k(Some(true))));
         knobs.push(("lowbit_gemm_stream".into(), |m| m <= 1024, setup));
     }
     for ramp in list_var("LOWBIT_BENCH_GEMM_RAMP")? {
-        let setup: GemmSetup = Box::new(move |g| Ok(g.force_ramp(Some(ramp))));
+        let dev = dev.clone();
+        let setup: GemmSetup = Box::new(move |g| g.set_ramp(&dev, ramp));
         knobs.push((format!("lowbit_gemm_ramp{ramp}"), |m| m <= 4096, setup));
     }
     for stages in list_var("LOWBIT_BENCH_GEMM_STAGES")? {

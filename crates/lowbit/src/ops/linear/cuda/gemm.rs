@@ -102,17 +102,28 @@ const PUSH_US_PER_KB: f64 = 0.07;
 /// What the global step of a tile split into several cluster groups adds: the last cluster's copy of the others'
 /// sums and its own epilogue took ~5 us per tile at 2 and at 4 groups (the non-last clusters' publish ~1.6 us).
 const GROUPS_EPILOGUE_US: f64 = 5.0;
-/// What STREAM-K adds to a launch: publishing a partial (a GPU-scope release behind 2-8 KB per warp), then per
-/// piece of a tile an L2 round trip of the last warp's loads. Fitted to the H200 runs (`w4a16-gemm.md`): 4-5%
-/// faster on 8192 x 28672 (112 tiles of 64 k tiles, 3 pieces a tile) at M = 1-64; 10-25% slower where a tile
-/// has 8-9 pieces (16 tiles of 32 k tiles, M = 64) and cluster split-K fills the SMs.
+/// What STREAM-K adds to a launch, when it is forced (the tile is still chosen by cost): publishing a partial (a
+/// GPU-scope release behind 2-8 KB per warp), then per piece of a tile an L2 round trip of the last warp's loads.
+/// Fitted to the H200 runs (`w4a16-gemm.md`): 4-5% faster than whole tiles without RAMP on 8192 x 28672 (112 tiles
+/// of 64 k tiles, 3 pieces a tile) at M = 1-64; 10-25% slower where a tile has 8-9 pieces (16 tiles of 32 k tiles,
+/// M = 64) and cluster split-K fills the SMs.
 const STREAM_FIXUP_US: f64 = 1.5;
 const STREAM_PIECE_US: f64 = 1.0;
-/// The kernel's RAMP for small batches: while the pipeline first fills, stage i is issued only once stage i - 2 has
-/// landed. With every SM asking for its 6 stages at once, each SM's first stage landed 3.6-3.9 us after the launch
-/// (examples/gemm_trace), and the consumers waited for it. H200, M = 16 and 64 on the anchor layers' split-K plans:
-/// 4-7% faster (`w4a16-gemm.md`); one stage (1) was slower, and so was STREAM-K's plan on 8192 x 28672 at M = 64.
+/// The kernel's RAMP in the linear 16- and 64-token tiles: while the pipeline first fills, stage i is issued only
+/// once stage i - 2 has landed. With every SM asking for its 6 stages at once, each SM's first stage landed 3.6-3.9
+/// us after the launch (examples/gemm_trace), and the consumers waited for it. H200, M = 16 and 64 on the anchor
+/// layers' split-K plans: 4-7% faster (`w4a16-gemm.md`); one stage was slower; the 128-token tile moved by less
+/// than 1.5% either way.
 const RAMP_STAGES: usize = 2;
+
+/// The RAMP a tile is built with: [`RAMP_STAGES`] for the linear 16- and 64-token tiles, none elsewhere.
+fn default_ramp(wg_tokens: usize, conv: bool) -> usize {
+    if !conv && wg_tokens <= 64 {
+        RAMP_STAGES
+    } else {
+        0
+    }
+}
 /// Largest tile (tokens per warpgroup) that may take STREAM-K: its slots (two per SM, one tile of fp32 each) are
 /// part of the workspace.
 const STREAM_MAX_TOKENS: usize = 64;
@@ -149,6 +160,8 @@ pub struct GemmVariant {
     pub lookahead: usize,
     /// Bits per weight code: 4, or 8 for the int8 layout of [`super::repack_int8`] (fp16 only).
     pub wbits: usize,
+    /// Stages in flight while the pipeline first fills (the kernel's RAMP); 0: all of them.
+    pub ramp: usize,
 }
 
 impl GemmVariant {
@@ -192,9 +205,10 @@ impl GemmVariant {
         }
     }
 
-    /// Dynamic shared memory (`Gemm::DATA_BYTES` + barriers + the split-K arrival word + 1 KB of alignment slack).
+    /// Dynamic shared memory (`Gemm::DATA_BYTES` + barriers + the split-K arrival word and two mbarriers + 1 KB of
+    /// alignment slack).
     pub fn smem_bytes(&self) -> usize {
-        1024 + self.data_bytes() + self.stages * 16 + 16
+        1024 + self.data_bytes() + self.stages * 16 + 32
     }
 
     /// `Gemm::DATA_BYTES`: the pipeline and the epilogue's staging, or the split-K slabs (`Y_BYTES`: BM / 2 + 8
@@ -219,7 +233,7 @@ impl GemmVariant {
 
     fn name(&self) -> String {
         format!(
-            "linear_w4a16_gemm_{}_w{}_z{}_g{}_wgn{}_t{}_s{}_l{}{}",
+            "linear_w4a16_gemm_{}_w{}_z{}_g{}_wgn{}_t{}_s{}_l{}_r{}{}",
             self.act.name(),
             self.wbits,
             self.zero_mode(),
@@ -228,6 +242,7 @@ impl GemmVariant {
             self.wg_tokens,
             self.stages,
             self.lookahead,
+            self.ramp,
             if self.conv { "_conv" } else { "" }
         )
     }
@@ -239,7 +254,7 @@ impl GemmVariant {
                 format!(
                     "#define LB_DTYPE {}\n#define LB_ZEROS {}\n#define LB_WG_N {}\n#define LB_WG_TOKENS {}\n\
                  #define LB_STAGES {}\n#define LB_UNIT_GROUPS {}\n#define LB_CONV {}\n#define LB_LOOKAHEAD {}\n\
-                 #define LB_WBITS {}\n",
+                 #define LB_WBITS {}\n#define LB_RAMP {}\n",
                     if self.act == DType::Bf16 { "BF16" } else { "F16" },
                     self.zero_mode(),
                     self.wg_n,
@@ -248,7 +263,8 @@ impl GemmVariant {
                     u8::from(self.unit_groups),
                     u8::from(self.conv),
                     self.lookahead,
-                    self.wbits
+                    self.wbits,
+                    self.ramp
                 )
             },
             SOURCE,
@@ -270,7 +286,7 @@ struct GemmArgs {
     counters: u64,
 }
 
-/// `lowbit::w4a16_gemm::Shape`, in field order (16 ints, an int64, the convolution fields).
+/// `lowbit::w4a16_gemm::Shape`, in field order (15 ints, an int64, the convolution fields).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 struct GemmShape {
@@ -288,7 +304,6 @@ struct GemmShape {
     groups: i32,
     whole: i32,
     stream: i32,
-    ramp: i32,
     split_pairs: i32,
     split_pairs_recip: i32,
     activation: i32,
@@ -355,11 +370,9 @@ pub struct LinearW4A16Gemm {
     sms: usize,
     /// Forced split count (benchmarking); `None`: [`LinearW4A16Gemm::splits`]'s choice.
     forced_splits: Option<usize>,
-    /// Forced STREAM-K on or off where the tile allows it (testing, benchmarking); `None`: the cost model's choice.
+    /// STREAM-K forced on where the tile allows it (testing, benchmarking); otherwise the cost model's plans, which
+    /// leave it out.
     forced_stream: Option<bool>,
-    /// Forced RAMP (stages in flight during the first fill, 0: all of them; benchmarking); `None`: [`RAMP_STAGES`]
-    /// where it was measured faster.
-    forced_ramp: Option<usize>,
     /// Forced tokens per warpgroup (benchmarking); `None`: chosen by batch size.
     forced_tokens: Option<usize>,
     /// Largest cluster a split tile may use (testing the cluster groups on small shapes); normally 8.
@@ -456,6 +469,7 @@ impl LinearW4A16Gemm {
                     conv,
                     lookahead: default_lookahead(wg_tokens),
                     wbits: plan.code_bits,
+                    ramp: default_ramp(wg_tokens, conv),
                 },
             )
         };
@@ -477,7 +491,6 @@ impl LinearW4A16Gemm {
             sms,
             forced_splits: splits,
             forced_stream: None,
-            forced_ramp: None,
             forced_tokens: None,
             max_cluster: MAX_SPLITS,
             trace: 0,
@@ -593,17 +606,12 @@ impl LinearW4A16Gemm {
                 .find_map(|s| fitting(s, false))
                 .unwrap_or(SplitPlan::NONE);
         }
-        // STREAM-K: linear tiles of up to STREAM_MAX_TOKENS tokens, at most one per SM (the counters), when the
-        // tiles do not already fill the SMs evenly.
-        let stream = (!kernel.variant.conv
-            && kernel.variant.wg_tokens <= STREAM_MAX_TOKENS
-            && tiles <= self.sms
-            && self.forced_stream != Some(false))
-        .then_some(SplitPlan::STREAM);
-        if self.forced_stream == Some(true) {
-            if let Some(plan) = stream {
-                return plan;
-            }
+        // STREAM-K, only when forced (`force_stream_k`): linear tiles of up to STREAM_MAX_TOKENS tokens, at most one
+        // per SM (the counters). Measured on the H200 it matched the whole-tile plan with RAMP on the one layer where
+        // it had gained (`w4a16-gemm.md`), so the model does not offer it.
+        let stream = !kernel.variant.conv && kernel.variant.wg_tokens <= STREAM_MAX_TOKENS && tiles <= self.sms;
+        if stream && self.forced_stream == Some(true) {
+            return SplitPlan::STREAM;
         }
         if self.forced_splits.is_some() {
             return (2..=wanted)
@@ -628,7 +636,6 @@ impl LinearW4A16Gemm {
         std::iter::once(SplitPlan::NONE)
             .chain(hybrid)
             .chain(candidates)
-            .chain(stream)
             .fold((SplitPlan::NONE, f64::INFINITY), |best, plan| {
                 let cost = self.estimated_cost(kernel, m, plan);
                 if cost < best.1 {
@@ -640,25 +647,21 @@ impl LinearW4A16Gemm {
             .0
     }
 
-    /// Forces the kernel's STREAM-K on (`Some(true)`, wherever the tile allows it) or off (`Some(false)`); `None`
-    /// restores the cost model's choice (testing, benchmarking).
+    /// Forces the kernel's STREAM-K on (`Some(true)`, wherever the tile allows it); `None` or `Some(false)` restores
+    /// the cost model's plans, which leave it out (testing, benchmarking).
     #[doc(hidden)]
     pub fn force_stream_k(&mut self, on: Option<bool>) {
         self.forced_stream = on;
     }
 
-    /// Keeps at most `stages` stages in flight while the pipeline first fills (the kernel's RAMP; `Some(0)`: all
-    /// of them; `None`: the default, [`LinearW4A16Gemm::ramp`]; benchmarking).
+    /// Reloads every tile with at most `stages` stages in flight while the pipeline first fills (the kernel's
+    /// RAMP; 0: all of them; benchmarking).
     #[doc(hidden)]
-    pub fn force_ramp(&mut self, stages: Option<usize>) {
-        self.forced_ramp = stages;
-    }
-
-    /// The kernel's RAMP for a launch of `variant` on `plan`: [`RAMP_STAGES`] for the linear 16- and 64-token tiles
-    /// on every plan but STREAM-K, where it was measured faster; 0 (no ramp) elsewhere.
-    fn ramp(&self, variant: &GemmVariant, plan: SplitPlan) -> usize {
-        let measured = !variant.conv && variant.wg_tokens <= 64 && !plan.stream;
-        self.forced_ramp.unwrap_or(if measured { RAMP_STAGES } else { 0 })
+    pub fn set_ramp(&mut self, device: &CudaDevice, stages: usize) -> Result<()> {
+        for tokens in self.kernels.iter().map(|k| k.variant.wg_tokens).collect::<Vec<_>>() {
+            self.reload(device, tokens, |v| v.ramp = stages)?;
+        }
+        Ok(())
     }
 
     /// Caps the CTAs per cluster of a split tile at `ctas` (at least 2), so that small shapes split into several
@@ -947,7 +950,6 @@ impl LinearW4A16Gemm {
             groups: split.groups as i32,
             whole: split.whole as i32,
             stream: i32::from(split.stream),
-            ramp: self.ramp(&kernel.variant, split) as i32,
             split_pairs: split_pairs as i32,
             split_pairs_recip: 65536_usize.div_ceil(split_pairs) as i32,
             activation: activation.code(),
@@ -1055,6 +1057,7 @@ mod tests {
                         offsets,
                         conv,
                         lookahead: default_lookahead(wg_tokens),
+                        ramp: default_ramp(wg_tokens, conv),
                     };
                     while v.stages > 2 && v.smem_bytes() > limits.per_cta {
                         v.stages -= 1;
