@@ -372,10 +372,6 @@ __device__ __forceinline__ float2 lds64f(u32 addr) {
     asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr));
     return v;
 }
-__device__ __forceinline__ void sts128f(u32 addr, float4 v) {
-    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
-                 : "memory");
-}
 __device__ __forceinline__ void sts64f(u32 addr, float2 v) {
     asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(v.x), "f"(v.y) : "memory");
 }
@@ -428,25 +424,11 @@ __device__ __forceinline__ void st_cluster_f32x4(u32 addr, float4 v) {
                  "f"(v.w)
                  : "memory");
 }
-// One TMA bulk copy from this CTA's shared memory to a CTA of the cluster (`dst` and `bar` from cluster_map;
-// 16-byte aligned, size a multiple of 16), completing on the destination's `bar`. The source must have been
-// written before a fence.proxy.async; it may be reused after bulk_wait_read.
-__device__ __forceinline__ void bulk_copy_to_cluster(u32 dst, u32 src, u32 bytes, u32 bar) {
-    asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
-                 ::"r"(dst), "r"(src), "r"(bytes), "r"(bar)
-                 : "memory");
-}
-// Closes this thread's group of bulk copies, then waits until every copy of it has read its source.
-__device__ __forceinline__ void bulk_wait_read() {
-    asm volatile("cp.async.bulk.commit_group;\ncp.async.bulk.wait_group.read 0;\n" ::: "memory");
-}
 #else
 // Clusters exist from sm_90 on; the host launches none before (the decode kernel's shared code calls these).
 __device__ __forceinline__ void cluster_sync() { __trap(); }
 __device__ __forceinline__ u32 cluster_map(u32, int) { __trap(); return 0; }
 __device__ __forceinline__ void st_cluster_f32x4(u32, float4) { __trap(); }
-__device__ __forceinline__ void bulk_copy_to_cluster(u32, u32, u32, u32) { __trap(); }
-__device__ __forceinline__ void bulk_wait_read() { __trap(); }
 #endif
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 

@@ -47,8 +47,9 @@
 //   tiles), the first `whole` tiles (the full waves) run unsplit and only the rest split (clusters of 2 over the
 //   whole grid), so the last wave takes half as long instead of leaving most SMs idle.
 //   STREAM-K (s.stream, when the host forces it: small batches whose tiles do not fill the SMs evenly, such as 112
-//   tiles of 16 tokens on 132 SMs; on the H200 it matched the whole tiles once RAMP was in): CTA c of G takes the contiguous units [c U / G, (c + 1) U / G) of the U = tiles x k tiles
-//   in tile order, so every SM streams the same number of weight bytes. A tile whose k range is split between
+//   tiles of 16 tokens on 132 SMs; on the H200 it matched the whole tiles once RAMP was in): CTA c of G takes the
+//   contiguous units [c U / G, (c + 1) U / G) of the U = tiles x k tiles in tile order, so every SM streams the same
+//   number of weight bytes. A tile whose k range is split between
 //   CTAs is finished by a fix-up per warp (a warp's accumulators are its own 32 columns), as in the decode kernel:
 //   each piece's warp writes its fp32 partial to its CTA's slot (first segment 2c, last 2c + 1) and bumps the
 //   (tile, warp) counter; the last to arrive sums the slots in piece order (lowest k first) and stores y. The same
@@ -520,14 +521,6 @@ struct Gemm {
     // The producer warpgroup takes part in both barriers.
     static constexpr int QUAD_BLOCK_FLOATS = 36;                             // one 16-column block of a row pair
     static constexpr int PAIR_FLOATS = N_CTA / 16 * QUAD_BLOCK_FLOATS + 4;   // one row pair of a slab
-    // STAGED PUSH (the 64-token tiles, whose whole tile fits past the slabs; the 16-token tile pushes ~4x less, and
-    // with this path its 128-column variant spilled): a CTA writes its whole
-    // partial to its own shared memory in slab layout, pair after pair, and one thread sends each owner its rows
-    // with one TMA bulk copy (cp.async.bulk shared::cta -> shared::cluster) completing on the owner's mbarrier,
-    // which the owner waits on instead of a second cluster barrier. The 16-byte remote stores of every lane moved
-    // ~53 KB per CTA at 6 splits in ~3 us (examples/gemm_trace, 64 x 4096 x 4096).
-    static constexpr int SEND_BYTES = BM / 2 * PAIR_FLOATS * 4;
-    static constexpr bool STAGED_PUSH = WG_TOKENS == 64 && Y_BYTES + SEND_BYTES <= PIPE_BYTES;
 
     // Row r of the pair at `at` (a slab's pair, block b) summed over the cluster's slabs in rank order.
     __device__ static __forceinline__ void sum_slabs(u32 at, u32 slab_bytes, int cluster, float2 (&sum)[8]) {
@@ -563,53 +556,24 @@ struct Gemm {
         const int dw = (WG_N == 2 ? wg * 4 : 0) + ((ctid >> 5) & 3);
         const int wm = WG_N == 2 ? 0 : wg;
         const u32 slab = base + rank * slab_bytes + g * 16;  // this CTA's slab in every owner, at this lane's quad
-        const int pairs = min(share, BM / 2 - rank * share);  // this CTA's row pairs
         cluster_sync();
-        if (STAGED_PUSH) {
-            const u32 send = base + Y_BYTES, received = base + DATA_BYTES + STAGES * 16 + 16;
 #pragma unroll
-            for (int j = 0; j < WG_TOKENS / 8; ++j) {
-                const int pair = wm * (WG_TOKENS / 2) + j * 4 + t4;  // rows 2 pair, 2 pair + 1 of the tile
+        for (int j = 0; j < WG_TOKENS / 8; ++j) {
+            const int pair = wm * (WG_TOKENS / 2) + j * 4 + t4;  // rows 2 pair, 2 pair + 1 of the tile
+            const int owner = (pair * s.split_pairs_recip) >> 16;
+            const u32 pair_at = slab + (pair - owner * share) * (PAIR_FLOATS * 4);
 #pragma unroll
-                for (int t = 0; t < 2; ++t) {
-                    const int block = dw * 2 + t;  // columns 16 block .. 16 block + 15
-                    sts128f(send + pair * (PAIR_FLOATS * 4) + block * (QUAD_BLOCK_FLOATS * 4) + g * 16,
-                            make_float4(acc[t][4 * j], acc[t][4 * j + 2], acc[t][4 * j + 1], acc[t][4 * j + 3]));
-                }
+            for (int t = 0; t < 2; ++t) {
+                const int block = dw * 2 + t;  // columns 16 block .. 16 block + 15
+                st_cluster_f32x4(cluster_map(pair_at + block * (QUAD_BLOCK_FLOATS * 4), owner),
+                                 make_float4(acc[t][4 * j], acc[t][4 * j + 2], acc[t][4 * j + 1], acc[t][4 * j + 3]));
             }
-            fence_proxy_async_shared();  // these stores, to the bulk copies' async proxy
-            consumer_sync(CONSUMERS);
-            if (ctid == 0) {
-                mbar_arrive_expect_tx(received, max(pairs, 0) * s.cluster * (PAIR_FLOATS * 4));
-                for (int r = 0; r < s.cluster; ++r) {
-                    const int rows = min(share, BM / 2 - r * share);  // owner r's pairs
-                    if (rows > 0)
-                        bulk_copy_to_cluster(cluster_map(base + rank * slab_bytes, r),
-                                             send + r * share * (PAIR_FLOATS * 4), rows * (PAIR_FLOATS * 4),
-                                             cluster_map(received, r));
-                }
-                bulk_wait_read();  // before anything reuses the send area (the global step below)
-            }
-            mbar_wait(received, 0);  // every rank's slab of this CTA's rows (one split item per launch: phase 0)
-        } else {
-#pragma unroll
-            for (int j = 0; j < WG_TOKENS / 8; ++j) {
-                const int pair = wm * (WG_TOKENS / 2) + j * 4 + t4;  // rows 2 pair, 2 pair + 1 of the tile
-                const int owner = (pair * s.split_pairs_recip) >> 16;
-                const u32 pair_at = slab + (pair - owner * share) * (PAIR_FLOATS * 4);
-#pragma unroll
-                for (int t = 0; t < 2; ++t) {
-                    const int block = dw * 2 + t;  // columns 16 block .. 16 block + 15
-                    st_cluster_f32x4(
-                        cluster_map(pair_at + block * (QUAD_BLOCK_FLOATS * 4), owner),
-                        make_float4(acc[t][4 * j], acc[t][4 * j + 2], acc[t][4 * j + 1], acc[t][4 * j + 3]));
-                }
-            }
-            cluster_sync();
         }
+        cluster_sync();
         trace_stamp(a.trace, TRACE_PARTIALS_SEEN);
 
         constexpr int BLOCKS = N_CTA / 16;
+        const int pairs = min(share, BM / 2 - rank * share);  // this CTA's row pairs
         // One row of one 16-column block per item, the two rows of a pair on neighbouring threads. Linear: then
         // consecutive blocks of the pair (16-byte stores along y's rows). Convolution: then consecutive pairs of
         // the block, so each channel plane receives a warp's 32 consecutive positions per store. Quad q of a block
@@ -946,18 +910,14 @@ struct Gemm {
         allow_dependent_launch();  // DEPENDENT LAUNCH: the next kernel may take SMs as this one's CTAs exit
 
         if (tid == 0) {
-            mbar_init(bars + STAGES * 16 + 8, 1);   // epilogue_split's global step (after the arrival word)
-            mbar_init(bars + STAGES * 16 + 16, 1);  // epilogue_split's STAGED PUSH (the slabs received)
+            mbar_init(bars + STAGES * 16 + 8, 1);  // epilogue_split's global step (after the arrival word)
             init_pipeline_barriers(bars, STAGES, CONSUMERS);
         }
         __syncthreads();
         if (wg == 2) {
             setmaxnreg_dec<40>();
             if (tid == CONSUMERS) produce(xmap, a, s, base, bars);
-            if (splits_a_tile) {  // epilogue_split's barriers
-                cluster_sync();
-                if (!STAGED_PUSH) cluster_sync();
-            }
+            if (splits_a_tile) cluster_sync(), cluster_sync();  // epilogue_split's two barriers
             return;
         }
         setmaxnreg_inc<232>();
