@@ -579,18 +579,7 @@ fn back_to_back_launches_see_each_others_writes() {
     let mut rng = Rng(0xb2b6);
     // A: 2048 -> 1024 in 16 tiles of 64 tokens (at M = 200), whose 4 splits as 2 clusters of 2 are all resident;
     // B: 1024 -> 2048 on the default plan.
-    let (a, b) = (
-        Case {
-            n: 1024,
-            k: 2048,
-            ..BASE
-        },
-        Case {
-            n: 2048,
-            k: 1024,
-            ..BASE
-        },
-    );
+    let (a, b) = layer_pair(1024, 2048);
     let m = 200;
     let upload = |w: &QuantMatrix| DeviceW4::upload(&dev, &repack(w, DType::F16).unwrap()).unwrap();
     let mut split = LinearW4A16Gemm::with_weight(&dev, upload(&quant(&mut rng, &a)), m, Some(4)).unwrap();
@@ -600,14 +589,7 @@ fn back_to_back_launches_see_each_others_writes() {
         LinearW4A16Gemm::with_weight(&dev, upload(&quant(&mut rng, &b)), m, None).unwrap(),
     ];
     assert!(ops[0].split_plan(m).groups > 1, "{:?}", ops[0].split_plan(m));
-    let x0: Vec<f16> = values(&mut rng, m * a.k, &a)
-        .iter()
-        .map(|&v| f16::from_f32(v))
-        .collect();
-    let workspaces = [ops[0].workspace_bytes(), ops[1].workspace_bytes()];
-    common::assert_back_to_back_matches_synchronised(&dev, &x0, m * a.n, workspaces, |i, x, y, ws| {
-        ops[i].run(dev.stream(), x, m, None, y, ws).unwrap()
-    });
+    assert_chain_matches_synchronised(&dev, &mut rng, &ops, &a, m);
     println!(
         "ok: 6 chained launches (A: {:?}, B: {:?}), bit-identical to the synchronised chain",
         ops[0].split_plan(m),
@@ -687,18 +669,7 @@ fn stream_k_splits_tiles_between_ctas() {
 
     // Back to back (each launch the programmatic dependent of the one before): two layers reuse their slots and
     // counters across six launches with no host sync, bit-identical to the synchronised chain.
-    let (a, b) = (
-        Case {
-            n: 1280,
-            k: 2048,
-            ..BASE
-        },
-        Case {
-            n: 2048,
-            k: 1280,
-            ..BASE
-        },
-    );
+    let (a, b) = layer_pair(1280, 2048);
     let m = 16;
     let upload = |w: &QuantMatrix| DeviceW4::upload(&dev, &repack(w, DType::F16).unwrap()).unwrap();
     let mut ops = [
@@ -706,12 +677,26 @@ fn stream_k_splits_tiles_between_ctas() {
         LinearW4A16Gemm::with_weight(&dev, upload(&quant(&mut rng, &b)), m, None).unwrap(),
     ];
     ops.iter_mut().for_each(stream);
-    let x0: Vec<f16> = values(&mut rng, m * a.k, &a)
-        .iter()
-        .map(|&v| f16::from_f32(v))
-        .collect();
+    assert_chain_matches_synchronised(&dev, &mut rng, &ops, &a, m);
+}
+
+/// Two f16 layers that feed each other: `n` outputs from `k` inputs, then back.
+fn layer_pair(n: usize, k: usize) -> (Case, Case) {
+    (Case { n, k, ..BASE }, Case { n: k, k: n, ..BASE })
+}
+
+/// `ops` (layer `a`, then its reverse) chained six times back to back on `m` rows with no host sync: bit-identical
+/// to the same chain synchronised after every launch (`common::assert_back_to_back_matches_synchronised`).
+fn assert_chain_matches_synchronised(
+    dev: &Arc<CudaDevice>,
+    rng: &mut Rng,
+    ops: &[LinearW4A16Gemm; 2],
+    a: &Case,
+    m: usize,
+) {
+    let x0: Vec<f16> = values(rng, m * a.k, a).iter().map(|&v| f16::from_f32(v)).collect();
     let workspaces = [ops[0].workspace_bytes(), ops[1].workspace_bytes()];
-    common::assert_back_to_back_matches_synchronised(&dev, &x0, m * a.n, workspaces, |i, x, y, ws| {
+    common::assert_back_to_back_matches_synchronised(dev, &x0, m * a.n, workspaces, |i, x, y, ws| {
         ops[i].run(dev.stream(), x, m, None, y, ws).unwrap()
     });
 }
