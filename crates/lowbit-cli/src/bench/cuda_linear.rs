@@ -51,6 +51,33 @@ const MAX_DECODE_M: usize = lowbit::ops::linear::cuda::MAX_M;
 /// Calls captured per graph (cycling through the rotation sets).
 const GRAPH_CALLS: usize = 32;
 
+/// The GEMM with one setting changed (a `LOWBIT_BENCH_*` knob), timed beside `lowbit_gemm` as `label` at the batch
+/// sizes it `takes`: `setup` applied to each rotation set's operator in `ops`.
+struct GemmKnob {
+    label: String,
+    takes: fn(usize) -> bool,
+    setup: GemmSetup,
+    ops: Vec<LinearW4A16Gemm>,
+}
+
+/// What a [`GemmKnob`] changes in an operator.
+type GemmSetup = Box<dyn Fn(&mut LinearW4A16Gemm) -> Result<()>>;
+
+impl GemmKnob {
+    fn new(
+        label: String,
+        takes: fn(usize) -> bool,
+        setup: impl Fn(&mut LinearW4A16Gemm) -> Result<()> + 'static,
+    ) -> Self {
+        GemmKnob {
+            label,
+            takes,
+            setup: Box::new(setup),
+            ops: Vec::new(),
+        }
+    }
+}
+
 /// The counts of environment variable `var`, a comma-separated list (none when unset).
 fn list_var(var: &str) -> Result<Vec<usize>> {
     let Ok(list) = std::env::var(var) else {
@@ -214,49 +241,62 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
     // The GEMM launched without programmatic dependent launch (LOWBIT_BENCH_NO_PDL=1), with STREAM-K forced
     // (LOWBIT_BENCH_STREAM=1), with its pipeline's first fill at that many stages in flight (LOWBIT_BENCH_GEMM_RAMP)
     // or with at most that many pipeline stages in its 16- and 64-token tiles (LOWBIT_BENCH_GEMM_STAGES=3,4), against
-    // `lowbit_gemm`: (impl, batch sizes, one operator per rotation set).
-    type GemmSetup = Box<dyn Fn(&mut LinearW4A16Gemm) -> Result<()>>;
-    let mut knobs: Vec<(String, fn(usize) -> bool, GemmSetup)> = Vec::new();
+    // `lowbit_gemm`, one operator per rotation set.
+    let mut knobs: Vec<GemmKnob> = Vec::new();
     if std::env::var("LOWBIT_BENCH_NO_PDL").is_ok_and(|v| v == "1") {
-        let setup: GemmSetup = Box::new(|g| Ok(g.set_dependent_launch(false)));
-        knobs.push(("lowbit_gemm_nopdl".into(), |m| m >= 64, setup));
+        knobs.push(GemmKnob::new(
+            "lowbit_gemm_nopdl".into(),
+            |m| m >= 64,
+            |g| {
+                g.set_dependent_launch(false);
+                Ok(())
+            },
+        ));
     }
     if std::env::var("LOWBIT_BENCH_STREAM").is_ok_and(|v| v == "1") {
-        let setup: GemmSetup = Box::new(|g| Ok(g.force_stream_k(Some(true))));
-        knobs.push(("lowbit_gemm_stream".into(), |m| m <= 1024, setup));
+        knobs.push(GemmKnob::new(
+            "lowbit_gemm_stream".into(),
+            |m| m <= 1024,
+            |g| {
+                g.force_stream_k(Some(true));
+                Ok(())
+            },
+        ));
     }
     for ramp in list_var("LOWBIT_BENCH_GEMM_RAMP")? {
         let dev = dev.clone();
-        let setup: GemmSetup = Box::new(move |g| g.set_ramp(&dev, ramp));
-        knobs.push((format!("lowbit_gemm_ramp{ramp}"), |m| m <= 4096, setup));
+        knobs.push(GemmKnob::new(
+            format!("lowbit_gemm_ramp{ramp}"),
+            |_| true,
+            move |g| g.set_ramp(&dev, ramp),
+        ));
     }
     for stages in list_var("LOWBIT_BENCH_GEMM_STAGES")? {
         let dev = dev.clone();
-        let setup: GemmSetup = Box::new(move |g| {
-            g.set_stages(&dev, 16, stages)?;
-            g.set_stages(&dev, 64, stages)
-        });
-        knobs.push((format!("lowbit_gemm_s{stages}"), |m| m <= 64, setup));
+        knobs.push(GemmKnob::new(
+            format!("lowbit_gemm_s{stages}"),
+            |m| m <= 64,
+            move |g| {
+                g.set_stages(&dev, 16, stages)?;
+                g.set_stages(&dev, 64, stages)
+            },
+        ));
     }
-    let mut gemm_variants: Vec<(String, fn(usize) -> bool, Vec<LinearW4A16Gemm>)> = Vec::new();
-    for (label, takes, setup) in knobs {
-        if !ms.iter().any(|&m| takes(m)) {
+    for knob in &mut knobs {
+        if !ms.iter().any(|&m| (knob.takes)(m)) {
             continue;
         }
-        let mut ops = Vec::new();
         for _ in 0..sets {
             let weight = DeviceW4::upload(dev, &packed)?;
             if !supported(dev, &weight) {
                 break;
             }
             let mut gemm = LinearW4A16Gemm::with_weight(dev, weight, max_m, None)?;
-            setup(&mut gemm)?;
-            ops.push(gemm);
-        }
-        if !ops.is_empty() {
-            gemm_variants.push((label, takes, ops));
+            (knob.setup)(&mut gemm)?;
+            knob.ops.push(gemm);
         }
     }
+    let gemm_variants: Vec<GemmKnob> = knobs.into_iter().filter(|k| !k.ops.is_empty()).collect();
     let mut variant_ops: Vec<(&str, Vec<LinearW4A16Cuda>)> = Vec::new();
     for (label, tuning) in tunings {
         let v = (0..sets)
@@ -285,7 +325,13 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
     let dense_w: Vec<CudaSlice<T>> = (0..dense_sets).map(|_| dev.upload(&dense)).collect::<Result<_>>()?;
     drop(dense);
     let blas = CublasLinear::new(stream.clone(), n, k)?;
-    let mut ws = dev.alloc_zeros::<u8>(layers[0].workspace_bytes(max_m).max(1))?;
+    // The forced GEMM variants may need more (STREAM-K's slots).
+    let ws_bytes = gemm_variants
+        .iter()
+        .filter_map(|v| v.ops.first())
+        .map(LinearW4A16Gemm::workspace_bytes)
+        .fold(layers[0].workspace_bytes(max_m), usize::max);
+    let mut ws = dev.alloc_zeros::<u8>(ws_bytes.max(1))?;
     let planes_ws = planes.first().map_or(1, |(d, g)| {
         d.workspace_bytes()
             .max(g.as_ref().map_or(0, |g| g.workspace_bytes()))
@@ -364,7 +410,7 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
                 });
                 timed.push(("lowbit_gemm_planes".into(), quant_bytes));
             }
-            for (label, _, ops) in gemm_variants.iter().filter(|v| (v.1)(m)) {
+            for GemmKnob { label, ops, .. } in gemm_variants.iter().filter(|v| (v.takes)(m)) {
                 rounds.add(sets, move |i| {
                     let (ys, ws) = (&mut ys_c.borrow_mut()[i], &mut **ws_c.borrow_mut());
                     ops[i].run(stream, &xs[i], m, None, ys, ws)

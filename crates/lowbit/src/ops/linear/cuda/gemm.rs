@@ -758,7 +758,7 @@ impl LinearW4A16Gemm {
 
     /// Bytes of the fp32 partials of split tiles, at most: the sums that the cluster groups of split tiles
     /// exchange (the tiles x groups of a launch are at most SMs / 2 clusters of 2 CTAs or more, each publishing
-    /// ceil(BM / 2 / cluster) row pairs per CTA), or STREAM-K's two slots of one tile per SM.
+    /// ceil(BM / 2 / cluster) row pairs per CTA), or, when STREAM-K is forced, its two slots of one tile per SM.
     fn partials_bytes(&self) -> usize {
         if self.kernels[0].variant.conv {
             return 0;
@@ -771,7 +771,11 @@ impl LinearW4A16Gemm {
             .map(|k| &k.variant)
             .filter(|v| v.wg_tokens <= STREAM_MAX_TOKENS);
         let slots = stream.map(|v| 2 * self.sms * v.bm() * v.n_cta() * 4).max().unwrap_or(0);
-        groups.max(slots)
+        if self.forced_stream == Some(true) {
+            groups.max(slots)
+        } else {
+            groups
+        }
     }
 
     /// Device scratch `run` needs: x staged for TMA (act-order or unaligned x), then the split-K partials of
@@ -1030,8 +1034,8 @@ mod tests {
     use super::*;
 
     /// Every GEMM specialisation a layer or a convolution can load compiles for sm_90a without spills, a stack
-    /// frame or a serialised wgmma pipeline (NVRTC only, no GPU). A split-K epilogue that kept arrays in local memory once cost 30% of the main
-    /// loop's speed with every GPU test passing.
+    /// frame or a serialised wgmma pipeline (NVRTC only, no GPU). A split-K epilogue that kept arrays in local
+    /// memory once cost 30% of the main loop's speed with every GPU test passing.
     #[test]
     fn gemm_variants_compile_without_local_memory() {
         if !crate::cuda::nvrtc_present() || crate::cuda::include_dir().is_none() {
