@@ -49,11 +49,11 @@
 //   STREAM-K (s.stream, when the host forces it: small batches whose tiles do not fill the SMs evenly, such as 112
 //   tiles of 16 tokens on 132 SMs; on the H200 it matched the whole tiles once RAMP was in): CTA c of G takes the
 //   contiguous units [c U / G, (c + 1) U / G) of the U = tiles x k tiles in tile order, so every SM streams the same
-//   number of weight bytes. A tile whose k range is split between
-//   CTAs is finished by a fix-up per warp (a warp's accumulators are its own 32 columns), as in the decode kernel:
-//   each piece's warp writes its fp32 partial to its CTA's slot (first segment 2c, last 2c + 1) and bumps the
-//   (tile, warp) counter; the last to arrive sums the slots in piece order (lowest k first) and stores y. The same
-//   order whoever arrives last: repeated runs are bit-identical, and the partition depends on the shape only.
+//   number of weight bytes. A tile whose k range is split between CTAs is finished by a fix-up per warp (a warp's
+//   accumulators are its own 32 columns), as in the decode kernel: each piece's warp writes its fp32 partial to its
+//   CTA's slot (first segment 2c, last 2c + 1) and bumps the (tile, warp) counter; the last to arrive sums the
+//   slots in piece order (lowest k first) and stores y. The same order whoever arrives last: repeated runs are
+//   bit-identical, and the partition depends on the shape only.
 //
 // * PERSISTENT. The grid is at most one CTA per SM; CTA c takes work items (tile x split) c, c + grid, ... and the
 //   producer runs ahead across items, so the next tile's stages fill while the consumers run an epilogue: K = 4096
