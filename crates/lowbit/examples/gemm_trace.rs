@@ -47,7 +47,7 @@ fn main() -> lowbit::Result<()> {
     let mut tokens = None;
     let mut look64 = None;
     let mut decode_splits = None;
-    let mut stream_k = None;
+    let mut stream_k = false;
     let mut stages = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -57,7 +57,7 @@ fn main() -> lowbit::Result<()> {
             "--tokens" => tokens = args.next().and_then(|v| v.parse().ok()),
             "--look64" => look64 = args.next().and_then(|v| v.parse().ok()),
             "--decode-splits" => decode_splits = args.next().and_then(|v| v.parse().ok()),
-            "--stream" => stream_k = args.next().map(|v| v == "on"),
+            "--stream" => stream_k = args.next().is_some_and(|v| v == "on"),
             "--stages" => stages = args.next().and_then(|v| v.parse().ok()),
             s if s.starts_with("conv:") => convs.push(s.to_string()),
             s => {

@@ -704,6 +704,16 @@ __device__ __forceinline__ void wait_for_prerequisite_grids() {
 #endif
 }
 
+// STREAM-K partition of `units` work units over `ctas` CTAs (the decode kernel, the GEMM's STREAM-K): CTA c takes
+// units [stream_unit_begin(c), stream_unit_begin(c + 1)), and stream_cta_of(u) is the CTA whose range holds unit u,
+// the largest c with floor(c U / C) <= u.
+__device__ __forceinline__ long long stream_unit_begin(long long c, long long units, long long ctas) {
+    return c * units / ctas;
+}
+__device__ __forceinline__ int stream_cta_of(long long u, long long units, long long ctas) {
+    return (int)(((u + 1) * ctas - 1) / units);
+}
+
 // CUtensorMap: 128 opaque bytes, 64-byte aligned (the host encodes it; the kernel only passes its address to TMA).
 struct alignas(64) TensorMap {
     unsigned long long opaque[16];

@@ -165,14 +165,11 @@ struct Linear {
         u64* trace;            // diagnostics, normally null: TRACE_SLOTS timestamps per CTA (common.cuh, Trace)
     };
 
-    // CTA c streams units [unit_begin(c), unit_begin(c + 1)).
+    // CTA c streams units [unit_begin(c), unit_begin(c + 1)) (common.cuh's STREAM-K partition).
     __device__ static __forceinline__ int unit_begin(int c, int units, int ctas) {
-        return (int)((long long)c * units / ctas);
+        return (int)stream_unit_begin(c, units, ctas);
     }
-    // The CTA whose range holds unit u: the largest c with floor(c U / C) <= u.
-    __device__ static __forceinline__ int cta_of(int u, int units, int ctas) {
-        return (int)((((long long)u + 1) * ctas - 1) / units);
-    }
+    __device__ static __forceinline__ int cta_of(int u, int units, int ctas) { return stream_cta_of(u, units, ctas); }
 
     // Issues the cp.async copies of unit u = (nt, kt) into `stage`.
     __device__ static __forceinline__ void load_stage(const Args& a, const Shape& s, char* stage, int u, int nt,

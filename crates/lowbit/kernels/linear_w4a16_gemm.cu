@@ -233,12 +233,13 @@ struct Gemm {
         w.tile_seq = tile_seq, w.nt = first_n + local % width, w.mt = local / width;
     }
 
-    // STREAM-K: the first unit of CTA c (c = gridDim.x: the end), and the CTA whose range holds unit u.
+    // STREAM-K (common.cuh's partition of all k tiles over the grid): the first unit of CTA c (c = gridDim.x: the
+    // end), and the CTA whose range holds unit u.
     __device__ static __forceinline__ long long unit_begin(const Shape& s, int c) {
-        return (long long)c * ((long long)s.NT * s.MT * s.KT) / gridDim.x;
+        return stream_unit_begin(c, (long long)s.NT * s.MT * s.KT, gridDim.x);
     }
     __device__ static __forceinline__ int cta_of(const Shape& s, long long u) {
-        return (int)(((u + 1) * gridDim.x - 1) / ((long long)s.NT * s.MT * s.KT));
+        return stream_cta_of(u, (long long)s.NT * s.MT * s.KT, gridDim.x);
     }
 
     // STREAM-K: this CTA's segment of the tile holding unit u, up to the end of its range.

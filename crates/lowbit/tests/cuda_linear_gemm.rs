@@ -605,7 +605,7 @@ fn stream_k_splits_tiles_between_ctas() {
     // tile, every tile in 8 pieces; 14 tiles x 33 k tiles (K = 4160, a partial last k tile; groups of 64): 132
     // CTAs of 3-4 k tiles, pieces starting and ending inside tiles. Both small tiles (16 and 64 tokens), exact
     // integers bit-equal to the reference, random data with bias and SiLU, bf16 on 128-column tiles.
-    let stream = |op: &mut LinearW4A16Gemm| op.force_stream_k(Some(true));
+    let stream = |op: &mut LinearW4A16Gemm| op.force_stream_k(true);
     let mut plans = Vec::new();
     let c = Case {
         n: 1280,

@@ -258,7 +258,7 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
             "lowbit_gemm_stream".into(),
             |m| m <= 1024,
             |g| {
-                g.force_stream_k(Some(true));
+                g.force_stream_k(true);
                 Ok(())
             },
         ));

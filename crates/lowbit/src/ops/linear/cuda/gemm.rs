@@ -371,7 +371,7 @@ pub struct LinearW4A16Gemm {
     forced_splits: Option<usize>,
     /// STREAM-K forced on where the tile allows it (testing, benchmarking); otherwise the cost model's plans, which
     /// leave it out.
-    forced_stream: Option<bool>,
+    forced_stream: bool,
     /// Forced tokens per warpgroup (benchmarking); `None`: chosen by batch size.
     forced_tokens: Option<usize>,
     /// Largest cluster a split tile may use (testing the cluster groups on small shapes); normally 8.
@@ -489,7 +489,7 @@ impl LinearW4A16Gemm {
             max_m,
             sms,
             forced_splits: splits,
-            forced_stream: None,
+            forced_stream: false,
             forced_tokens: None,
             max_cluster: MAX_SPLITS,
             trace: 0,
@@ -609,7 +609,7 @@ impl LinearW4A16Gemm {
         // per SM (the counters). Measured on the H200 it matched the whole-tile plan with RAMP on the one layer where
         // it had gained (`w4a16-gemm.md`), so the model does not offer it.
         let stream = !kernel.variant.conv && kernel.variant.wg_tokens <= STREAM_MAX_TOKENS && tiles <= self.sms;
-        if stream && self.forced_stream == Some(true) {
+        if stream && self.forced_stream {
             return SplitPlan::STREAM;
         }
         if self.forced_splits.is_some() {
@@ -646,10 +646,10 @@ impl LinearW4A16Gemm {
             .0
     }
 
-    /// Forces the kernel's STREAM-K on (`Some(true)`, wherever the tile allows it); `None` or `Some(false)` restores
-    /// the cost model's plans, which leave it out (testing, benchmarking).
+    /// Forces the kernel's STREAM-K on wherever the tile allows it (`true`); `false` restores the cost model's plans,
+    /// which leave it out (testing, benchmarking).
     #[doc(hidden)]
-    pub fn force_stream_k(&mut self, on: Option<bool>) {
+    pub fn force_stream_k(&mut self, on: bool) {
         self.forced_stream = on;
     }
 
@@ -765,17 +765,16 @@ impl LinearW4A16Gemm {
         }
         let k = &self.kernels[self.slot(128)].variant;
         let groups = self.sms * (k.bm() / 2 + 2) * k.n_cta() * 4;
+        if !self.forced_stream {
+            return groups;
+        }
         let stream = self
             .kernels
             .iter()
             .map(|k| &k.variant)
             .filter(|v| v.wg_tokens <= STREAM_MAX_TOKENS);
         let slots = stream.map(|v| 2 * self.sms * v.bm() * v.n_cta() * 4).max().unwrap_or(0);
-        if self.forced_stream == Some(true) {
-            groups.max(slots)
-        } else {
-            groups
-        }
+        groups.max(slots)
     }
 
     /// Device scratch `run` needs: x staged for TMA (act-order or unaligned x), then the split-K partials of
