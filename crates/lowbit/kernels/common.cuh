@@ -714,6 +714,64 @@ __device__ __forceinline__ int stream_cta_of(long long u, long long units, long 
     return (int)(((u + 1) * ctas - 1) / units);
 }
 
+// The fix-up of a tile whose k range is split between CTAs (STREAM-K in the decode kernel and the GEMM), for one
+// warp: its accumulators are its own columns, so no CTA barrier is needed, and `acc` is its F4 float4 (4 * F4
+// floats, contiguous). The warp publishes them to slot `mine` and counts itself on counter_of(); the warp that
+// arrives last among the tile's `pieces` sums every piece's slot, its own included, in piece order (lowest k first)
+// into `acc`, resets the counter for the next launch and returns true; the others return false. The order does not
+// depend on who arrives last, so repeated runs are bit-identical. `slot_of(p)` is piece p's slot; `counted()` runs
+// once the warp is counted (a trace stamp). BATCH pieces' loads are in flight at once (an L2 round trip each
+// otherwise), as many as the caller's registers allow. Slot layout: float4 j of lane `lane` of warp `warp` (the
+// caller's numbering) at (warp F4 + j) 32 + lane of the slot's slot_floats floats, so a warp's stores cover 512
+// contiguous bytes. The functions are taken by reference: copying their closures cost the 64-token GEMM 8 bytes of
+// spills, and the counter's address is formed where it is used, so it is not live across the stores and loads.
+template <int F4, int BATCH, class CounterOf, class SlotOf, class Counted>
+__device__ __forceinline__ bool warp_fixup(float* partials, long long slot_floats, int mine,
+                                           const CounterOf& counter_of, int pieces, const SlotOf& slot_of,
+                                           const Counted& counted, int warp, int lane, float* acc) {
+    auto slot_ptr = [&](int slot, int j) {
+        return reinterpret_cast<float4*>(partials + slot * slot_floats) + (warp * F4 + j) * 32 + lane;
+    };
+#pragma unroll
+    for (int j = 0; j < F4; ++j)
+        __stcg(slot_ptr(mine, j), make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]));
+    // bar.warp.sync orders the lanes' stores before lane 0's release; the acq_rel add both publishes them and, for
+    // the last arriver, acquires every other piece's.
+    __syncwarp();
+    u32 arrived = 0;
+    if (lane == 0) arrived = atomic_add_acq_rel_gpu(counter_of(), 1u);
+    arrived = __shfl_sync(0xFFFFFFFFu, arrived, 0);
+    counted();
+    if (arrived != (u32)(pieces - 1)) return false;
+    __syncwarp();
+    for (int p0 = 0; p0 < pieces; p0 += BATCH) {
+        float4 q[BATCH][F4];
+#pragma unroll
+        for (int b = 0; b < BATCH; ++b) {
+            const int slot = slot_of(p0 + b);
+            if (p0 + b < pieces) {
+#pragma unroll
+                for (int j = 0; j < F4; ++j) q[b][j] = __ldcg(slot_ptr(slot, j));
+            }
+        }
+#pragma unroll
+        for (int b = 0; b < BATCH; ++b) {
+            if (p0 + b >= pieces) break;
+#pragma unroll
+            for (int j = 0; j < F4; ++j) {
+                float* d = acc + 4 * j;
+                if (p0 + b == 0) {
+                    d[0] = q[b][j].x, d[1] = q[b][j].y, d[2] = q[b][j].z, d[3] = q[b][j].w;
+                } else {
+                    d[0] += q[b][j].x, d[1] += q[b][j].y, d[2] += q[b][j].z, d[3] += q[b][j].w;
+                }
+            }
+        }
+    }
+    if (lane == 0) *counter_of() = 0;  // every piece has arrived: ready for the next launch (graph replays included)
+    return true;
+}
+
 // CUtensorMap: 128 opaque bytes, 64-byte aligned (the host encodes it; the kernel only passes its address to TMA).
 struct alignas(64) TensorMap {
     unsigned long long opaque[16];

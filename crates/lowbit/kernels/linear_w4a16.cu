@@ -388,77 +388,32 @@ struct Linear {
         }
     }
 
-    __device__ static __forceinline__ float4* slot_ptr(const Args& a, int slot, int warp, int lane, int t, int mt) {
-        return reinterpret_cast<float4*>(a.partials + (long long)slot * SLOT_FLOATS) +
-               ((warp * 2 + t) * MT + mt) * 32 + lane;
-    }
-
-    // End of a segment that does not cover its whole tile, per warp (its 32 columns are independent of the other
-    // warps'): publish the partial; the warp that arrives last among the tile's CTAs sums all partials of those
-    // columns in CTA order and writes them to y. Per warp, not per CTA: no CTA barrier, so a warp that is done
-    // never waits for the slowest of its CTA, and the last warp's loads of every slot are in flight together.
-    // (The timeline of examples/gemm_trace put the per-CTA version at ~1.3 us to publish and ~3.6 us to reduce,
-    // half of a 4096 x 4096 launch.)
+    // End of a segment that does not cover its whole tile, per warp (common.cuh's warp_fixup: a warp's 32 columns are
+    // independent of the other warps', float4 t MT + mt of a lane being acc[t][mt]): publish the partial; the warp
+    // that arrives last among the tile's CTAs sums all partials of those columns in CTA order and writes them to y.
+    // Per warp, not per CTA: no CTA barrier, so a warp that is done never waits for the slowest of its CTA, and the
+    // last warp's loads of every slot are in flight together. (The timeline of examples/gemm_trace put the per-CTA
+    // version at ~1.3 us to publish and ~3.6 us to reduce, half of a 4096 x 4096 launch.)
     __device__ static void fixup(const Args& a, const Shape& s, int nt, bool first_segment, int warp, int lane,
                                  float (&acc)[2][MT][4]) {
         const int c = blockIdx.x, units = s.NT * s.KT;
         const int c_first = s.splits > 1 ? nt * s.splits : cta_of(nt * s.KT, units, s.ctas);
         const int c_last = s.splits > 1 ? c_first + s.splits - 1 : cta_of(nt * s.KT + s.KT - 1, units, s.ctas);
         // A CTA's first segment uses slot 2c, a later one slot 2c + 1 (a CTA has at most two split segments).
-        const int my_slot = first_segment ? 2 * c : 2 * c + 1;
-#pragma unroll
-        for (int t = 0; t < 2; ++t)
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt)
-                __stcg(slot_ptr(a, my_slot, warp, lane, t, mt),
-                       make_float4(acc[t][mt][0], acc[t][mt][1], acc[t][mt][2], acc[t][mt][3]));
-        // bar.warp.sync orders the lanes' stores before lane 0's release; the acq_rel add both publishes them
-        // and, for the last arriver, acquires every other warp's.
-        __syncwarp();
-        u32* counter = a.counters + nt * WARPS + warp;
-        u32 arrived = 0;
-        if (lane == 0) arrived = atomic_add_acq_rel_gpu(counter, 1u);
-        arrived = __shfl_sync(0xFFFFFFFFu, arrived, 0);
-        if (first_segment) trace_stamp(a.trace, TRACE_PARTIALS_SEEN);  // warp 0's partial counted
-        if (arrived != (u32)(c_last - c_first)) return;
-        __syncwarp();
-        // Sum from the slots only (this CTA's own partial too), in CTA order, so `acc` can hold the sum. SLOT_BATCH
-        // slots' loads are in flight at once: four at M <= 8 (8 float4 per lane), one above, what the two-CTA
-        // variants' 96 registers leave (the main loop's state stays live across the fix-up).
+        auto slot_of = [&](int piece) {
+            const int cc = c_first + piece;
+            return (s.splits > 1 || unit_begin(cc, units, s.ctas) / s.KT == nt) ? 2 * cc : 2 * cc + 1;
+        };
+        auto counted = [&] {
+            if (first_segment) trace_stamp(a.trace, TRACE_PARTIALS_SEEN);  // warp 0's partial counted
+        };
+        // Four slots' loads in flight at M <= 8 (8 float4 per lane), one above, what the two-CTA variants' 96
+        // registers leave (the main loop's state stays live across the fix-up).
         constexpr int SLOT_BATCH = MT == 1 ? 4 : 1;
-        for (int c0 = c_first; c0 <= c_last; c0 += SLOT_BATCH) {
-            float4 p[SLOT_BATCH][2][MT];
-#pragma unroll
-            for (int b = 0; b < SLOT_BATCH; ++b) {
-                const int cc = c0 + b;
-                if (cc <= c_last) {
-                    const int slot =
-                        (s.splits > 1 || unit_begin(cc, units, s.ctas) / s.KT == nt) ? 2 * cc : 2 * cc + 1;
-#pragma unroll
-                    for (int t = 0; t < 2; ++t)
-#pragma unroll
-                        for (int mt = 0; mt < MT; ++mt) p[b][t][mt] = __ldcg(slot_ptr(a, slot, warp, lane, t, mt));
-                }
-            }
-#pragma unroll
-            for (int b = 0; b < SLOT_BATCH; ++b) {
-                if (c0 + b <= c_last) {
-#pragma unroll
-                    for (int t = 0; t < 2; ++t)
-#pragma unroll
-                        for (int mt = 0; mt < MT; ++mt) {
-                            const float4 q = p[b][t][mt];
-                            if (c0 + b == c_first) {
-                                acc[t][mt][0] = q.x, acc[t][mt][1] = q.y, acc[t][mt][2] = q.z, acc[t][mt][3] = q.w;
-                            } else {
-                                acc[t][mt][0] += q.x, acc[t][mt][1] += q.y, acc[t][mt][2] += q.z, acc[t][mt][3] += q.w;
-                            }
-                        }
-                }
-            }
-        }
-        store_output(a, s, nt, warp, lane, acc);
-        if (lane == 0) *counter = 0;  // ready for the next launch (graph replays included)
+        auto counter_of = [&] { return a.counters + nt * WARPS + warp; };
+        if (warp_fixup<2 * MT, SLOT_BATCH>(a.partials, SLOT_FLOATS, first_segment ? 2 * c : 2 * c + 1, counter_of,
+                                           c_last - c_first + 1, slot_of, counted, warp, lane, &acc[0][0][0]))
+            store_output(a, s, nt, warp, lane, acc);
     }
 
     // CLUSTER SPLIT-K's reduction (every consumer thread; the producer warp takes part in both barriers). The

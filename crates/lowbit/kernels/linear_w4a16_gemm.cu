@@ -198,11 +198,11 @@ struct Gemm {
     }
 
     // One work item: a tile (nt, mt) and a split of its k range (`splits` 1: the whole tile). STREAM-K: a
-    // segment of the tile's k range, piece `piece` of `pieces` (the CTAs first_cta, ... that share the tile), whose
-    // partial goes to `slot` when pieces > 1.
+    // segment of the tile's k range, one of `pieces` (the CTAs first_cta, ... that share the tile), whose partial
+    // goes to `slot` when pieces > 1.
     struct Work {
         int nt, mt, split, splits, kt0, kt1;
-        int tile_seq, piece, pieces, first_cta, slot;
+        int tile_seq, pieces, first_cta, slot;
     };
     // The work items of a launch: the whole tiles, then the splits of the others.
     __device__ static __forceinline__ int item_count(const Shape& s) {
@@ -221,7 +221,7 @@ struct Gemm {
         place_tile(s, tile_seq, w);
         w.kt0 = (int)((long long)w.split * s.KT / w.splits);
         w.kt1 = (int)((long long)(w.split + 1) * s.KT / w.splits);
-        w.piece = 0, w.pieces = 1;
+        w.pieces = 1;
         return w;
     }
 
@@ -252,7 +252,6 @@ struct Gemm {
         w.kt0 = (int)(u - first), w.kt1 = (int)min((long long)s.KT, end - first);
         w.first_cta = cta_of(s, first);
         w.pieces = cta_of(s, first + s.KT - 1) - w.first_cta + 1;
-        w.piece = blockIdx.x - w.first_cta;
         // A CTA's range splits at most its first and its last tile: slots 2c and 2c + 1.
         w.slot = 2 * blockIdx.x + (u == unit_begin(s, blockIdx.x) ? 0 : 1);
         return w;
@@ -820,69 +819,21 @@ struct Gemm {
         }
     }
 
-    // STREAM-K's fix-up of a tile split between CTAs, per consumer warp (its accumulators are its own 32 columns x
-    // WG_TOKENS tokens, so no CTA barrier): publish the partial to this segment's slot; the warp that arrives last
-    // among the tile's pieces sums every piece's slot, its own included, in piece order (lowest k first) into `acc`
-    // and returns true, to store y; the others return false. Slot layout: float4 i of accumulator row t of lane l
-    // of warp w at ((w * 2 + t) * ACC / 4 + i) * 32 + l, a warp's stores 512 contiguous bytes.
-    __device__ static __forceinline__ float4* slot_ptr(const Args& a, int slot, int warp, int lane, int t, int i) {
-        return reinterpret_cast<float4*>(a.partials + (long long)slot * TILE_FLOATS) +
-               ((warp * 2 + t) * (ACC / 4) + i) * 32 + lane;
-    }
-
+    // STREAM-K's fix-up of a tile split between CTAs, per consumer warp (common.cuh's warp_fixup: its accumulators
+    // are its own 32 columns x WG_TOKENS tokens, float4 i of row t being float4 t ACC / 4 + i): true for the warp
+    // that arrives last, which then holds the tile's sum in `acc` and stores y.
     __device__ static bool stream_fixup(const Args& a, const Shape& s, const Work& w, float (&acc)[2][ACC]) {
-        const int ctid = thread_index(), lane = ctid & 31, warp = ctid >> 5;
-#pragma unroll
-        for (int t = 0; t < 2; ++t)
-#pragma unroll
-            for (int i = 0; i < ACC / 4; ++i)
-                __stcg(slot_ptr(a, w.slot, warp, lane, t, i),
-                       make_float4(acc[t][4 * i], acc[t][4 * i + 1], acc[t][4 * i + 2], acc[t][4 * i + 3]));
-        // bar.warp.sync orders the lanes' stores before lane 0's release; the acq_rel add both publishes them and,
-        // for the last arriver, acquires every other piece's.
-        __syncwarp();
-        u32* counter = a.counters + (w.mt * s.NT + w.nt) * MAX_CLUSTER + warp;
-        u32 arrived = 0;
-        if (lane == 0) arrived = atomic_add_acq_rel_gpu(counter, 1u);
-        arrived = __shfl_sync(0xFFFFFFFFu, arrived, 0);
-        if (arrived != (u32)(w.pieces - 1)) return false;
-        __syncwarp();
-        // BATCH pieces' loads in flight at once (an L2 round trip each otherwise): 64 registers of float4 (two
-        // pieces of the 64-token tile spilled).
+        const int ctid = thread_index();
+        // CTA c's segment here is its first (slot 2c) when its range starts in this tile, else its last.
+        auto slot_of = [&](int piece) {
+            const int c = w.first_cta + piece;
+            return 2 * c + (unit_begin(s, c) >= (long long)w.tile_seq * s.KT ? 0 : 1);
+        };
+        // BATCH pieces' loads in flight: 64 registers of float4 (two pieces of the 64-token tile spilled).
         constexpr int BATCH = ACC <= 8 ? 4 : 1;
-        const long long first = (long long)w.tile_seq * s.KT;
-        for (int p0 = 0; p0 < w.pieces; p0 += BATCH) {
-            float4 q[BATCH][2][ACC / 4];
-#pragma unroll
-            for (int b = 0; b < BATCH; ++b) {
-                const int c = w.first_cta + p0 + b;
-                // CTA c's segment here is its first (slot 2c) when its range starts in this tile, else its last.
-                const int slot = 2 * c + (unit_begin(s, c) >= first ? 0 : 1);
-                if (p0 + b < w.pieces) {
-#pragma unroll
-                    for (int t = 0; t < 2; ++t)
-#pragma unroll
-                        for (int i = 0; i < ACC / 4; ++i) q[b][t][i] = __ldcg(slot_ptr(a, slot, warp, lane, t, i));
-                }
-            }
-#pragma unroll
-            for (int b = 0; b < BATCH; ++b) {
-                if (p0 + b >= w.pieces) break;
-#pragma unroll
-                for (int t = 0; t < 2; ++t)
-#pragma unroll
-                    for (int i = 0; i < ACC / 4; ++i) {
-                        float* d = &acc[t][4 * i];
-                        if (p0 + b == 0) {
-                            d[0] = q[b][t][i].x, d[1] = q[b][t][i].y, d[2] = q[b][t][i].z, d[3] = q[b][t][i].w;
-                        } else {
-                            d[0] += q[b][t][i].x, d[1] += q[b][t][i].y, d[2] += q[b][t][i].z, d[3] += q[b][t][i].w;
-                        }
-                    }
-            }
-        }
-        if (lane == 0) *counter = 0;  // every piece has arrived: ready for the next launch (graph replays included)
-        return true;
+        auto counter_of = [&] { return a.counters + (w.mt * s.NT + w.nt) * MAX_CLUSTER + (ctid >> 5); };
+        return warp_fixup<ACC / 2, BATCH>(a.partials, TILE_FLOATS, w.slot, counter_of, w.pieces, slot_of, [] {},
+                                          ctid >> 5, ctid & 31, &acc[0][0]);
     }
 
     // The epilogue of one work item.
