@@ -2,7 +2,7 @@
 //! traced launch and summarises its timeline (the kernel's `Trace` events, %globaltimer) over the CTAs.
 //!
 //! ```text
-//! cargo run --release --example gemm_trace -- 256x4096x4096 64x4096x4096 [--splits 1] [--small-batch 0] [--tokens 64|128] [--look64 2|3] [--stream on|off] [--stages N] [--decode-splits 1|2|4|8] [--partition SPEED:UNITS]
+//! cargo run --release --example gemm_trace -- 256x4096x4096 64x4096x4096 [--splits 1] [--small-batch 0] [--tokens 64|128] [--look64 2|3] [--stream on|off] [--stages N] [--decode-splits 1|2|4|8]
 //! ```
 //! Each shape is `MxKxN` (f16, group 128, zero points), `decode:MxKxN` for the decode kernel (the same weight; the
 //! stream-K fix-up's partials and counter show as `partials_seen`), or `conv:BxCxHxWxRxCo` for the convolution's
@@ -17,7 +17,7 @@ use lowbit::formats::block::{BlockBits, BlockQuantWeight, BlockShape};
 use lowbit::ops::conv::cuda::Conv2dCuda;
 use lowbit::ops::conv::Conv2dParams;
 use lowbit::ops::linear::cuda::gemm::LinearW4A16Gemm;
-use lowbit::ops::linear::cuda::{repack, DeviceW4, LinearW4A16Cuda, Partition, Tuning};
+use lowbit::ops::linear::cuda::{repack, DeviceW4, LinearW4A16Cuda, Tuning};
 use lowbit::testing::{random_quant, QuantSpec, SplitMix64};
 use lowbit::DType;
 use std::sync::Arc;
@@ -49,7 +49,6 @@ fn main() -> lowbit::Result<()> {
     let mut decode_splits = None;
     let mut stream_k = false;
     let mut stages = None;
-    let mut partition = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -60,12 +59,6 @@ fn main() -> lowbit::Result<()> {
             "--decode-splits" => decode_splits = args.next().and_then(|v| v.parse().ok()),
             "--stream" => stream_k = args.next().is_some_and(|v| v == "on"),
             "--stages" => stages = args.next().and_then(|v| v.parse().ok()),
-            "--partition" => {
-                partition = args.next().and_then(|v| {
-                    let (a, b) = v.split_once(':')?;
-                    Some((a.parse::<f64>().ok()?, b.parse::<f64>().ok()?))
-                })
-            }
             s if s.starts_with("conv:") => convs.push(s.to_string()),
             s => {
                 let (list, dims) = match s.strip_prefix("decode:") {
@@ -119,11 +112,6 @@ fn main() -> lowbit::Result<()> {
     for (m, k, n) in decodes {
         let tuning = Tuning {
             splits: decode_splits,
-            partition: partition.map(|(young_speed, boundary_units)| Partition {
-                young_from: dev.info().sm_count as usize,
-                young_speed,
-                boundary_units,
-            }),
             ..Tuning::default()
         };
         let (mut ops, x, mut y) = linear_problem(&dev, m, k, n, |weight| {

@@ -18,16 +18,13 @@
 //   512 consecutive bytes per warp (no bank conflicts, no ldmatrix needed for the weight).
 //
 // * UNITS AND STREAM-K. The weight is cut into units of N_CTA columns x 128 k (16 KB at N_CTA = 256), stored
-//   unit after unit in (n_tile, k_tile) order. CTA c of C (one or two CTAs per SM) streams the contiguous units
-//   [starts[c], starts[c + 1]), about U / C each: every SM moves about the same number of bytes whatever N is, so a
-//   4096-wide layer fills all 132 SMs. The host computes `starts` (cuda.rs `stream_starts`) so that the CTAs
-//   finish together rather than move equal bytes: with two CTAs per SM the second CTA on an SM streams ~11% slower
-//   than the first (the warp schedulers favour the older CTA), and a CTA whose range crosses a tile boundary stalls
-//   in a fix-up on the way (examples/gemm_trace, per-CTA exit times, H200). A tile whose k range is split between
-//   CTAs is finished by a fix-up, warp by warp (a warp's 32 columns are its own): each writes its fp32 partial to a
-//   workspace slot and bumps its (tile, warp) counter, and the last to arrive sums the partials in CTA order
-//   (lowest k first) -- the same order whoever arrives last, so repeated runs are byte-identical. The partition
-//   depends only on the shape and the SM count, never on M, so row 0 of an M-row batch is bit-identical to M = 1.
+//   unit after unit in (n_tile, k_tile) order. CTA c of C (C = #SMs, one CTA per SM) streams the contiguous units
+//   [c U / C, (c+1) U / C): every SM moves the same number of bytes whatever N is, so a 4096-wide layer fills all
+//   132 SMs. A tile whose k range is split between CTAs is finished by a fix-up, warp by warp (a warp's 32 columns
+//   are its own): each writes its fp32 partial to a workspace slot and bumps its (tile, warp) counter, and the last
+//   to arrive sums the partials in CTA order (lowest k first) -- the same order whoever arrives last, so repeated
+//   runs are byte-identical. The partition depends only on the shape and the SM count, never on M, so row 0 of an
+//   M-row batch is bit-identical to M = 1.
 //
 // * CLUSTER SPLIT-K. The global fix-up costs GPU-scope round trips: a release behind the partial's stores, the
 //   counter, then the last warp's loads of every partial (~5 us of a 10 us launch at 4096 x 4096, where each tile
@@ -165,21 +162,14 @@ struct Linear {
         u16* y;                // [M][y_stride] bits of T
         float* partials;       // [2 * ctas][SLOT_FLOATS]
         u32* counters;         // [NT][WARPS], zero between launches (a tile's last warp resets its counter)
-        const int* starts;     // [ctas + 1], stream-K: CTA c streams units [starts[c], starts[c + 1]) (the host's
-                               // partition, see UNITS AND STREAM-K), at least one each
         u64* trace;            // diagnostics, normally null: TRACE_SLOTS timestamps per CTA (common.cuh, Trace)
     };
 
-    // Stream-K: the CTA whose range holds unit u, the last c with starts[c] <= u (a binary search: the fix-ups
-    // only, once or twice per CTA).
-    __device__ static __forceinline__ int cta_of(const Args& a, const Shape& s, int u) {
-        int lo = 0, hi = s.ctas - 1;
-        while (lo < hi) {
-            const int mid = (lo + hi + 1) >> 1;
-            if (__ldg(a.starts + mid) <= u) lo = mid; else hi = mid - 1;
-        }
-        return lo;
+    // CTA c streams units [unit_begin(c), unit_begin(c + 1)) (common.cuh's STREAM-K partition).
+    __device__ static __forceinline__ int unit_begin(int c, int units, int ctas) {
+        return (int)stream_unit_begin(c, units, ctas);
     }
+    __device__ static __forceinline__ int cta_of(int u, int units, int ctas) { return stream_cta_of(u, units, ctas); }
 
     // Issues the cp.async copies of unit u = (nt, kt) into `stage`.
     __device__ static __forceinline__ void load_stage(const Args& a, const Shape& s, char* stage, int u, int nt,
@@ -406,13 +396,13 @@ struct Linear {
     // version at ~1.3 us to publish and ~3.6 us to reduce, half of a 4096 x 4096 launch.)
     __device__ static void fixup(const Args& a, const Shape& s, int nt, bool first_segment, int warp, int lane,
                                  float (&acc)[2][MT][4]) {
-        const int c = blockIdx.x;
-        const int c_first = s.splits > 1 ? nt * s.splits : cta_of(a, s, nt * s.KT);
-        const int c_last = s.splits > 1 ? c_first + s.splits - 1 : cta_of(a, s, nt * s.KT + s.KT - 1);
+        const int c = blockIdx.x, units = s.NT * s.KT;
+        const int c_first = s.splits > 1 ? nt * s.splits : cta_of(nt * s.KT, units, s.ctas);
+        const int c_last = s.splits > 1 ? c_first + s.splits - 1 : cta_of(nt * s.KT + s.KT - 1, units, s.ctas);
         // A CTA's first segment uses slot 2c, a later one slot 2c + 1 (a CTA has at most two split segments).
         auto slot_of = [&](int piece) {
             const int cc = c_first + piece;
-            return (s.splits > 1 || __ldg(a.starts + cc) / s.KT == nt) ? 2 * cc : 2 * cc + 1;
+            return (s.splits > 1 || unit_begin(cc, units, s.ctas) / s.KT == nt) ? 2 * cc : 2 * cc + 1;
         };
         auto counted = [&] {
             if (first_segment) trace_stamp(a.trace, TRACE_PARTIALS_SEEN);  // warp 0's partial counted
@@ -516,6 +506,7 @@ struct Linear {
     __device__ static void run(const Args& a, const Shape& s) {
         extern __shared__ __align__(128) char smem[];
         const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+        const int units = s.NT * s.KT;
         int u_begin, count;
         if (s.splits > 1) {  // split c % splits of tile c / splits: k tiles [r KT / S, (r + 1) KT / S)
             const int nt = blockIdx.x / s.splits, r = blockIdx.x - nt * s.splits;
@@ -523,8 +514,8 @@ struct Linear {
             u_begin = nt * s.KT + k0;
             count = (r + 1) * s.KT / s.splits - k0;
         } else {
-            u_begin = __ldg(a.starts + blockIdx.x);  // the operator's own data: read before the previous kernel ends
-            count = __ldg(a.starts + blockIdx.x + 1) - u_begin;
+            u_begin = unit_begin(blockIdx.x, units, s.ctas);
+            count = unit_begin(blockIdx.x + 1, units, s.ctas) - u_begin;
         }
         const u32 bars = smem_addr(smem + STAGES * STAGE_BYTES);
         trace_stamp(a.trace, TRACE_ENTRY);

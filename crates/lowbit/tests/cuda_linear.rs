@@ -19,7 +19,7 @@ mod common;
 
 use half::{bf16, f16};
 use lowbit::cuda::{CudaDevice, CudaSlice, DevicePtr, DeviceRepr};
-use lowbit::ops::linear::cuda::{repack, repack_int8, LinearW4A16Cuda, Partition, Tuning};
+use lowbit::ops::linear::cuda::{repack, repack_int8, LinearW4A16Cuda, Tuning};
 use lowbit::ops::linear::reference;
 use lowbit::testing::SplitMix64 as Rng;
 use lowbit::{DType, Error, Float, QuantMatrix};
@@ -52,8 +52,6 @@ struct Case {
     ctas: Option<usize>,
     /// Cluster split-K's split count override (1 = stream-K); `None` = the per-shape default.
     splits: Option<usize>,
-    /// Stream-K's partition override; `None` = the default for the grid.
-    partition: Option<Partition>,
 }
 
 /// A random weight of `bits`-bit codes (and zeros) for case `c`.
@@ -230,7 +228,6 @@ fn check_case_bits<T: Float + DeviceRepr>(dev: &CudaDevice, rng: &mut Rng, c: &C
         stages: c.stages,
         ctas: c.ctas,
         splits: c.splits,
-        partition: c.partition,
         ..Tuning::default()
     };
     let packed = if bits == 8 {
@@ -339,7 +336,6 @@ fn matches_reference_across_shapes_and_batches() {
                     stages: None,
                     ctas: None,
                     splits: None,
-                    partition: None,
                 };
                 dispatch(&dev, &mut rng, &case);
             }
@@ -370,7 +366,6 @@ fn exact_integer_mode_is_bit_exact() {
             stages: None,
             ctas: None,
             splits: None,
-            partition: None,
         };
         dispatch(&dev, &mut rng, &case);
     }
@@ -403,7 +398,6 @@ fn groups_not_aligned_to_units() {
             stages: None,
             ctas: None,
             splits: None,
-            partition: None,
         };
         dispatch(&dev, &mut rng, &case);
     }
@@ -433,51 +427,6 @@ fn pipeline_depths() {
                 stages: Some(stages),
                 ctas: Some(7),
                 splits: None,
-                partition: None,
-            };
-            dispatch(&dev, &mut rng, &case);
-        }
-    }
-}
-
-/// Stream-K with uneven ranges (`Partition`): a lighter second half of the grid and a boundary cost, so that
-/// ranges start and end at odd places inside tiles, on the one- and two-CTA-per-SM kernels, exact integers bit for
-/// bit, batch invariance and repeated runs (check_case).
-#[test]
-fn uneven_stream_partitions() {
-    let Some(dev) = device() else { return };
-    let mut rng = Rng(0x5ea7);
-    for (n, k, group, act, ctas_per_sm, data) in [
-        (576, 4224, 128, DType::F16, Some(2), Data::ExactInteger),
-        (2048, 3072, 64, DType::Bf16, None, Data::Random { x_scale: 1.0 }),
-        (768, 8192, 128, DType::F16, Some(1), Data::Random { x_scale: 1.0 }),
-    ] {
-        for partition in [
-            Partition {
-                young_from: 4,
-                young_speed: 0.5,
-                boundary_units: 2.0,
-            },
-            Partition {
-                young_from: 9,
-                young_speed: 0.89,
-                boundary_units: 0.0,
-            },
-        ] {
-            let case = Case {
-                n,
-                k,
-                group,
-                act,
-                zeros: true,
-                act_order: false,
-                bias: data != Data::ExactInteger,
-                data,
-                ctas_per_sm,
-                stages: None,
-                ctas: Some(13),
-                splits: Some(1),
-                partition: Some(partition),
             };
             dispatch(&dev, &mut rng, &case);
         }
@@ -581,7 +530,6 @@ fn cluster_split_k() {
             stages: None,
             ctas: None,
             splits,
-            partition: None,
         };
         dispatch(&dev, &mut rng, &case);
     }
@@ -608,7 +556,6 @@ fn back_to_back_launches_see_each_others_writes() {
         stages: None,
         ctas: None,
         splits: None,
-        partition: None,
     };
     // A: 2048 -> 4096 (cluster split-K on an H200), B: 4096 -> 2048 (stream-K with the global fix-up).
     let (a, b) = (case(4096, 2048), case(2048, 4096));
@@ -642,7 +589,6 @@ fn strided_and_unaligned_activation_rows() {
         stages: None,
         ctas: None,
         splits: None,
-        partition: None,
     };
     let w = quant(&mut rng, &c, 4);
     let op = LinearW4A16Cuda::new(&dev, &w, DType::F16, 16).unwrap();
@@ -706,7 +652,6 @@ fn bad_inputs_give_typed_errors() {
         stages: None,
         ctas: None,
         splits: None,
-        partition: None,
     };
     let mut w = quant(&mut rng, &c, 4);
     assert!(matches!(repack(&w, DType::F32), Err(Error::Invalid { .. })));
@@ -787,7 +732,6 @@ fn int8_layout() {
             stages: None,
             ctas: None,
             splits,
-            partition: None,
         };
         check_case_bits::<f16>(&dev, &mut rng, &case, 8);
     }

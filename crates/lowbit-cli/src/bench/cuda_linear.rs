@@ -20,9 +20,7 @@
 //! (`lowbit_2sm`) CTAs per SM; `LOWBIT_BENCH_CTAS=66,88` with exactly that many CTAs (`lowbit_c66`, ...),
 //! `LOWBIT_BENCH_STAGES=3,4` with that pipeline depth (`lowbit_s3`, ...), `LOWBIT_BENCH_SPLITS=1,8` with cluster
 //! split-K forced to that split count, 1 being stream-K (`lowbit_k1`, ...); `LOWBIT_BENCH_NO_PDL=1` with the decode
-//! kernel launched without programmatic dependent launch (`lowbit_nopdl`); `LOWBIT_BENCH_PARTITION=0.89:0,1:0` with
-//! stream-K's units divided by that `Partition` (the second CTA per SM's speed : a tile boundary's cost in units;
-//! `lowbit_y89_b0`, ...; 1:0 is the uniform partition). Each also gets a graph record (`_graph`).
+//! kernel launched without programmatic dependent launch (`lowbit_nopdl`). Each also gets a graph record (`_graph`).
 //! `LOWBIT_BENCH_NO_PDL=1` also times the GEMM without it (`lowbit_gemm_nopdl`, M >= 64 on sm_90), and
 //! `LOWBIT_BENCH_STREAM=1` the GEMM with STREAM-K wherever its tiles allow it (`lowbit_gemm_stream`, M <= 1024),
 //! `LOWBIT_BENCH_GEMM_STAGES=3,4` with at most that many pipeline stages in its 16- and 64-token tiles
@@ -35,7 +33,7 @@ use lowbit::cuda::Device;
 use lowbit::cuda::{CudaDevice, CudaSlice, ValidAsZeroBits};
 use lowbit::ops::linear::cuda::gemm::{supported, LinearW4A16Gemm};
 use lowbit::ops::linear::cuda::{
-    repack, repack_preferred, CublasLinear, DenseElement, DeviceW4, LinearW4A16Cuda, Partition, Tuning,
+    repack, repack_preferred, CublasLinear, DenseElement, DeviceW4, LinearW4A16Cuda, Tuning,
 };
 use lowbit::ops::linear::quant_linear::DispatchEntry;
 use lowbit::ops::linear::{Activation, DispatchTable, QuantLinear};
@@ -141,34 +139,6 @@ pub fn run(args: &BenchArgs, sink: &mut Sink) -> Result<()> {
                 },
             };
             variants.push((format!("lowbit_{prefix}{value}"), tuning));
-        }
-    }
-    // Stream-K partitions: `speed:units` pairs, the second CTA per SM's rate and the boundary cost (Partition).
-    if let Ok(list) = std::env::var("LOWBIT_BENCH_PARTITION") {
-        let sms = dev.info().sm_count as usize;
-        for item in list.split(',').filter(|s| !s.trim().is_empty()) {
-            let parsed = item
-                .split_once(':')
-                .and_then(|(a, b)| Some((a.trim().parse::<f64>().ok()?, b.trim().parse::<f64>().ok()?)))
-                .filter(|&(speed, units)| (0.5..=1.0).contains(&speed) && (0.0..=8.0).contains(&units));
-            let Some((speed, units)) = parsed else {
-                return Err(Error::invalid(
-                    "LOWBIT_BENCH_PARTITION",
-                    item,
-                    "must be comma-separated speed:units pairs, speed in 0.5..=1, units in 0..=8",
-                ));
-            };
-            let partition = Partition {
-                young_from: sms,
-                young_speed: speed,
-                boundary_units: units,
-            };
-            let tuning = Tuning {
-                partition: Some(partition),
-                ..Tuning::default()
-            };
-            let name = format!("lowbit_y{:.0}_b{:.0}", speed * 100.0, units * 10.0);
-            variants.push((name, tuning));
         }
     }
     let count: usize = problems.iter().map(|(_, ms)| ms.len()).sum();

@@ -815,7 +815,6 @@ struct KernelArgs {
     y: u64,
     partials: u64,
     counters: u64,
-    starts: u64,
     trace: u64,
 }
 
@@ -868,90 +867,6 @@ pub struct Tuning {
     /// Whether to launch as the programmatic dependent of the stream's previous kernel (sm_90; default: when the
     /// grid covers at least 95% of the SMs).
     pub dependent_launch: Option<bool>,
-    /// Stream-K's partition of the units among the CTAs (default: [`Partition::default_for`]).
-    pub partition: Option<Partition>,
-}
-
-/// How stream-K divides a layer's units among the CTAs (the kernel's UNITS AND STREAM-K): so that they finish
-/// together, not so that they move equal bytes. The CTAs from `young_from` on stream at `young_speed` times the
-/// others' rate, and a CTA whose range crosses a tile boundary loses `boundary_units` units' worth of time to the
-/// fix-up it runs there. [`Partition::UNIFORM`] gives CTA c of C the units [c U / C, (c + 1) U / C).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Partition {
-    pub young_from: usize,
-    pub young_speed: f64,
-    pub boundary_units: f64,
-}
-
-impl Partition {
-    pub const UNIFORM: Partition = Partition {
-        young_from: usize::MAX,
-        young_speed: 1.0,
-        boundary_units: 0.0,
-    };
-
-    /// Two CTAs per SM (`ctas` = 2 × `sms`): the block scheduler gives CTAs 0..sms one SM each, and the second
-    /// CTA on an SM, from `sms` on, streamed 11% slower than the first at M = 1 on 8192 × 28672 (0.87-0.90 against
-    /// 1.00 µs per unit, examples/gemm_trace per CTA, H200; by our reading the warp schedulers favour the older
-    /// CTA). Other grids: uniform.
-    pub fn default_for(ctas: usize, sms: usize) -> Partition {
-        if ctas == 2 * sms {
-            Partition {
-                young_from: sms,
-                young_speed: YOUNG_SPEED,
-                boundary_units: BOUNDARY_UNITS,
-            }
-        } else {
-            Partition::UNIFORM
-        }
-    }
-}
-
-/// [`Partition::default_for`]'s rates (see there).
-const YOUNG_SPEED: f64 = 0.89;
-const BOUNDARY_UNITS: f64 = 0.0;
-
-/// Stream-K's unit ranges: CTA c of `ctas` streams units [starts[c], starts[c + 1]) of `units`, in tiles of
-/// `k_tiles` units, at least one each (`ctas` <= `units`). Each CTA gets time T at its speed, less the boundary
-/// cost of each tile boundary inside its range, with T such that the ranges cover the layer; the boundaries are
-/// those of the previous round's ranges (a few rounds settle them). Depends on the shape and the grid only, never
-/// on M (batch invariance).
-pub fn stream_starts(units: usize, k_tiles: usize, ctas: usize, p: Partition) -> Vec<i32> {
-    assert!(
-        ctas >= 1 && ctas <= units && k_tiles >= 1,
-        "stream_starts: {ctas} CTAs, {units} units"
-    );
-    if p == Partition::UNIFORM || (p.young_speed == 1.0 && p.boundary_units == 0.0) {
-        return (0..=ctas).map(|c| (c * units / ctas) as i32).collect();
-    }
-    let speed = |c: usize| if c >= p.young_from { p.young_speed } else { 1.0 };
-    let mut starts: Vec<i32> = (0..=ctas).map(|c| (c * units / ctas) as i32).collect();
-    for _ in 0..4 {
-        // Tile boundaries strictly inside each range of the last round.
-        let crossings = |c: usize| {
-            let (b, e) = (starts[c] as usize, starts[c + 1] as usize);
-            (e.max(1) - 1) / k_tiles - b / k_tiles
-        };
-        let rate: f64 = (0..ctas).map(speed).sum();
-        let lost: f64 = (0..ctas)
-            .map(|c| speed(c) * p.boundary_units * crossings(c) as f64)
-            .sum();
-        let t = (units as f64 + lost) / rate;
-        let mut at = 0.0;
-        let mut next = vec![0i32; ctas + 1];
-        for c in 0..ctas {
-            at += speed(c) * (t - p.boundary_units * crossings(c) as f64).max(1.0);
-            next[c + 1] = at.round() as i32;
-        }
-        // Every CTA keeps at least one unit, and the last ends at the layer's end.
-        next[ctas] = units as i32;
-        for c in 1..ctas {
-            let (lo, hi) = (next[c - 1] + 1, (units - (ctas - c)) as i32);
-            next[c] = next[c].clamp(lo, hi);
-        }
-        starts = next;
-    }
-    starts
 }
 
 /// The split count of cluster split-K for a weight of `n_tiles` x `k_tiles` units of `code_bits`-bit codes on `sms`
@@ -1166,8 +1081,6 @@ pub struct LinearW4A16Cuda {
     ctas: usize,
     weight: Arc<DeviceW4>,
     counters: CudaSlice<u32>,
-    /// Stream-K's unit ranges ([`stream_starts`]; cluster split-K ignores them).
-    starts: CudaSlice<i32>,
     /// Loaded kernels by token tiles, each with whether it runs as clusters (split-K only: all of a launch's
     /// clusters fit on the GPU at once) or reduces the same splits through global memory.
     kernels: Vec<(Variant, CudaFunction, bool)>,
@@ -1310,13 +1223,10 @@ impl LinearW4A16Cuda {
             .stream()
             .alloc_zeros(plan.n_tiles() * plan.warps)
             .map_err(|e| crate::cuda::cuda_error("split-tile counters", e))?;
-        let partition = tuning.partition.unwrap_or_else(|| Partition::default_for(ctas, sms));
-        let starts = device.upload(&stream_starts(units, plan.k_tiles(), ctas, partition))?;
         Ok(Self {
             ctas,
             weight,
             counters,
-            starts,
             kernels,
             stage_x,
             plan,
@@ -1473,7 +1383,6 @@ impl LinearW4A16Cuda {
             y: y_ptr,
             partials: ws + self.staged_x_bytes() as u64,
             counters: self.counters.device_ptr(stream).0,
-            starts: self.starts.device_ptr(stream).0,
             trace: self.trace,
         };
         let shape = KernelShape {
@@ -1744,64 +1653,6 @@ pub(crate) fn stage_x(
 mod tests {
     use super::*;
     use crate::testing::SplitMix64 as Rng;
-
-    /// Stream-K's ranges cover the layer in order, one unit at least each; the uniform partition is c U / C; the
-    /// second CTA per SM gets fewer units in proportion to its speed, and a range that crosses a tile boundary gets
-    /// fewer than one that does not.
-    #[test]
-    fn stream_partitions() {
-        let check = |units: usize, k_tiles: usize, ctas: usize, p: Partition| {
-            let s = stream_starts(units, k_tiles, ctas, p);
-            assert_eq!(
-                (s.len(), s[0], s[ctas]),
-                (ctas + 1, 0, units as i32),
-                "{units} {ctas} {p:?}"
-            );
-            assert!(s.windows(2).all(|w| w[1] > w[0]), "{units} {ctas} {p:?}: {s:?}");
-            s
-        };
-        for (units, k_tiles, ctas) in [
-            (7168, 64, 264),
-            (7168, 64, 132),
-            (1600, 32, 264),
-            (7, 7, 7),
-            (4096, 33, 5),
-        ] {
-            let s = check(units, k_tiles, ctas, Partition::UNIFORM);
-            assert!((0..=ctas).all(|c| s[c] as usize == c * units / ctas));
-            for (speed, boundary) in [(0.89, 0.0), (0.5, 0.0), (0.89, 3.0), (1.0, 8.0)] {
-                let p = Partition {
-                    young_from: ctas / 2,
-                    young_speed: speed,
-                    boundary_units: boundary,
-                };
-                check(units, k_tiles, ctas, p);
-            }
-        }
-        // 8192 x 28672 on an H200: 112 tiles of 64 units, two CTAs per SM.
-        let len = |s: &[i32], c: usize| (s[c + 1] - s[c]) as f64;
-        let young = Partition {
-            young_from: 132,
-            young_speed: 0.89,
-            boundary_units: 0.0,
-        };
-        let s = check(7168, 64, 264, young);
-        let (old, new): (f64, f64) = ((0..132).map(|c| len(&s, c)).sum(), (132..264).map(|c| len(&s, c)).sum());
-        assert!((new / old - 0.89).abs() < 0.01, "{old} {new}");
-        let boundary = Partition {
-            young_from: 264,
-            young_speed: 1.0,
-            boundary_units: 3.0,
-        };
-        let s = check(7168, 64, 264, boundary);
-        let crosses = |c: usize| (s[c] / 64) != ((s[c + 1] - 1) / 64);
-        let mean = |f: &dyn Fn(usize) -> bool| {
-            let v: Vec<f64> = (0..264).filter(|&c| f(c)).map(|c| len(&s, c)).collect();
-            v.iter().sum::<f64>() / v.len() as f64
-        };
-        let (across, inside) = (mean(&|c| crosses(c)), mean(&|c| !crosses(c)));
-        assert!(inside - across > 2.0, "inside {inside}, across {across}");
-    }
 
     fn random_weight(rng: &mut Rng, n: usize, k: usize, g: usize, zeros: bool, act_order: bool) -> QuantMatrix {
         let groups = k / g;
