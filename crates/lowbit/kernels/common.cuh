@@ -719,7 +719,8 @@ __device__ __forceinline__ int stream_cta_of(long long u, long long units, long 
 // floats, contiguous). The warp publishes them to slot `mine` and counts itself on counter_of(); the warp that
 // arrives last among the tile's `pieces` sums every piece's slot, its own included, in piece order (lowest k first)
 // into `acc`, resets the counter for the next launch and returns true; the others return false. The order does not
-// depend on who arrives last, so repeated runs are bit-identical. `slot_of(p)` is piece p's slot; `counted()` runs
+// depend on who arrives last, so repeated runs are bit-identical. `slot_of(p)` is piece p's slot (also called, its
+// result unused, for p up to BATCH - 1 past the last piece: it must not read memory); `counted()` runs
 // once the warp is counted (a trace stamp). BATCH pieces' loads are in flight at once (an L2 round trip each
 // otherwise), as many as the caller's registers allow. Slot layout: float4 j of lane `lane` of warp `warp` (the
 // caller's numbering) at (warp F4 + j) 32 + lane of the slot's slot_floats floats, so a warp's stores cover 512
