@@ -109,8 +109,6 @@ struct Shape {
     int ctas;        // grid size C
     int group_shift; // log2(group) when it is a power of two, else -1
     int splits;      // > 1: equal k splits per tile (see CLUSTER SPLIT-K), ctas = NT * splits; 1: stream-K
-    int inflight;    // TMA: stages in flight ahead of the consumers except in the prefetch and the last STAGES units
-                     // (the producer's THROTTLE); >= STAGES: no limit
     int cluster;     // with splits > 1: 1 = launched as clusters of `splits`, reduced in shared memory; 0 = the
                      // global fix-up, same partition and summation order (the variants whose clusters do not fit)
     long long x_stride;  // elements between rows of x
@@ -495,18 +493,9 @@ struct Linear {
         wait_for_prerequisite_grids();
         for (int i = 0; i < early; ++i) issue_x(a, s, smem + i * STAGE_BYTES, bars + i * 8, u_begin + i, lane);
         int buf = early % STAGES;
-        // THROTTLE: a deep ring for the prefetch (which overlaps the previous launch's tail) and for the last units
-        // (when CTAs finish and fewer streams share DRAM), at most `inflight` stages ahead elsewhere: stage i waits
-        // until stage i - inflight is consumed. That stage's buffer is not refilled before stage i is issued, so its
-        // empty barrier is at most one phase past it and the parity wait is exact.
-        const int throttled = s.inflight < STAGES ? count - STAGES : 0;
         for (int i = early; i < count; ++i) {
             const u32 full = bars + buf * 8, empty = bars + (STAGES + buf) * 8;
             mbar_wait(empty, ((i / STAGES) - 1) & 1);
-            if (i < throttled) {
-                const int j = i - s.inflight, jbuf = j % STAGES;
-                mbar_wait(bars + (STAGES + jbuf) * 8, (j / STAGES) & 1);
-            }
             char* stage = smem + buf * STAGE_BYTES;
             issue_weights(a, s, stage, full, u_begin + i, lane);
             issue_x(a, s, stage, full, u_begin + i, lane);

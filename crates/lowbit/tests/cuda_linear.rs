@@ -52,8 +52,6 @@ struct Case {
     ctas: Option<usize>,
     /// Cluster split-K's split count override (1 = stream-K); `None` = the per-shape default.
     splits: Option<usize>,
-    /// The TMA producer's THROTTLE (stages in flight); `None` = all.
-    inflight: Option<usize>,
 }
 
 /// A random weight of `bits`-bit codes (and zeros) for case `c`.
@@ -230,7 +228,6 @@ fn check_case_bits<T: Float + DeviceRepr>(dev: &CudaDevice, rng: &mut Rng, c: &C
         stages: c.stages,
         ctas: c.ctas,
         splits: c.splits,
-        inflight: c.inflight,
         ..Tuning::default()
     };
     let packed = if bits == 8 {
@@ -240,8 +237,7 @@ fn check_case_bits<T: Float + DeviceRepr>(dev: &CudaDevice, rng: &mut Rng, c: &C
     };
     let op = LinearW4A16Cuda::with_tuning(dev, &packed.unwrap(), 64, tuning).unwrap();
     let label = format!(
-        "W{bits} N={} K={} G={} {} zeros={} act_order={} bias={} {:?} stages={:?} inflight={:?} (n_cta {}, {} CTAs, \
-         splits {})",
+        "W{bits} N={} K={} G={} {} zeros={} act_order={} bias={} {:?} stages={:?} (n_cta {}, {} CTAs, splits {})",
         c.n,
         c.k,
         c.group,
@@ -251,7 +247,6 @@ fn check_case_bits<T: Float + DeviceRepr>(dev: &CudaDevice, rng: &mut Rng, c: &C
         c.bias,
         c.data,
         c.stages,
-        c.inflight,
         op.plan().n_cta,
         op.ctas(),
         op.splits()
@@ -341,7 +336,6 @@ fn matches_reference_across_shapes_and_batches() {
                     stages: None,
                     ctas: None,
                     splits: None,
-                    inflight: None,
                 };
                 dispatch(&dev, &mut rng, &case);
             }
@@ -372,7 +366,6 @@ fn exact_integer_mode_is_bit_exact() {
             stages: None,
             ctas: None,
             splits: None,
-            inflight: None,
         };
         dispatch(&dev, &mut rng, &case);
     }
@@ -405,24 +398,18 @@ fn groups_not_aligned_to_units() {
             stages: None,
             ctas: None,
             splits: None,
-            inflight: None,
         };
         dispatch(&dev, &mut rng, &case);
     }
 }
 
 /// Every pipeline depth from 2 to 6 on a grid of 7 CTAs (dozens of units each, so the ring of stages and its
-/// mbarrier phases wrap many times), with the one- and two-CTA-per-SM kernels, groups inside and across units; and
-/// deep rings throttled to fewer stages in flight.
+/// mbarrier phases wrap many times), with the one- and two-CTA-per-SM kernels, groups inside and across units.
 #[test]
 fn pipeline_depths() {
     let Some(dev) = device() else { return };
     let mut rng = Rng(0xde97);
-    // (stages, inflight): every depth unthrottled, and rings of 5 and 6 with 1 or 3 stages in flight (THROTTLE).
-    let depths = (2..=6)
-        .map(|s| (s, None))
-        .chain([(5, Some(3)), (6, Some(1)), (6, Some(3))]);
-    for (stages, inflight) in depths {
+    for stages in 2..=6 {
         for (n, k, group, act, ctas_per_sm) in [
             (576, 4224, 128, DType::F16, Some(2)),
             (2048, 3072, 64, DType::Bf16, None),
@@ -440,7 +427,6 @@ fn pipeline_depths() {
                 stages: Some(stages),
                 ctas: Some(7),
                 splits: None,
-                inflight,
             };
             dispatch(&dev, &mut rng, &case);
         }
@@ -544,7 +530,6 @@ fn cluster_split_k() {
             stages: None,
             ctas: None,
             splits,
-            inflight: None,
         };
         dispatch(&dev, &mut rng, &case);
     }
@@ -571,7 +556,6 @@ fn back_to_back_launches_see_each_others_writes() {
         stages: None,
         ctas: None,
         splits: None,
-        inflight: None,
     };
     // A: 2048 -> 4096 (cluster split-K on an H200), B: 4096 -> 2048 (stream-K with the global fix-up).
     let (a, b) = (case(4096, 2048), case(2048, 4096));
@@ -605,7 +589,6 @@ fn strided_and_unaligned_activation_rows() {
         stages: None,
         ctas: None,
         splits: None,
-        inflight: None,
     };
     let w = quant(&mut rng, &c, 4);
     let op = LinearW4A16Cuda::new(&dev, &w, DType::F16, 16).unwrap();
@@ -669,7 +652,6 @@ fn bad_inputs_give_typed_errors() {
         stages: None,
         ctas: None,
         splits: None,
-        inflight: None,
     };
     let mut w = quant(&mut rng, &c, 4);
     assert!(matches!(repack(&w, DType::F32), Err(Error::Invalid { .. })));
@@ -750,7 +732,6 @@ fn int8_layout() {
             stages: None,
             ctas: None,
             splits,
-            inflight: None,
         };
         check_case_bits::<f16>(&dev, &mut rng, &case, 8);
     }

@@ -20,8 +20,7 @@
 //! (`lowbit_2sm`) CTAs per SM; `LOWBIT_BENCH_CTAS=66,88` with exactly that many CTAs (`lowbit_c66`, ...),
 //! `LOWBIT_BENCH_STAGES=3,4` with that pipeline depth (`lowbit_s3`, ...), `LOWBIT_BENCH_SPLITS=1,8` with cluster
 //! split-K forced to that split count, 1 being stream-K (`lowbit_k1`, ...); `LOWBIT_BENCH_NO_PDL=1` with the decode
-//! kernel launched without programmatic dependent launch (`lowbit_nopdl`); `LOWBIT_BENCH_DEPTH=5:3` with a ring of
-//! 5 stages of which at most 3 are in flight outside the prefetch and the last units (`lowbit_d5_3`, ...). Each also gets a graph record (`_graph`).
+//! kernel launched without programmatic dependent launch (`lowbit_nopdl`). Each also gets a graph record (`_graph`).
 //! `LOWBIT_BENCH_NO_PDL=1` also times the GEMM without it (`lowbit_gemm_nopdl`, M >= 64 on sm_90), and
 //! `LOWBIT_BENCH_STREAM=1` the GEMM with STREAM-K wherever its tiles allow it (`lowbit_gemm_stream`, M <= 1024),
 //! `LOWBIT_BENCH_GEMM_STAGES=3,4` with at most that many pipeline stages in its 16- and 64-token tiles
@@ -140,28 +139,6 @@ pub fn run(args: &BenchArgs, sink: &mut Sink) -> Result<()> {
                 },
             };
             variants.push((format!("lowbit_{prefix}{value}"), tuning));
-        }
-    }
-    // The decode kernel's ring depth and THROTTLE: `stages:inflight` pairs (`lowbit_d5_3`, ...).
-    if let Ok(list) = std::env::var("LOWBIT_BENCH_DEPTH") {
-        for item in list.split(',').filter(|s| !s.trim().is_empty()) {
-            let parsed = item
-                .split_once(':')
-                .and_then(|(a, b)| Some((a.trim().parse::<usize>().ok()?, b.trim().parse::<usize>().ok()?)))
-                .filter(|&(stages, inflight)| (2..=8).contains(&stages) && (1..=stages).contains(&inflight));
-            let Some((stages, inflight)) = parsed else {
-                return Err(Error::invalid(
-                    "LOWBIT_BENCH_DEPTH",
-                    item,
-                    "must be comma-separated stages:inflight pairs, 2 <= stages <= 8, 1 <= inflight <= stages",
-                ));
-            };
-            let tuning = Tuning {
-                stages: Some(stages),
-                inflight: Some(inflight),
-                ..Tuning::default()
-            };
-            variants.push((format!("lowbit_d{stages}_{inflight}"), tuning));
         }
     }
     let count: usize = problems.iter().map(|(_, ms)| ms.len()).sum();

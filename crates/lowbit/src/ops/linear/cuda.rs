@@ -818,7 +818,7 @@ struct KernelArgs {
     trace: u64,
 }
 
-/// `lowbit::w4a16::Shape` in the kernel, in field order (12 ints, 2 int64, the clamp flag and bounds).
+/// `lowbit::w4a16::Shape` in the kernel, in field order (11 ints, padding, 2 int64, the clamp flag and bounds).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 struct KernelShape {
@@ -832,7 +832,6 @@ struct KernelShape {
     ctas: i32,
     group_shift: i32,
     splits: i32,
-    inflight: i32,
     cluster: i32,
     x_stride: i64,
     y_stride: i64,
@@ -868,8 +867,6 @@ pub struct Tuning {
     /// Whether to launch as the programmatic dependent of the stream's previous kernel (sm_90; default: when the
     /// grid covers at least 95% of the SMs).
     pub dependent_launch: Option<bool>,
-    /// The TMA producer's THROTTLE: at most this many stages in flight outside the prefetch and the last units.
-    pub inflight: Option<usize>,
 }
 
 /// The split count of cluster split-K for a weight of `n_tiles` x `k_tiles` units of `code_bits`-bit codes on `sms`
@@ -1084,8 +1081,6 @@ pub struct LinearW4A16Cuda {
     ctas: usize,
     weight: Arc<DeviceW4>,
     counters: CudaSlice<u32>,
-    /// The TMA producer's THROTTLE: stages in flight outside the prefetch and the last units (`None`: all).
-    inflight: Option<usize>,
     /// Loaded kernels by token tiles, each with whether it runs as clusters (split-K only: all of a launch's
     /// clusters fit on the GPU at once) or reduces the same splits through global memory.
     kernels: Vec<(Variant, CudaFunction, bool)>,
@@ -1232,7 +1227,6 @@ impl LinearW4A16Cuda {
             ctas,
             weight,
             counters,
-            inflight: tuning.inflight,
             kernels,
             stage_x,
             plan,
@@ -1406,7 +1400,6 @@ impl LinearW4A16Cuda {
                 -1
             },
             splits: self.splits as i32,
-            inflight: self.inflight.map_or(variant.stages, |d| d.clamp(1, variant.stages)) as i32,
             cluster: i32::from(*cluster),
             x_stride: x_stride as i64,
             y_stride: y_stride as i64,
