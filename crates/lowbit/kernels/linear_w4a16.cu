@@ -43,9 +43,9 @@
 //   Without the attribute (older GPUs, graphs that do not keep it) the wait returns at once.
 //
 // * PIPELINE. Each unit is one shared-memory stage (weights, the x rows, the scale and zero rows it touches).
-//   M <= 32 on sm_90 (LB_TMA): a ninth "producer" warp fills stages with TMA bulk copies (one cp.async.bulk for the
-//   16 KB unit, one for the scale rows, one for the zero rows, one per x row), each stage guarded by a "full"
-//   mbarrier (expect_tx bytes) and an "empty" one (all consumer threads arrive after reading), so the mma warps
+//   M <= 32 on sm_90 (LB_TMA): a ninth "producer" warp fills stages with TMA copies (one cp.async.bulk for the 16 KB
+//   unit, one for the scale rows, one for the zero rows, one 2D tensor copy for the x rows), each stage guarded by a
+//   "full" mbarrier (expect_tx bytes) and an "empty" one (all consumer threads arrive after reading), so the mma warps
 //   spend no instructions on address math and never meet at a CTA barrier. M = 64, and every M before sm_90,
 //   uses cp.async by every thread with one __syncthreads per stage (M = 64: its 8 warps use ~230 registers; a
 //   ninth warp would cap them at 224).
@@ -145,7 +145,10 @@ struct Linear {
     // Zero codes (or offsets) of one group row.
     static constexpr int Z_ROW_BYTES = OFFSETS ? N_CTA * 2 : HAS_ZEROS ? N_CTA * WBITS / 8 : 0;
     static constexpr int Z_BYTES = GROUP_ROWS * Z_ROW_BYTES;
-    static constexpr int STAGE_BYTES = W_BYTES + X_BYTES + S_BYTES + Z_BYTES;
+    // Rounded up to 128 bytes: the x rows of every stage (after the weights, a multiple of 128) are the destination
+    // of a TMA tensor copy, which needs a 128-byte aligned address.
+    static constexpr int STAGE_BYTES = (W_BYTES + X_BYTES + S_BYTES + Z_BYTES + 127) / 128 * 128;
+    static_assert(W_BYTES % 128 == 0, "the x rows of a stage must stay 128-byte aligned");
     // fp32 partial sums of one split tile, in accumulator-fragment order (see write_partial).
     static constexpr int SLOT_FLOATS = N_CTA * M_ROWS;
     // Stages, then (TMA) one full and one empty mbarrier per stage, then (RECEIVE) cluster_reduce's area.
@@ -470,7 +473,8 @@ struct Linear {
         const int g_hi = s.group_shift >= 0 ? (k0 + K_TILE - 1) >> s.group_shift : (k0 + K_TILE - 1) / s.group;
         const int rows = g_hi - g_lo + 1;
         const size_t row0 = (size_t)nt * s.GP + g_lo;
-        const u32 bytes = W_BYTES + s.M * (K_TILE * 2) + rows * (N_CTA * 2 + Z_ROW_BYTES);
+        // x: the tensor copy's box, M rows of X_PITCH (the padding columns come from the next unit or are zeros).
+        const u32 bytes = W_BYTES + s.M * (X_PITCH * 2) + rows * (N_CTA * 2 + Z_ROW_BYTES);
         if (lane == 0) {
             mbar_arrive_expect_tx(full, bytes);
             bulk_copy(stage, a.qweight + (size_t)u * (W_BYTES / 16), W_BYTES, full);
@@ -480,30 +484,34 @@ struct Linear {
         }
         __syncwarp();  // expect_tx before the rows' copies (not required, but keeps tx-count non-negative)
     }
-    __device__ static void issue_x(const Args& a, const Shape& s, char* stage, u32 full, int u, int lane) {
-        const int k0 = (u % s.KT) * K_TILE;
-        for (int m = lane; m < s.M; m += 32)
-            bulk_copy(stage + W_BYTES + m * (X_PITCH * 2), a.x + (size_t)m * s.x_stride + k0, K_TILE * 2, full);
+    // The stage's x rows: one 2D tensor copy (box: M rows x X_PITCH columns, landing at the stage's padded row
+    // pitch), where a bulk copy per row cost ~26 ns of the TMA unit per row and unit (H200, 8192 x 28672: the decode
+    // kernel's time grew by 0.7 us per row from M = 9 to 16).
+    __device__ static void issue_x(const TensorMap* xmap, const Shape& s, char* stage, u32 full, int u, int lane) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        if (lane == 0) tma_load_2d(smem_addr(stage + W_BYTES), xmap, (u % s.KT) * K_TILE, 0, full);
+#endif
     }
 
-    __device__ static void produce(const Args& a, const Shape& s, char* smem, u32 bars, int u_begin, int count,
+    __device__ static void produce(const TensorMap* xmap, const Args& a, const Shape& s, char* smem, u32 bars,
+                                   int u_begin, int count,
                                    int lane) {
         const int early = min(STAGES, count);
         for (int i = 0; i < early; ++i) issue_weights(a, s, smem + i * STAGE_BYTES, bars + i * 8, u_begin + i, lane);
         wait_for_prerequisite_grids();
-        for (int i = 0; i < early; ++i) issue_x(a, s, smem + i * STAGE_BYTES, bars + i * 8, u_begin + i, lane);
+        for (int i = 0; i < early; ++i) issue_x(xmap, s, smem + i * STAGE_BYTES, bars + i * 8, u_begin + i, lane);
         int buf = early % STAGES;
         for (int i = early; i < count; ++i) {
             const u32 full = bars + buf * 8, empty = bars + (STAGES + buf) * 8;
             mbar_wait(empty, ((i / STAGES) - 1) & 1);
             char* stage = smem + buf * STAGE_BYTES;
             issue_weights(a, s, stage, full, u_begin + i, lane);
-            issue_x(a, s, stage, full, u_begin + i, lane);
+            issue_x(xmap, s, stage, full, u_begin + i, lane);
             if (++buf == STAGES) buf = 0;
         }
     }
 
-    __device__ static void run(const Args& a, const Shape& s) {
+    __device__ static void run(const TensorMap* xmap, const Args& a, const Shape& s) {
         extern __shared__ __align__(128) char smem[];
         const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
         const int units = s.NT * s.KT;
@@ -534,7 +542,7 @@ struct Linear {
             if (tid == 0) init_pipeline_barriers(bars, STAGES, THREADS);
             __syncthreads();
             if (warp == WARPS) {
-                produce(a, s, smem, bars, u_begin, count, lane);
+                produce(xmap, a, s, smem, bars, u_begin, count, lane);
                 if (s.cluster) {  // cluster_reduce's barriers
                     cluster_sync();
                     if (!RECEIVE) cluster_sync();
@@ -658,8 +666,9 @@ typedef lowbit::w4a16::Linear<lowbit::LB_DTYPE, LB_MT, LB_ZEROS != 0, LB_OFFSETS
     LinearVariant;
 
 extern "C" __global__ void __launch_bounds__(LinearVariant::BLOCK, LB_MIN_BLOCKS)
-    w4a16_linear(LinearVariant::Args args, lowbit::w4a16::Shape shape) {
-    LinearVariant::run(args, shape);
+    w4a16_linear(const __grid_constant__ lowbit::TensorMap xmap, LinearVariant::Args args,
+                 lowbit::w4a16::Shape shape) {
+    LinearVariant::run(&xmap, args, shape);
 }
 
 extern "C" __global__ void w4a16_stage_x(const unsigned short* x, long long x_stride, const unsigned int* perm,

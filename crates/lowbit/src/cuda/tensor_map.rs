@@ -10,6 +10,14 @@ use cudarc::driver::{sys, DeviceRepr};
 #[derive(Clone, Copy)]
 pub(crate) struct TensorMap(sys::CUtensorMap);
 
+impl TensorMap {
+    /// A map that no copy may use: the parameter of a kernel variant that reads no tensor.
+    pub(crate) fn unused() -> TensorMap {
+        // SAFETY: CUtensorMap is plain data; all zeros is a valid (never dereferenced) value.
+        TensorMap(unsafe { std::mem::zeroed() })
+    }
+}
+
 impl std::fmt::Debug for TensorMap {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("TensorMap")

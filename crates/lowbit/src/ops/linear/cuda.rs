@@ -33,7 +33,7 @@ pub mod gemm;
 
 use crate::cuda::checked_buffer as buffer;
 use crate::cuda::{launch_error, CudaDevice, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
-use crate::cuda::{KernelSource, LaunchConfig};
+use crate::cuda::{tensor_map_2d, KernelSource, LaunchConfig, MapElement, TensorMap};
 use crate::dtype::{DType, Float};
 use crate::error::{Error, Result};
 use crate::formats::QuantMatrix;
@@ -739,6 +739,8 @@ impl Variant {
             } else {
                 0
             };
+        // Rounded up to 128 bytes like the kernel's STAGE_BYTES (its x rows are a TMA tensor copy's destination).
+        let stage = stage.next_multiple_of(128);
         self.stages * stage
             + if self.tma { self.stages * 16 } else { 0 }
             + if self.receive { self.slot_floats() * 4 } else { 0 }
@@ -1367,11 +1369,24 @@ impl LinearW4A16Cuda {
         let (qweight, scales, zeros, perm) = self.weight.pointers(stream);
         let direct =
             perm == 0 && x_ptr % 16 == 0 && x_stride % 8 == 0 && p.k % if variant.tma { K_TILE } else { 8 } == 0;
-        let (x_ptr, x_stride) = if direct {
-            (x_ptr, x_stride)
+        let (x_ptr, x_stride, x_cols) = if direct {
+            (x_ptr, x_stride, p.k)
         } else {
             stage_x(stream, &self.stage_x, p, x_ptr, x_stride, perm, ws, m)?;
-            (ws, p.k_pad)
+            (ws, p.k_pad, p.k_pad)
+        };
+        // The TMA producer reads a stage's x rows with one tensor copy: a box of m rows x X_PITCH columns lands at
+        // the stage's padded row pitch (columns past x's are zeros). x's address and row stride are 16-byte
+        // aligned on both paths above, as the map needs.
+        let x_map = if variant.tma {
+            let element = if self.act == DType::Bf16 {
+                MapElement::Bf16
+            } else {
+                MapElement::F16
+            };
+            tensor_map_2d("x", element, x_ptr, (m, x_cols, x_stride), (m, X_PITCH), false)?
+        } else {
+            TensorMap::unused()
         };
 
         let args = KernelArgs {
@@ -1417,9 +1432,10 @@ impl LinearW4A16Cuda {
         };
         // SAFETY: every pointer was checked above to cover what the kernel touches for this shape and m: x rows (K
         // valid columns; the kernel zero-fills past K without reading), y rows (N columns), bias (N), the workspace
-        // (partials of 2 * ctas slots), and the operator's own weight buffers and counters. `params` points at the
-        // two kernel parameters, in order.
-        let mut params: [*mut std::ffi::c_void; 2] = [
+        // (partials of 2 * ctas slots), and the operator's own weight buffers and counters; the TMA variants read x
+        // through the map (m rows, zeros past its columns). `params` points at the three kernel parameters, in order.
+        let mut params: [*mut std::ffi::c_void; 3] = [
+            &x_map as *const TensorMap as *mut _,
             &args as *const KernelArgs as *mut _,
             &shape as *const KernelShape as *mut _,
         ];
