@@ -464,8 +464,8 @@ struct Linear {
     }
 
     // TMA producer (one warp): for each unit, wait until its buffer is free, announce the bytes, issue the copies:
-    // the weight unit and the scale/zero rows as one contiguous copy each (`issue_weights`), x one 256-byte row per
-    // lane (`issue_x`). DEPENDENT LAUNCH: the first stages' weight copies go out before the wait for the previous
+    // the weight unit and the scale/zero rows as one contiguous copy each (`issue_weights`), x's rows as one tensor
+    // copy (`issue_x`); lane 0 issues them all. DEPENDENT LAUNCH: the first stages' weight copies go out before the wait for the previous
     // kernel, x's after it.
     __device__ static void issue_weights(const Args& a, const Shape& s, char* stage, u32 full, int u, int lane) {
         const int nt = u / s.KT, k0 = (u - nt * s.KT) * K_TILE;
@@ -482,7 +482,6 @@ struct Linear {
             if (Z_ROW_BYTES > 0)
                 bulk_copy(stage + W_BYTES + X_BYTES + S_BYTES, a.zeros + row0 * Z_ROW_BYTES, rows * Z_ROW_BYTES, full);
         }
-        __syncwarp();  // expect_tx before the rows' copies (not required, but keeps tx-count non-negative)
     }
     // The stage's x rows: one 2D tensor copy (box: M rows x X_PITCH columns, landing at the stage's padded row
     // pitch), where a bulk copy per row cost ~26 ns of the TMA unit per row and unit (H200, 8192 x 28672: the decode
@@ -494,8 +493,7 @@ struct Linear {
     }
 
     __device__ static void produce(const TensorMap* xmap, const Args& a, const Shape& s, char* smem, u32 bars,
-                                   int u_begin, int count,
-                                   int lane) {
+                                   int u_begin, int count, int lane) {
         const int early = min(STAGES, count);
         for (int i = 0; i < early; ++i) issue_weights(a, s, smem + i * STAGE_BYTES, bars + i * 8, u_begin + i, lane);
         wait_for_prerequisite_grids();

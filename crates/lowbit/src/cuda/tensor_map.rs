@@ -2,6 +2,7 @@
 //! instruction. The host encodes the map once per (buffer, shape) and passes it by value as a `__grid_constant__`
 //! kernel parameter (`TensorMap` in `kernels/common.cuh`).
 
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 use cudarc::driver::{sys, DeviceRepr};
 
@@ -41,6 +42,15 @@ pub(crate) enum MapElement {
 }
 
 impl MapElement {
+    /// The element of a 16-bit activation matrix: bf16 for [`DType::Bf16`], fp16 otherwise.
+    pub(crate) fn activation(dtype: DType) -> MapElement {
+        if dtype == DType::Bf16 {
+            MapElement::Bf16
+        } else {
+            MapElement::F16
+        }
+    }
+
     fn bytes(self) -> usize {
         match self {
             MapElement::U8 => 1,

@@ -1379,11 +1379,7 @@ impl LinearW4A16Cuda {
         // the stage's padded row pitch (columns past x's are zeros). x's address and row stride are 16-byte
         // aligned on both paths above, as the map needs.
         let x_map = if variant.tma {
-            let element = if self.act == DType::Bf16 {
-                MapElement::Bf16
-            } else {
-                MapElement::F16
-            };
+            let element = MapElement::activation(self.act);
             tensor_map_2d("x", element, x_ptr, (m, x_cols, x_stride), (m, X_PITCH), false)?
         } else {
             TensorMap::unused()

@@ -907,11 +907,7 @@ impl LinearW4A16Gemm {
         let p = &self.weight.plan;
         let kernel = self.kernel(m);
         let bm = kernel.variant.bm();
-        let element = if self.weight.act == DType::Bf16 {
-            MapElement::Bf16
-        } else {
-            MapElement::F16
-        };
+        let element = MapElement::activation(self.weight.act);
         // Boxes of 64 columns: one 128-byte swizzled row of 16-bit values.
         let xmap = tensor_map_2d("x", element, x, (m, x_cols, x_stride), (bm, 64), true)?;
         let m_tiles = m.div_ceil(bm);
