@@ -831,7 +831,7 @@ __device__ __forceinline__ u64 smem_desc_sw128(u32 addr) {
 
 // D[64 x N] (+)= A[64 x 16] * B[16 x N], fp32 accumulators, A from registers (this warp's 16 rows as an
 // m16n8k16-style A fragment), B a K-major shared-memory tile by descriptor; accumulate = 0 ignores D's old value.
-// T: F16 or BF16; N: 16, 64 or 128 (one macro per shape: the operand lists differ in length).
+// T: F16 or BF16; N: 8, 16, 32, 64 or 128 (one macro per shape: the operand lists differ in length).
 // Accumulator d[4j + e] of a thread (warp w, lane = 4g + t): row 16w + g + 8(e / 2), column 8j + 2t + e % 2.
 template <class T, int N>
 __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], uint4 a, u64 desc, int accumulate);
@@ -866,12 +866,39 @@ __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], uint4 a, u64 des
                      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]) \
                      : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "l"(desc), "r"(accumulate));                    \
     }
+// N = 8 and 32: the decode kernel's token tiles of M <= 8 and M <= 32 (linear_w4a16.cu, WGMMA).
+#define LB_WGMMA_M64N8K16_RS(T, TYPE)                                                                  \
+    template <>                                                                                           \
+    __device__ __forceinline__ void wgmma_m64k16<T, 8>(float(&d)[4], uint4 a, u64 desc, int accumulate) {  \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"                                              \
+                     "wgmma.mma_async.sync.aligned.m64n8k16.f32." TYPE "." TYPE " "                          \
+                     "{%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1, 0;\n}\n"          \
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) \
+                     : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "l"(desc), "r"(accumulate));                    \
+    }
+#define LB_WGMMA_M64N32K16_RS(T, TYPE)                                                                  \
+    template <>                                                                                           \
+    __device__ __forceinline__ void wgmma_m64k16<T, 32>(float(&d)[16], uint4 a, u64 desc, int accumulate) {  \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"                                              \
+                     "wgmma.mma_async.sync.aligned.m64n32k16.f32." TYPE "." TYPE " "                          \
+                     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "              \
+                     "{%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"                                          \
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+                       "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]) \
+                     : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "l"(desc), "r"(accumulate));                    \
+    }
+LB_WGMMA_M64N8K16_RS(F16, "f16")
+LB_WGMMA_M64N8K16_RS(BF16, "bf16")
+LB_WGMMA_M64N32K16_RS(F16, "f16")
+LB_WGMMA_M64N32K16_RS(BF16, "bf16")
 LB_WGMMA_M64N16K16_RS(F16, "f16")
 LB_WGMMA_M64N16K16_RS(BF16, "bf16")
 LB_WGMMA_M64N64K16_RS(F16, "f16")
 LB_WGMMA_M64N64K16_RS(BF16, "bf16")
 LB_WGMMA_M64N128K16_RS(F16, "f16")
 LB_WGMMA_M64N128K16_RS(BF16, "bf16")
+#undef LB_WGMMA_M64N8K16_RS
+#undef LB_WGMMA_M64N32K16_RS
 #undef LB_WGMMA_M64N16K16_RS
 #undef LB_WGMMA_M64N64K16_RS
 #undef LB_WGMMA_M64N128K16_RS

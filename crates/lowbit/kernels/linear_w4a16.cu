@@ -129,31 +129,37 @@ __device__ __forceinline__ float finish(const Shape& s, float v) {
 // OFFSETS: each weight is (q - midpoint)·s + o with a real per-group offset o (a convolution's per-block weights,
 // routed here at batch 1: see OFFSETS below); the zero rows of a stage then hold the offsets, in T like the scales.
 template <class T, int MT, bool HAS_ZEROS, bool OFFSETS, int WARPS, int STAGES, bool TMA, bool UNIT_GROUPS,
-          bool RECEIVE, int WBITS>
+          bool RECEIVE, int WBITS, bool WGMMA>
 struct Linear {
     static_assert(WBITS == 4 || (WBITS == 8 && T::MAGIC == F16::MAGIC), "int8 codes: fp16 activations only");
     static_assert(!OFFSETS || (!HAS_ZEROS && MT <= 2), "offsets: symmetric codes, M <= 16");
+    static_assert(!WGMMA || (TMA && !OFFSETS && MT <= 4 && WARPS % 4 == 0),
+                  "wgmma: the TMA pipeline, no offsets, M <= 32, whole warpgroups");
     static constexpr int THREADS = WARPS * 32;           // consumer (mma) threads
     static constexpr int BLOCK = THREADS + (TMA ? 32 : 0);  // + one producer warp issuing the TMA copies
     static constexpr int N_CTA = WARPS * WARP_N;
     static constexpr int M_ROWS = MT * 8;
     // Bytes of one stage: weights, x rows, scale rows, zero rows (each a multiple of 16).
     static constexpr int W_BYTES = N_CTA * K_TILE * WBITS / 8;
-    static constexpr int X_BYTES = M_ROWS * X_PITCH * 2;
+    // x rows: at the padded pitch for ldmatrix, or (WGMMA) as two 64-k boxes of M_ROWS rows in the 128-byte swizzle.
+    static constexpr int X_BYTES = WGMMA ? M_ROWS * K_TILE * 2 : M_ROWS * X_PITCH * 2;
     static constexpr int GROUP_ROWS = UNIT_GROUPS ? 1 : MAX_GROUP_ROWS;  // scale/zero rows per stage
     static constexpr int S_BYTES = GROUP_ROWS * N_CTA * 2;
     // Zero codes (or offsets) of one group row.
     static constexpr int Z_ROW_BYTES = OFFSETS ? N_CTA * 2 : HAS_ZEROS ? N_CTA * WBITS / 8 : 0;
     static constexpr int Z_BYTES = GROUP_ROWS * Z_ROW_BYTES;
-    // Rounded up to 128 bytes: the x rows of every stage (after the weights, a multiple of 128) are the destination
-    // of a TMA tensor copy, which needs a 128-byte aligned address.
-    static constexpr int STAGE_BYTES = (W_BYTES + X_BYTES + S_BYTES + Z_BYTES + 127) / 128 * 128;
-    static_assert(W_BYTES % 128 == 0, "the x rows of a stage must stay 128-byte aligned");
+    // Rounded up to 128 bytes: the x rows of every stage (after the weights) are the destination of a TMA tensor
+    // copy, which needs a 128-byte aligned address; to 1024 bytes in the 128-byte swizzle (WGMMA), whose pattern
+    // the copy and wgmma's descriptor both derive from the address.
+    static constexpr int STAGE_ALIGN = WGMMA ? 1024 : 128;
+    static constexpr int STAGE_BYTES = (W_BYTES + X_BYTES + S_BYTES + Z_BYTES + STAGE_ALIGN - 1) / STAGE_ALIGN * STAGE_ALIGN;
+    static_assert(W_BYTES % STAGE_ALIGN == 0, "the x rows of a stage must stay aligned");
     // fp32 partial sums of one split tile, in accumulator-fragment order (see write_partial).
     static constexpr int SLOT_FLOATS = N_CTA * M_ROWS;
     // Stages, then (TMA) one full and one empty mbarrier per stage, then (RECEIVE) cluster_reduce's area.
     static constexpr int RECEIVE_OFFSET = STAGES * STAGE_BYTES + (TMA ? STAGES * 16 : 0);
-    static constexpr int SMEM_BYTES = RECEIVE_OFFSET + (RECEIVE ? SLOT_FLOATS * 4 : 0);
+    // WGMMA: + 1 KB of slack to align the stages' base to 1024 bytes.
+    static constexpr int SMEM_BYTES = RECEIVE_OFFSET + (RECEIVE ? SLOT_FLOATS * 4 : 0) + (WGMMA ? 1024 : 0);
 
     struct Args {
         const uint4* qweight;  // repacked codes, W_BYTES per unit, units in (n_tile, k_tile) order
@@ -260,19 +266,103 @@ struct Linear {
 
     // One unit: 8 k16 steps x 2 tiles x MT token tiles of mma on (q - z), into per-group accumulators that are
     // scaled into `acc` at each group end and at the unit's end (UNIT_GROUPS: the whole unit is group row 0).
-    __device__ static __forceinline__ void compute_stage(u32 stage, const Shape& s, int kt, int warp, int lane,
-                                                         float (&acc)[2][MT][4]) {
-        const u32 ws = stage + warp * (W_BYTES / WARPS) + lane * 16;
-        // Row lane % 8 of a token tile at k offset 8 * (lane / 8) (x4: the four 8x8 matrices of a 32-k chunk).
-        const u32 xs = stage + W_BYTES + ((lane & 7) * X_PITCH + (lane >> 3) * 8) * 2;
-        // Bit j set: a group starts at k16 step j of this unit (j >= 1). The group row of step j is then the
-        // number of bits set up to j, so no counter stays live across the steps.
+    // Bit j set: a group starts at k16 step j of unit kt (j >= 1). The group row of step j is then the number of
+    // bits set up to j, so no counter stays live across the steps.
+    __device__ static __forceinline__ u32 group_starts(const Shape& s, int kt) {
         u32 starts = 0;
         if (!UNIT_GROUPS) {
             const int k0 = kt * K_TILE;
             const int g_lo = s.group_shift >= 0 ? k0 >> s.group_shift : k0 / s.group;
             for (int j = ((g_lo + 1) * s.group - k0) >> 4; j < K_TILE / 16; j += s.group >> 4) starts |= 1u << j;
         }
+        return starts;
+    }
+
+    // Tile t's A fragment (q - z) of k16 step ks of a 32-k chunk whose 16 bytes are wq (8-bit codes: wq, wq1).
+    // 4-bit codes: words step 0 tile 0, tile 1, step 1 tile 0, tile 1; 8-bit codes (INT8 CODES of
+    // linear_w4a16_gemm.cu): 16 bytes per step, words 2t and 2t + 1 of tile t.
+    __device__ static __forceinline__ uint4 fragment(const uint4& wq, const uint4& wq1, int ks, int t,
+                                                     const GroupTerms& gt) {
+        if (WBITS == 8) {
+            const uint4 w8 = ks == 0 ? wq : wq1;
+            return FragmentOps<F16>::dequant8(t == 0 ? w8.x : w8.z, t == 0 ? w8.y : w8.w, gt.lo[t], gt.hi[t]);
+        }
+        const u32 word = ks == 0 ? (t == 0 ? wq.x : wq.y) : (t == 0 ? wq.z : wq.w);
+        return FragmentOps<T>::dequant(word, gt.lo[t], gt.hi[t]);
+    }
+
+    __device__ static __forceinline__ void fence_group_sums(float (&acc_g)[2][MT][4]) {
+#pragma unroll
+        for (int t = 0; t < 2; ++t)
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) wgmma_fence_operand(acc_g[t][mt][i]);
+    }
+
+    // WGMMA: the unit's 8 k16 steps as wgmma.m64n(8 MT)k16, A = this warp's fragment of a tile (the warpgroup's four
+    // warps are its 64 rows), B = the stage's x boxes by descriptor. One instruction per tile and step whatever M,
+    // and no x fragments in registers: at M = 9..16 the mma.sync path issues twice the mmas of M <= 8 and costs
+    // ~5 us more on 8192 x 28672 (H200), the tensor work it adds. A step's fragments sit in one of two buffers
+    // until its group retires (wait<1> after the next commit); the group sums are read only after wait<0>. The
+    // same products and the same per-group fp32 sums as compute_stage.
+    __device__ static __forceinline__ void compute_stage_wgmma(u32 stage, const Shape& s, int kt, int warp, int lane,
+                                                               float (&acc)[2][MT][4]) {
+        const u32 ws = stage + warp * (W_BYTES / WARPS) + lane * 16;
+        const u64 x_desc = smem_desc_sw128(stage + W_BYTES);
+        const u32 starts = group_starts(s, kt);
+        GroupTerms gt = load_group(stage, 0, warp, lane);
+        float acc_g[2][MT][4];
+        uint4 frag[2][2];  // [step % 2][tile]
+#pragma unroll
+        for (int kc = 0; kc < 4; ++kc) {
+            const uint4 wq = lds128(ws + kc * (WBITS == 8 ? 1024 : 512));
+            const uint4 wq1 = WBITS == 8 ? lds128(ws + kc * 1024 + 512) : wq;
+#pragma unroll
+            for (int ks = 0; ks < 2; ++ks) {
+                const int step = kc * 2 + ks;
+                bool first = step == 0;  // the group's first product overwrites its sums
+                if (!UNIT_GROUPS && (starts >> step) & 1) {  // warp-uniform: a group starts here
+                    wgmma_wait<0>();
+                    fence_group_sums(acc_g);
+                    apply_scales(acc, acc_g, gt, 0);
+                    gt = load_group(stage, __popc(starts & ((2u << step) - 1)), warp, lane);
+                    first = true;
+                }
+#pragma unroll
+                for (int t = 0; t < 2; ++t) {
+                    frag[ks][t] = fragment(wq, wq1, ks, t, gt);
+                    wgmma_fence_operand(frag[ks][t].x), wgmma_fence_operand(frag[ks][t].y);
+                    wgmma_fence_operand(frag[ks][t].z), wgmma_fence_operand(frag[ks][t].w);
+                }
+                // Step j reads k [16 j, 16 j + 16): box j / 4, 32 bytes per step inside its 128-byte rows (the
+                // descriptor's address field counts 16-byte units).
+                const u64 desc = x_desc + (((step >> 2) * (M_ROWS * 128) + (step & 3) * 32) >> 4);
+                fence_group_sums(acc_g);
+                wgmma_fence();
+#pragma unroll
+                for (int t = 0; t < 2; ++t)
+                    wgmma_m64k16<T, MT * 8>(reinterpret_cast<float(&)[MT * 4]>(acc_g[t]), frag[ks][t], desc, !first);
+                wgmma_commit();
+                fence_group_sums(acc_g);
+                wgmma_wait<1>();
+            }
+        }
+        wgmma_wait<0>();
+        fence_group_sums(acc_g);
+        apply_scales(acc, acc_g, gt, 0);
+    }
+
+    __device__ static __forceinline__ void compute_stage(u32 stage, const Shape& s, int kt, int warp, int lane,
+                                                         float (&acc)[2][MT][4]) {
+        if constexpr (WGMMA) {
+            compute_stage_wgmma(stage, s, kt, warp, lane, acc);
+            return;
+        }
+        const u32 ws = stage + warp * (W_BYTES / WARPS) + lane * 16;
+        // Row lane % 8 of a token tile at k offset 8 * (lane / 8) (x4: the four 8x8 matrices of a 32-k chunk).
+        const u32 xs = stage + W_BYTES + ((lane & 7) * X_PITCH + (lane >> 3) * 8) * 2;
+        const u32 starts = group_starts(s, kt);
         // OFFSETS: the group's sums of x per token, by one more mma per k16 step with an all-ones A fragment.
         const uint4 ones = make_uint4(T::ONE, T::ONE, T::ONE, T::ONE);
         float xs_g[MT][4], off[2][2];
@@ -283,8 +373,7 @@ struct Linear {
             float acc_g[T_PER_PASS][MT][4];
 #pragma unroll
             for (int kc = 0; kc < 4; ++kc) {
-                // 4-bit codes: the chunk's 16 bytes (words: step 0 tile 0, tile 1, step 1 tile 0, tile 1); 8-bit
-                // codes (INT8 CODES of linear_w4a16_gemm.cu): 16 bytes per step, words 2t and 2t + 1 of tile t.
+                // The chunk's 16 bytes (8-bit codes: 32; see `fragment`).
                 const uint4 wq = lds128(ws + kc * (WBITS == 8 ? 1024 : 512));
                 const uint4 wq1 = WBITS == 8 ? lds128(ws + kc * 1024 + 512) : wq;
                 // B fragments of tokens mt*8..mt*8+7 for both k16 steps of this 32-k chunk: lanes 0-7 address
@@ -335,12 +424,7 @@ struct Linear {
 #pragma unroll
                     for (int tt = 0; tt < T_PER_PASS; ++tt) {
                         const int t = pass * T_PER_PASS + tt;
-                        const u32 word = ks == 0 ? (t == 0 ? wq.x : wq.y) : (t == 0 ? wq.z : wq.w);
-                        const uint4 w8 = ks == 0 ? wq : wq1;
-                        const uint4 frag =
-                            WBITS == 8 ? FragmentOps<F16>::dequant8(t == 0 ? w8.x : w8.z, t == 0 ? w8.y : w8.w,
-                                                                    gt.lo[t], gt.hi[t])
-                                       : FragmentOps<T>::dequant(word, gt.lo[t], gt.hi[t]);
+                        const uint4 frag = fragment(wq, wq1, ks, t, gt);
 #pragma unroll
                         for (int mt = 0; mt < MT; ++mt) {
                             if (step == 0)
@@ -473,8 +557,10 @@ struct Linear {
         const int g_hi = s.group_shift >= 0 ? (k0 + K_TILE - 1) >> s.group_shift : (k0 + K_TILE - 1) / s.group;
         const int rows = g_hi - g_lo + 1;
         const size_t row0 = (size_t)nt * s.GP + g_lo;
-        // x: the tensor copy's box, M rows of X_PITCH (the padding columns come from the next unit or are zeros).
-        const u32 bytes = W_BYTES + s.M * (X_PITCH * 2) + rows * (N_CTA * 2 + Z_ROW_BYTES);
+        // x: the tensor copy's box, M rows of X_PITCH (the padding columns come from the next unit or are zeros);
+        // WGMMA: two boxes of M_ROWS rows, those past M filled with zeros by the copy.
+        const u32 x_bytes = WGMMA ? X_BYTES : s.M * (X_PITCH * 2);
+        const u32 bytes = W_BYTES + x_bytes + rows * (N_CTA * 2 + Z_ROW_BYTES);
         if (lane == 0) {
             mbar_arrive_expect_tx(full, bytes);
             bulk_copy(stage, a.qweight + (size_t)u * (W_BYTES / 16), W_BYTES, full);
@@ -488,7 +574,12 @@ struct Linear {
     // kernel's time grew by 0.7 us per row from M = 9 to 16).
     __device__ static void issue_x(const TensorMap* xmap, const Shape& s, char* stage, u32 full, int u, int lane) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        if (lane == 0) tma_load_2d(smem_addr(stage + W_BYTES), xmap, (u % s.KT) * K_TILE, 0, full);
+        if (lane == 0) {
+            const int k0 = (u % s.KT) * K_TILE;
+            tma_load_2d(smem_addr(stage + W_BYTES), xmap, k0, 0, full);
+            // WGMMA: box b holds k0 + 64 b .. + 63, M_ROWS rows of 128 bytes.
+            if (WGMMA) tma_load_2d(smem_addr(stage + W_BYTES + M_ROWS * 128), xmap, k0 + K_TILE / 2, 0, full);
+        }
 #endif
     }
 
@@ -510,7 +601,8 @@ struct Linear {
     }
 
     __device__ static void run(const TensorMap* xmap, const Args& a, const Shape& s) {
-        extern __shared__ __align__(128) char smem[];
+        extern __shared__ __align__(128) char smem_raw[];
+        char* smem = smem_raw + (WGMMA ? (1024 - (smem_addr(smem_raw) & 1023)) & 1023 : 0);
         const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
         const int units = s.NT * s.KT;
         int u_begin, count;
@@ -527,8 +619,9 @@ struct Linear {
         trace_stamp(a.trace, TRACE_ENTRY);
         allow_dependent_launch();  // DEPENDENT LAUNCH: the next kernel may take SMs as this one's CTAs exit
 
-        // x rows M..M_ROWS-1 are never loaded: zero them once so the unused mma columns see finite values.
-        if (s.M < M_ROWS) {
+        // x rows M..M_ROWS-1 are never loaded: zero them once so the unused mma columns see finite values (WGMMA:
+        // the tensor copies write them as zeros).
+        if (!WGMMA && s.M < M_ROWS) {
             const int per_stage = (M_ROWS - s.M) * (X_PITCH / 8);
             for (int i = tid; i < STAGES * per_stage; i += BLOCK) {
                 const int st = i / per_stage, r = i - st * per_stage;
@@ -655,12 +748,15 @@ struct Linear {
 #ifndef LB_OFFSETS
 #define LB_OFFSETS 0
 #endif
+#ifndef LB_WGMMA
+#define LB_WGMMA 0
+#endif
 #if LB_TMA && __CUDA_ARCH__ < 900
 #error "the TMA pipeline (LB_TMA) needs sm_90: select LB_TMA 0 for older GPUs"
 #endif
 
 typedef lowbit::w4a16::Linear<lowbit::LB_DTYPE, LB_MT, LB_ZEROS != 0, LB_OFFSETS != 0, LB_WARPS, LB_STAGES,
-                              LB_TMA != 0, LB_UNIT_GROUPS != 0, LB_RECEIVE != 0, LB_WBITS>
+                              LB_TMA != 0, LB_UNIT_GROUPS != 0, LB_RECEIVE != 0, LB_WBITS, LB_WGMMA != 0>
     LinearVariant;
 
 extern "C" __global__ void __launch_bounds__(LinearVariant::BLOCK, LB_MIN_BLOCKS)

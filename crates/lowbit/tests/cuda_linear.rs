@@ -52,6 +52,8 @@ struct Case {
     ctas: Option<usize>,
     /// Cluster split-K's split count override (1 = stream-K); `None` = the per-shape default.
     splits: Option<usize>,
+    /// wgmma (true) or mma.sync (false) forced where a variant can take either; `None` = the default.
+    wgmma: Option<bool>,
 }
 
 /// A random weight of `bits`-bit codes (and zeros) for case `c`.
@@ -228,6 +230,7 @@ fn check_case_bits<T: Float + DeviceRepr>(dev: &CudaDevice, rng: &mut Rng, c: &C
         stages: c.stages,
         ctas: c.ctas,
         splits: c.splits,
+        wgmma: c.wgmma,
         ..Tuning::default()
     };
     let packed = if bits == 8 {
@@ -237,7 +240,7 @@ fn check_case_bits<T: Float + DeviceRepr>(dev: &CudaDevice, rng: &mut Rng, c: &C
     };
     let op = LinearW4A16Cuda::with_tuning(dev, &packed.unwrap(), 64, tuning).unwrap();
     let label = format!(
-        "W{bits} N={} K={} G={} {} zeros={} act_order={} bias={} {:?} stages={:?} (n_cta {}, {} CTAs, splits {})",
+        "W{bits} N={} K={} G={} {} zeros={} act_order={} bias={} {:?} stages={:?} wgmma={:?} (n_cta {}, {} CTAs, splits {})",
         c.n,
         c.k,
         c.group,
@@ -247,6 +250,7 @@ fn check_case_bits<T: Float + DeviceRepr>(dev: &CudaDevice, rng: &mut Rng, c: &C
         c.bias,
         c.data,
         c.stages,
+        c.wgmma,
         op.plan().n_cta,
         op.ctas(),
         op.splits()
@@ -336,6 +340,7 @@ fn matches_reference_across_shapes_and_batches() {
                     stages: None,
                     ctas: None,
                     splits: None,
+                    wgmma: None,
                 };
                 dispatch(&dev, &mut rng, &case);
             }
@@ -366,6 +371,7 @@ fn exact_integer_mode_is_bit_exact() {
             stages: None,
             ctas: None,
             splits: None,
+            wgmma: None,
         };
         dispatch(&dev, &mut rng, &case);
     }
@@ -398,6 +404,7 @@ fn groups_not_aligned_to_units() {
             stages: None,
             ctas: None,
             splits: None,
+            wgmma: None,
         };
         dispatch(&dev, &mut rng, &case);
     }
@@ -427,6 +434,7 @@ fn pipeline_depths() {
                 stages: Some(stages),
                 ctas: Some(7),
                 splits: None,
+                wgmma: None,
             };
             dispatch(&dev, &mut rng, &case);
         }
@@ -530,6 +538,7 @@ fn cluster_split_k() {
             stages: None,
             ctas: None,
             splits,
+            wgmma: None,
         };
         dispatch(&dev, &mut rng, &case);
     }
@@ -556,6 +565,7 @@ fn back_to_back_launches_see_each_others_writes() {
         stages: None,
         ctas: None,
         splits: None,
+        wgmma: None,
     };
     // A: 2048 -> 4096 (cluster split-K on an H200), B: 4096 -> 2048 (stream-K with the global fix-up).
     let (a, b) = (case(4096, 2048), case(2048, 4096));
@@ -589,6 +599,7 @@ fn strided_and_unaligned_activation_rows() {
         stages: None,
         ctas: None,
         splits: None,
+        wgmma: None,
     };
     let w = quant(&mut rng, &c, 4);
     let op = LinearW4A16Cuda::new(&dev, &w, DType::F16, 16).unwrap();
@@ -652,6 +663,7 @@ fn bad_inputs_give_typed_errors() {
         stages: None,
         ctas: None,
         splits: None,
+        wgmma: None,
     };
     let mut w = quant(&mut rng, &c, 4);
     assert!(matches!(repack(&w, DType::F32), Err(Error::Invalid { .. })));
@@ -732,7 +744,106 @@ fn int8_layout() {
             stages: None,
             ctas: None,
             splits,
+            wgmma: None,
         };
         check_case_bits::<f16>(&dev, &mut rng, &case, 8);
+    }
+}
+
+/// The mma warps' two instruction sets (sm_90: wgmma with x from shared memory, or mma.sync with x fragments from
+/// ldmatrix), each forced: stream-K and cluster split-K, one and two CTAs per SM, groups inside units, act-order,
+/// bf16, int8 codes, a short ring that wraps. check_case compares every M (the wgmma variants serve M <= 32) with
+/// the 64-row call, which is mma.sync either way: the two must give the same bits.
+#[test]
+fn wgmma_and_mma_sync_agree() {
+    let Some(dev) = device() else { return };
+    if dev.info().compute_capability != (9, 0) {
+        println!("skipped: wgmma needs sm_90a");
+        return;
+    }
+    let mut rng = Rng(0x3939_a);
+    for wgmma in [true, false] {
+        for (n, k, group, act, act_order, data, ctas_per_sm, stages, ctas, bits) in [
+            (
+                4096,
+                384,
+                128,
+                DType::F16,
+                true,
+                Data::Random { x_scale: 100.0 },
+                Some(2),
+                None,
+                None,
+                4,
+            ),
+            (
+                256,
+                4160,
+                64,
+                DType::Bf16,
+                false,
+                Data::ExactInteger,
+                None,
+                None,
+                None,
+                4,
+            ),
+            (
+                4096,
+                4096,
+                128,
+                DType::Bf16,
+                false,
+                Data::Random { x_scale: 1.0 },
+                None,
+                None,
+                None,
+                4,
+            ),
+            (
+                1024,
+                4224,
+                32,
+                DType::F16,
+                true,
+                Data::Random { x_scale: 1.0 },
+                Some(2),
+                Some(2),
+                Some(7),
+                4,
+            ),
+            (
+                4096,
+                4096,
+                128,
+                DType::F16,
+                false,
+                Data::ExactInteger,
+                Some(2),
+                None,
+                None,
+                8,
+            ),
+        ] {
+            let case = Case {
+                n,
+                k,
+                group,
+                act,
+                zeros: true,
+                act_order,
+                bias: n % 3 == 1,
+                data,
+                ctas_per_sm,
+                stages,
+                ctas,
+                splits: None,
+                wgmma: Some(wgmma),
+            };
+            match act {
+                DType::Bf16 => check_case_bits::<bf16>(&dev, &mut rng, &case, bits),
+                _ => check_case_bits::<f16>(&dev, &mut rng, &case, bits),
+            }
+        }
     }
 }

@@ -118,6 +118,14 @@ pub fn run(args: &BenchArgs, sink: &mut Sink) -> Result<()> {
         };
         variants.push(("lowbit_nopdl".to_string(), tuning));
     }
+    // LOWBIT_BENCH_WGMMA=0,1: the decode kernel with mma.sync (0) or wgmma (1) forced.
+    for value in list_var("LOWBIT_BENCH_WGMMA")? {
+        let tuning = Tuning {
+            wgmma: Some(value != 0),
+            ..Tuning::default()
+        };
+        variants.push((format!("lowbit_wg{value}"), tuning));
+    }
     for (var, prefix) in [
         ("LOWBIT_BENCH_CTAS", "c"),
         ("LOWBIT_BENCH_STAGES", "s"),

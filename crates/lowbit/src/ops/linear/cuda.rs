@@ -660,6 +660,9 @@ pub struct Variant {
     pub receive: bool,
     /// Bits per weight code: 4, or 8 for the int8 layout of [`repack_int8`] (fp16 only).
     pub wbits: usize,
+    /// The mma warps multiply with wgmma (`m64n{8 mt}k16`, x read from shared memory in the 128-byte swizzle)
+    /// instead of mma.sync (sm_90a, TMA variants without offsets, `mt` <= 4, warps a multiple of 4).
+    pub wgmma: bool,
 }
 
 impl Variant {
@@ -695,6 +698,7 @@ impl Variant {
             unit_groups,
             receive: false,
             wbits: 4,
+            wgmma: false,
         }
     }
 
@@ -704,6 +708,7 @@ impl Variant {
         Variant {
             zeros: false,
             offsets: true,
+            wgmma: false,
             min_blocks: if self.mt >= 2 { 1 } else { self.min_blocks },
             ..self
         }
@@ -729,8 +734,9 @@ impl Variant {
     pub fn smem_bytes(&self) -> usize {
         let n_cta = self.warps * WARP_N;
         let group_rows = if self.unit_groups { 1 } else { MAX_GROUP_ROWS };
+        let x_pitch = if self.wgmma { K_TILE } else { X_PITCH };
         let stage = n_cta * K_TILE * self.wbits / 8
-            + self.mt * 8 * X_PITCH * 2
+            + self.mt * 8 * x_pitch * 2
             + group_rows * n_cta * 2
             + if self.offsets {
                 group_rows * n_cta * 2
@@ -739,11 +745,14 @@ impl Variant {
             } else {
                 0
             };
-        // Rounded up to 128 bytes like the kernel's STAGE_BYTES (its x rows are a TMA tensor copy's destination).
-        let stage = stage.next_multiple_of(128);
+        // Rounded up like the kernel's STAGE_BYTES (its x rows are a TMA tensor copy's destination): to 128 bytes,
+        // or to 1024 in the 128-byte swizzle, with 1 KB of slack to align the base.
+        let align = if self.wgmma { 1024 } else { 128 };
+        let stage = stage.next_multiple_of(align);
         self.stages * stage
             + if self.tma { self.stages * 16 } else { 0 }
             + if self.receive { self.slot_floats() * 4 } else { 0 }
+            + if self.wgmma { 1024 } else { 0 }
     }
 
     /// fp32 elements of one split-tile partial (`Linear::SLOT_FLOATS`).
@@ -753,7 +762,7 @@ impl Variant {
 
     fn name(&self) -> String {
         format!(
-            "linear_w4a16_{}_b{}_m{}_z{}{}_g{}_w{}_s{}_{}{}{}",
+            "linear_w4a16_{}_b{}_m{}_z{}{}_g{}_w{}_s{}_{}{}{}{}",
             self.act.name(),
             self.wbits,
             self.mt,
@@ -764,7 +773,8 @@ impl Variant {
             self.stages,
             if self.tma { "tma" } else { "cpasync" },
             self.min_blocks,
-            if self.receive { "_recv" } else { "" }
+            if self.receive { "_recv" } else { "" },
+            if self.wgmma { "_wgmma" } else { "" }
         )
     }
 
@@ -776,7 +786,7 @@ impl Variant {
                 format!(
                 "#define LB_DTYPE {}\n#define LB_MT {}\n#define LB_ZEROS {}\n#define LB_WARPS {}\n#define LB_STAGES {}\n\
                  #define LB_TMA {}\n#define LB_MIN_BLOCKS {}\n#define LB_UNIT_GROUPS {}\n#define LB_RECEIVE {}\n\
-                 #define LB_WBITS {}\n#define LB_OFFSETS {}\n",
+                 #define LB_WBITS {}\n#define LB_OFFSETS {}\n#define LB_WGMMA {}\n",
                 if self.act == DType::Bf16 { "BF16" } else { "F16" },
                 self.mt,
                 u8::from(self.zeros),
@@ -787,7 +797,8 @@ impl Variant {
                 u8::from(self.unit_groups),
                 u8::from(self.receive),
                 self.wbits,
-                u8::from(self.offsets)
+                u8::from(self.offsets),
+                u8::from(self.wgmma)
             )
             },
             SOURCE,
@@ -869,6 +880,8 @@ pub struct Tuning {
     /// Whether to launch as the programmatic dependent of the stream's previous kernel (sm_90; default: when the
     /// grid covers at least 95% of the SMs).
     pub dependent_launch: Option<bool>,
+    /// Force wgmma (true) or mma.sync (false) in the variants that can take either ([`Variant::wgmma`]).
+    pub wgmma: Option<bool>,
 }
 
 /// The split count of cluster split-K for a weight of `n_tiles` x `k_tiles` units of `code_bits`-bit codes on `sms`
@@ -1197,6 +1210,9 @@ impl LinearW4A16Cuda {
             variant.tma = variant.tma && tma_supported && tuning.tma.unwrap_or(true);
             variant.receive = splits > 1;
             variant.wbits = plan.code_bits;
+            // wgmma is sm_90a's alone, and takes whole warpgroups (tiles of 128 or 256 columns).
+            variant.wgmma =
+                variant.tma && cc.0 == 9 && plan.warps % 4 == 0 && mt <= 4 && tuning.wgmma.unwrap_or(variant.wgmma);
             if weight.offsets.is_some() {
                 variant = variant.with_offsets();
             }
@@ -1378,9 +1394,22 @@ impl LinearW4A16Cuda {
         // The TMA producer reads a stage's x rows with one tensor copy: a box of m rows x X_PITCH columns lands at
         // the stage's padded row pitch (columns past x's are zeros). x's address and row stride are 16-byte
         // aligned on both paths above, as the map needs.
+        // WGMMA: two boxes of 64 columns x the variant's token rows per stage, in the 128-byte swizzle (rows past
+        // m are zeros).
         let x_map = if variant.tma {
             let element = MapElement::activation(self.act);
-            tensor_map_2d("x", element, x_ptr, (m, x_cols, x_stride), (m, X_PITCH), false)?
+            if variant.wgmma {
+                tensor_map_2d(
+                    "x",
+                    element,
+                    x_ptr,
+                    (m, x_cols, x_stride),
+                    (variant.mt * 8, K_TILE / 2),
+                    true,
+                )?
+            } else {
+                tensor_map_2d("x", element, x_ptr, (m, x_cols, x_stride), (m, X_PITCH), false)?
+            }
         } else {
             TensorMap::unused()
         };
@@ -1903,6 +1932,24 @@ mod tests {
                     if ctas_per_sm == 2 && v.tma {
                         cases.push((Variant { receive: true, ..v }, "sm_90a")); // cluster split-K
                     }
+                    if v.tma && mt <= 4 && warps % 4 == 0 {
+                        // wgmma in place of mma.sync, and its int8 layout.
+                        for wv in [
+                            Variant { wgmma: !v.wgmma, ..v },
+                            Variant {
+                                wgmma: !v.wgmma,
+                                receive: true,
+                                ..v
+                            },
+                        ] {
+                            cases.push((wv, "sm_90a"));
+                            if act == DType::F16 {
+                                let mut wv8 = Variant { wbits: 8, ..wv };
+                                wv8.fit_stages(smem_limits((9, 0)));
+                                cases.push((wv8, "sm_90a"));
+                            }
+                        }
+                    }
                     if mt <= 2 && act == DType::F16 {
                         // Offsets (a 1x1 convolution's weight), int4 and int8, both pipelines.
                         let vo = v.with_offsets();
@@ -1944,6 +1991,13 @@ mod tests {
                 v.name(),
                 v.smem_bytes()
             );
+            // Nor a wgmma pipeline that ptxas serialised or had to add waits to.
+            let serialised: Vec<&str> = compiled
+                .log
+                .lines()
+                .filter(|l| l.contains("are serialized") || l.contains("is injected"))
+                .collect();
+            assert!(serialised.is_empty(), "{}: {serialised:?}", v.name());
         }
     }
 
