@@ -302,25 +302,40 @@ struct Linear {
 
     // WGMMA: the unit's 8 k16 steps as wgmma.m64n(8 MT)k16, A = this warp's fragment of a tile (the warpgroup's four
     // warps are its 64 rows), B = the stage's x boxes by descriptor. One instruction per tile and step whatever M,
-    // and no x fragments in registers: at M = 9..16 the mma.sync path issues twice the mmas of M <= 8 and costs
-    // ~5 us more on 8192 x 28672 (H200), the tensor work it adds. A step's fragments sit in one of two buffers
-    // until its group retires (wait<1> after the next commit); the group sums are read only after wait<0>. The
-    // same products and the same per-group fp32 sums as compute_stage.
+    // and no x fragments in registers: at M = 9..16 the mma.sync path issues twice the mmas of M <= 8 (Nsight
+    // Compute, 8192 x 28672 on H200: tensor pipe 17% -> 30% busy, math-throttle and dispatch stalls up by half).
+    // A step's fragments sit in one of FRAG_BUFS buffers until its group retires, so FRAG_BUFS - 1 groups stay in
+    // flight while the next step converts; the group sums are read only after wait<0>. The same products and the
+    // same per-group fp32 sums as compute_stage, hence the same bits.
+    // M <= 8: two buffers (a third spills at the 96 registers of two CTAs per SM).
+    static constexpr int FRAG_BUFS = MT == 1 ? 2 : 3;
     __device__ static __forceinline__ void compute_stage_wgmma(u32 stage, const Shape& s, int kt, int warp, int lane,
                                                                float (&acc)[2][MT][4]) {
+        // Broadcast from lane 0: the compiler then knows the stage address is warp-uniform and builds every step's
+        // descriptor in uniform registers (otherwise two R2UR moves and a 64-bit add per wgmma, ~10% of the
+        // instructions at M = 1).
+        stage = __shfl_sync(0xffffffffu, stage, 0);
         const u32 ws = stage + warp * (W_BYTES / WARPS) + lane * 16;
         const u64 x_desc = smem_desc_sw128(stage + W_BYTES);
         const u32 starts = group_starts(s, kt);
         GroupTerms gt = load_group(stage, 0, warp, lane);
         float acc_g[2][MT][4];
-        uint4 frag[2][2];  // [step % 2][tile]
+        uint4 frag[FRAG_BUFS][2];  // [step % FRAG_BUFS][tile]
+        constexpr int CHUNK = WBITS == 8 ? 1024 : 512;  // bytes of a 32-k chunk per warp
+        uint4 wq = WBITS == 4 ? lds128(ws) : make_uint4(0, 0, 0, 0), wq1 = wq;
 #pragma unroll
         for (int kc = 0; kc < 4; ++kc) {
-            const uint4 wq = lds128(ws + kc * (WBITS == 8 ? 1024 : 512));
-            const uint4 wq1 = WBITS == 8 ? lds128(ws + kc * 1024 + 512) : wq;
+            // 4-bit codes: the next chunk's words are loaded before this chunk's wgmmas, which the asm statements'
+            // memory clobbers would otherwise hold the load behind (8-bit codes: no registers left for it at M <= 8).
+            uint4 nq = wq;
+            if (WBITS == 8) {
+                wq = lds128(ws + kc * CHUNK), wq1 = lds128(ws + kc * CHUNK + 512);
+            } else if (kc < 3) {
+                nq = lds128(ws + (kc + 1) * CHUNK);
+            }
 #pragma unroll
             for (int ks = 0; ks < 2; ++ks) {
-                const int step = kc * 2 + ks;
+                const int step = kc * 2 + ks, b = step % FRAG_BUFS;
                 bool first = step == 0;  // the group's first product overwrites its sums
                 if (!UNIT_GROUPS && (starts >> step) & 1) {  // warp-uniform: a group starts here
                     wgmma_wait<0>();
@@ -331,9 +346,9 @@ struct Linear {
                 }
 #pragma unroll
                 for (int t = 0; t < 2; ++t) {
-                    frag[ks][t] = fragment(wq, wq1, ks, t, gt);
-                    wgmma_fence_operand(frag[ks][t].x), wgmma_fence_operand(frag[ks][t].y);
-                    wgmma_fence_operand(frag[ks][t].z), wgmma_fence_operand(frag[ks][t].w);
+                    frag[b][t] = fragment(wq, wq1, ks, t, gt);
+                    wgmma_fence_operand(frag[b][t].x), wgmma_fence_operand(frag[b][t].y);
+                    wgmma_fence_operand(frag[b][t].z), wgmma_fence_operand(frag[b][t].w);
                 }
                 // Step j reads k [16 j, 16 j + 16): box j / 4, 32 bytes per step inside its 128-byte rows (the
                 // descriptor's address field counts 16-byte units).
@@ -342,11 +357,12 @@ struct Linear {
                 wgmma_fence();
 #pragma unroll
                 for (int t = 0; t < 2; ++t)
-                    wgmma_m64k16<T, MT * 8>(reinterpret_cast<float(&)[MT * 4]>(acc_g[t]), frag[ks][t], desc, !first);
+                    wgmma_m64k16<T, MT * 8>(reinterpret_cast<float(&)[MT * 4]>(acc_g[t]), frag[b][t], desc, !first);
                 wgmma_commit();
                 fence_group_sums(acc_g);
-                wgmma_wait<1>();
+                wgmma_wait<FRAG_BUFS - 1>();  // the buffer the next step fills is free
             }
+            if (WBITS == 4) wq = nq;
         }
         wgmma_wait<0>();
         fence_group_sums(acc_g);
