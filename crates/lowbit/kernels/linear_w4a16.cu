@@ -307,8 +307,8 @@ struct Linear {
     // A step's fragments sit in one of FRAG_BUFS buffers until its group retires, so FRAG_BUFS - 1 groups stay in
     // flight while the next step converts; the group sums are read only after wait<0>. The same products and the
     // same per-group fp32 sums as compute_stage, hence the same bits.
-    // M <= 8: two buffers (a third spills at the 96 registers of two CTAs per SM).
-    static constexpr int FRAG_BUFS = MT == 1 ? 2 : 3;
+    // M <= 8: three buffers (a fourth spills at the 96 registers of two CTAs per SM).
+    static constexpr int FRAG_BUFS = MT == 1 ? 3 : 4;
     __device__ static __forceinline__ void compute_stage_wgmma(u32 stage, const Shape& s, int kt, int warp, int lane,
                                                                float (&acc)[2][MT][4]) {
         // Broadcast from lane 0: the compiler then knows the stage address is warp-uniform and builds every step's
@@ -512,7 +512,7 @@ struct Linear {
         };
         // Four slots' loads in flight at M <= 8 (8 float4 per lane), one above, what the two-CTA variants' 96
         // registers leave (the main loop's state stays live across the fix-up).
-        constexpr int SLOT_BATCH = MT == 1 ? 4 : 1;
+        constexpr int SLOT_BATCH = MT == 1 && !WGMMA ? 4 : 1;
         auto counter_of = [&] { return a.counters + nt * WARPS + warp; };
         if (warp_fixup<2 * MT, SLOT_BATCH>(a.partials, SLOT_FLOATS, first_segment ? 2 * c : 2 * c + 1, counter_of,
                                            c_last - c_first + 1, slot_of, counted, warp, lane, &acc[0][0][0]))
@@ -574,8 +574,8 @@ struct Linear {
         const int rows = g_hi - g_lo + 1;
         const size_t row0 = (size_t)nt * s.GP + g_lo;
         // x: the tensor copy's box, M rows of X_PITCH (the padding columns come from the next unit or are zeros);
-        // WGMMA: two boxes of M_ROWS rows, those past M filled with zeros by the copy.
-        const u32 x_bytes = WGMMA ? X_BYTES : s.M * (X_PITCH * 2);
+        // WGMMA: two boxes of M rows of 64 k.
+        const u32 x_bytes = WGMMA ? 2 * s.M * 128 : s.M * (X_PITCH * 2);
         const u32 bytes = W_BYTES + x_bytes + rows * (N_CTA * 2 + Z_ROW_BYTES);
         if (lane == 0) {
             mbar_arrive_expect_tx(full, bytes);
@@ -593,7 +593,7 @@ struct Linear {
         if (lane == 0) {
             const int k0 = (u % s.KT) * K_TILE;
             tma_load_2d(smem_addr(stage + W_BYTES), xmap, k0, 0, full);
-            // WGMMA: box b holds k0 + 64 b .. + 63, M_ROWS rows of 128 bytes.
+            // WGMMA: box b holds k0 + 64 b .. + 63, M rows of 128 bytes, M_ROWS rows apart.
             if (WGMMA) tma_load_2d(smem_addr(stage + W_BYTES + M_ROWS * 128), xmap, k0 + K_TILE / 2, 0, full);
         }
 #endif
@@ -636,14 +636,18 @@ struct Linear {
         allow_dependent_launch();  // DEPENDENT LAUNCH: the next kernel may take SMs as this one's CTAs exit
 
         // x rows M..M_ROWS-1 are never loaded: zero them once so the unused mma columns see finite values (WGMMA:
-        // the tensor copies write them as zeros).
-        if (!WGMMA && s.M < M_ROWS) {
-            const int per_stage = (M_ROWS - s.M) * (X_PITCH / 8);
+        // in both 64-k boxes of a stage, 128-byte rows).
+        if (s.M < M_ROWS) {
+            constexpr int ROW_CHUNKS = WGMMA ? 8 : X_PITCH / 8;  // 16-byte chunks per x row
+            const int per_box = (M_ROWS - s.M) * ROW_CHUNKS, per_stage = (WGMMA ? 2 : 1) * per_box;
             for (int i = tid; i < STAGES * per_stage; i += BLOCK) {
-                const int st = i / per_stage, r = i - st * per_stage;
-                *reinterpret_cast<uint4*>(smem + st * STAGE_BYTES + W_BYTES + (s.M * X_PITCH + r * 8) * 2) =
-                    make_uint4(0, 0, 0, 0);
+                const int st = i / per_stage, r = i - st * per_stage, box = r / per_box, c = r - box * per_box;
+                *reinterpret_cast<uint4*>(smem + st * STAGE_BYTES + W_BYTES + box * (M_ROWS * 128) +
+                                          (s.M * ROW_CHUNKS + c) * 16) = make_uint4(0, 0, 0, 0);
             }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+            if (WGMMA) fence_proxy_async_shared();  // wgmma reads them through the async proxy
+#endif
         }
         if constexpr (TMA) {
             if (tid == 0) init_pipeline_barriers(bars, STAGES, THREADS);

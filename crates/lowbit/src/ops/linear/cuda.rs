@@ -1394,19 +1394,12 @@ impl LinearW4A16Cuda {
         // The TMA producer reads a stage's x rows with one tensor copy: a box of m rows x X_PITCH columns lands at
         // the stage's padded row pitch (columns past x's are zeros). x's address and row stride are 16-byte
         // aligned on both paths above, as the map needs.
-        // WGMMA: two boxes of 64 columns x the variant's token rows per stage, in the 128-byte swizzle (rows past
-        // m are zeros).
+        // WGMMA: two boxes of m rows x 64 columns per stage, in the 128-byte swizzle (the kernel zeroes the rows
+        // from m to the variant's token rows once: a box of zero-filled rows cost the TMA unit their bytes).
         let x_map = if variant.tma {
             let element = MapElement::activation(self.act);
             if variant.wgmma {
-                tensor_map_2d(
-                    "x",
-                    element,
-                    x_ptr,
-                    (m, x_cols, x_stride),
-                    (variant.mt * 8, K_TILE / 2),
-                    true,
-                )?
+                tensor_map_2d("x", element, x_ptr, (m, x_cols, x_stride), (m, K_TILE / 2), true)?
             } else {
                 tensor_map_2d("x", element, x_ptr, (m, x_cols, x_stride), (m, X_PITCH), false)?
             }
