@@ -880,7 +880,8 @@ pub struct Tuning {
     /// Whether to launch as the programmatic dependent of the stream's previous kernel (sm_90; default: when the
     /// grid covers at least 95% of the SMs).
     pub dependent_launch: Option<bool>,
-    /// Force wgmma (true) or mma.sync (false) in the variants that can take either ([`Variant::wgmma`]).
+    /// Force wgmma (true) or mma.sync (false) in the variants that can take either ([`Variant::wgmma`]; default:
+    /// wgmma for 17..32 rows on sm_90).
     pub wgmma: Option<bool>,
 }
 
@@ -1210,9 +1211,12 @@ impl LinearW4A16Cuda {
             variant.tma = variant.tma && tma_supported && tuning.tma.unwrap_or(true);
             variant.receive = splits > 1;
             variant.wbits = plan.code_bits;
-            // wgmma is sm_90a's alone, and takes whole warpgroups (tiles of 128 or 256 columns).
+            // wgmma is sm_90a's alone, and takes whole warpgroups (tiles of 128 or 256 columns). By default it
+            // serves M = 17..32, where mma.sync issues four mmas per fragment (H200, 8192 x 28672 at M = 32: 62-63
+            // against 67-68 us); at M <= 16 the two read within noise of each other or mma.sync wins
+            // (docs/notes/w4a16-decode.md, "wgmma").
             variant.wgmma =
-                variant.tma && cc.0 == 9 && plan.warps % 4 == 0 && mt <= 4 && tuning.wgmma.unwrap_or(variant.wgmma);
+                variant.tma && cc.0 == 9 && plan.warps % 4 == 0 && mt <= 4 && tuning.wgmma.unwrap_or(mt == 4);
             if weight.offsets.is_some() {
                 variant = variant.with_offsets();
             }
