@@ -140,14 +140,8 @@ fn compile_one(k: &KernelSource, arch: &str, resources: bool) -> lowbit::Result<
             log: format!("uses local memory (spills or a stack frame): {local:?}"),
         });
     }
-    // So is a wgmma pipeline ptxas serialises (C7514, C7515: it cannot prove that no other instruction touches an
-    // in-flight accumulator): every wgmma then waits for the one before, and every test still passes.
-    // Injected waits (C7517, C7519) are the milder form: ptxas could not match a register use to a wait of ours.
-    let serialised: Vec<&str> = compiled
-        .log
-        .lines()
-        .filter(|l| l.contains("are serialized") || l.contains("is injected"))
-        .collect();
+    // So is a wgmma pipeline ptxas serialises or had to add waits to.
+    let serialised = compiled.wgmma_serialisation();
     if !serialised.is_empty() {
         return Err(lowbit::Error::Compile {
             kernel: k.name.to_string(),

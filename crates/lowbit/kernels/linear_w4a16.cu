@@ -1,5 +1,6 @@
 // W4A16 linear for decode (M = 1..64): y[M, N] = x[M, K] · W^T (+ bias), W int4 with group scales and zeros,
-// x/y fp16 or bf16, fp32 accumulation on the tensor cores (mma.sync m16n8k16). Host side: src/ops/linear/cuda.rs.
+// x/y fp16 or bf16, fp32 accumulation on the tensor cores (mma.sync m16n8k16, or wgmma: see WGMMA). Host side:
+// src/ops/linear/cuda.rs.
 //
 // Design (decode is a memory problem: every weight byte is read once, everything else is bookkeeping):
 //
@@ -77,8 +78,16 @@
 //   all-ones A fragment times the x fragment, gives every token's sum in fp32, exactly as the weight products are
 //   summed. The zero rows of a stage carry the offsets (fp16/bf16, the scales' layout). M <= 16 only.
 //
+// * WGMMA (sm_90a, TMA variants, M <= 32; the host's default at M = 17..32). mma.sync issues one mma per 8 tokens
+//   per fragment, so at M = 32 four per converted fragment, and the tensor pipe's issue becomes the limit. With
+//   wgmma.m64n(8 MT)k16 the warpgroup's four warps issue one instruction per tile and step whatever M, the A
+//   fragment straight from the conversion's registers and x from shared memory (two 64-k boxes per stage in the
+//   128-byte swizzle): 8192 x 28672 at M = 32 takes 62-63 us against 67-68 (H200). At M <= 16 the two are within
+//   noise of each other or mma.sync is faster (compute_stage_wgmma). Same products, same sums, same bits.
+//
 // The host prepends the #defines selecting one variant (LB_DTYPE, LB_MT, LB_ZEROS, LB_OFFSETS, LB_WARPS, LB_STAGES,
-// LB_TMA, LB_MIN_BLOCKS, LB_UNIT_GROUPS, LB_RECEIVE, LB_WBITS) and launches the extern "C" kernels at the bottom.
+// LB_TMA, LB_MIN_BLOCKS, LB_UNIT_GROUPS, LB_RECEIVE, LB_WBITS, LB_WGMMA) and launches the extern "C" kernels at the
+// bottom.
 #include "common.cuh"
 
 namespace lowbit {

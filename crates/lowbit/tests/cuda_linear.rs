@@ -761,7 +761,7 @@ fn wgmma_and_mma_sync_agree() {
         println!("skipped: wgmma needs sm_90a");
         return;
     }
-    let mut rng = Rng(0x3939_a);
+    let mut rng = Rng(0x3939a);
     for wgmma in [true, false] {
         for (n, k, group, act, act_order, data, ctas_per_sm, stages, ctas, bits) in [
             (

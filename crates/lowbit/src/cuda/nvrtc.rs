@@ -136,6 +136,17 @@ impl Compiled {
             .lines()
             .filter(|l| l.contains("ptxas info") || l.contains("stack frame") || l.contains("spill"))
     }
+
+    /// The log's warnings that ptxas serialised a wgmma pipeline (C7514, C7515: it cannot prove that no other
+    /// instruction touches an in-flight accumulator, so every wgmma waits for the one before) or injected waits
+    /// of its own (C7517, C7519: a register use it could not match to one of ours). Every test still passes with
+    /// either; only the speed shows it.
+    pub fn wgmma_serialisation(&self) -> Vec<&str> {
+        self.log
+            .lines()
+            .filter(|l| l.contains("are serialized") || l.contains("is injected"))
+            .collect()
+    }
 }
 
 /// Compiles `kernel` for `arch` (e.g. `sm_90a`) to CUBIN. Needs NVRTC, not a GPU.

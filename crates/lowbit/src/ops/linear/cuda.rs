@@ -1989,11 +1989,7 @@ mod tests {
                 v.smem_bytes()
             );
             // Nor a wgmma pipeline that ptxas serialised or had to add waits to.
-            let serialised: Vec<&str> = compiled
-                .log
-                .lines()
-                .filter(|l| l.contains("are serialized") || l.contains("is injected"))
-                .collect();
+            let serialised = compiled.wgmma_serialisation();
             assert!(serialised.is_empty(), "{}: {serialised:?}", v.name());
         }
     }

@@ -1076,11 +1076,7 @@ mod tests {
                     assert!(local.is_empty(), "{}: {local:?}", v.name());
                     // Nor a wgmma pipeline that ptxas serialised or had to add waits to (what `lowbit doctor`
                     // refuses for the default variant).
-                    let serialised: Vec<&str> = compiled
-                        .log
-                        .lines()
-                        .filter(|l| l.contains("are serialized") || l.contains("is injected"))
-                        .collect();
+                    let serialised = compiled.wgmma_serialisation();
                     assert!(serialised.is_empty(), "{}: {serialised:?}", v.name());
                 }
             }
