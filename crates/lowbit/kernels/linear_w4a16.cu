@@ -679,6 +679,11 @@ struct Linear {
     __device__ static void consume(const Args& a, const Shape& s, char* smem, u32 bars, int u_begin, int count,
                                    int tid) {
         const int warp = tid >> 5, lane = tid & 31;
+        // The stages' and barriers' shared addresses, once: left to itself ptxas recomputes them in every iteration
+        // from the CTA's cluster id (S2UR SR_CgaCtaId and five dependent instructions) right before the wait for
+        // the stage. A shuffle is opaque to it, so the values stay in registers.
+        const u32 stages = __shfl_sync(0xffffffffu, smem_addr(smem), 0);
+        bars = stages + STAGES * STAGE_BYTES;  // (run's, from the one register)
         // DEPENDENT LAUNCH: nothing the previous kernel may read or write (x, y, the workspace, the counters) is
         // touched before it has finished.
         wait_for_prerequisite_grids();
@@ -724,14 +729,14 @@ struct Linear {
                 if (++ld_buf == STAGES) ld_buf = 0;
             }
 
-            compute_stage(smem_addr(smem) + buf * STAGE_BYTES, s, kt, warp, lane, acc);
+            compute_stage(stages + buf * STAGE_BYTES, s, kt, warp, lane, acc);
             if constexpr (TMA) mbar_arrive(bars + (STAGES + buf) * 8);  // this thread is done reading the stage
             if (++buf == STAGES) buf = 0, phase ^= 1;
 
             if (kt == s.KT - 1 || left == 1) {  // segment end (CTA-uniform)
                 if (seg_start >= 0) trace_stamp(a.trace, TRACE_MAINLOOP_END);
                 if (s.cluster) {  // the CTA's one segment, a split of its cluster's tile
-                    cluster_reduce(a, s, smem_addr(smem) + (RECEIVE ? RECEIVE_OFFSET : 0), nt, blockIdx.x % s.splits,
+                    cluster_reduce(a, s, stages + (RECEIVE ? RECEIVE_OFFSET : 0), nt, blockIdx.x % s.splits,
                                    warp, lane, tid, acc);
                 } else if (seg_start <= 0 && kt == s.KT - 1) {
                     store_output(a, s, nt, warp, lane, acc);
