@@ -1061,6 +1061,9 @@ mod tests {
                         v.stages -= 1;
                     }
                     let compiled = crate::cuda::compile(v.source(), "sm_90a").unwrap();
+                    if let Ok(dir) = std::env::var("LOWBIT_DUMP_CUBIN") {
+                        std::fs::write(format!("{dir}/{}.cubin", v.name()), &compiled.cubin).unwrap();
+                    }
                     let local: Vec<&str> = compiled
                         .log
                         .lines()
