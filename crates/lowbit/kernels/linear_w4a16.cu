@@ -320,10 +320,9 @@ struct Linear {
     static constexpr int FRAG_BUFS = MT == 1 ? 3 : 4;
     __device__ static __forceinline__ void compute_stage_wgmma(u32 stage, const Shape& s, int kt, int warp, int lane,
                                                                float (&acc)[2][MT][4]) {
-        // Broadcast from lane 0: the compiler then knows the stage address is warp-uniform and builds every step's
-        // descriptor in uniform registers (otherwise two R2UR moves and a 64-bit add per wgmma, ~10% of the
-        // instructions at M = 1).
-        stage = __shfl_sync(0xffffffffu, stage, 0);
+        // `stage` derives from consume's shuffled base, which ptxas knows to be warp-uniform: every step's
+        // descriptor is built in uniform registers (otherwise two R2UR moves and a 64-bit add per wgmma, ~10% of
+        // the instructions at M = 1).
         const u32 ws = stage + warp * (W_BYTES / WARPS) + lane * 16;
         const u64 x_desc = smem_desc_sw128(stage + W_BYTES);
         const u32 starts = group_starts(s, kt);
@@ -681,7 +680,8 @@ struct Linear {
         const int warp = tid >> 5, lane = tid & 31;
         // The stages' and barriers' shared addresses, once: left to itself ptxas recomputes them in every iteration
         // from the CTA's cluster id (S2UR SR_CgaCtaId and five dependent instructions) right before the wait for
-        // the stage. A shuffle is opaque to it, so the values stay in registers.
+        // the stage. A shuffle is opaque to it, so the values stay in registers, and its result is warp-uniform to
+        // ptxas: the stage addresses and wgmma's descriptors then live in uniform registers.
         const u32 stages = __shfl_sync(0xffffffffu, smem_addr(smem), 0);
         bars = stages + STAGES * STAGE_BYTES;  // (run's, from the one register)
         // DEPENDENT LAUNCH: nothing the previous kernel may read or write (x, y, the workspace, the counters) is
