@@ -831,77 +831,72 @@ __device__ __forceinline__ u64 smem_desc_sw128(u32 addr) {
 
 // D[64 x N] (+)= A[64 x 16] * B[16 x N], fp32 accumulators, A from registers (this warp's 16 rows as an
 // m16n8k16-style A fragment), B a K-major shared-memory tile by descriptor; accumulate = 0 ignores D's old value.
-// T: F16 or BF16; N: 8, 16, 32, 64 or 128 (one macro per shape: the operand lists differ in length).
+// T: F16 or BF16; N: 8, 16, 32, 64 or 128 (N / 2 accumulators per thread).
 // Accumulator d[4j + e] of a thread (warp w, lane = 4g + t): row 16w + g + 8(e / 2), column 8j + 2t + e % 2.
 template <class T, int N>
 __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], uint4 a, u64 desc, int accumulate);
+// One definition for every shape; only the operand lists grow with N. For R = N / 2 accumulators:
+// LB_ACC_OPS_R(0) binds d[0..R), LB_ACC_TEXT_R names them %0..%R-1 in the asm text, and LB_A_DESC_R / LB_PRED_R
+// name the operands bound after them (the A fragment's four registers, the descriptor, `accumulate`).
 // clang-format off
-#define LB_WGMMA_M64N64K16_RS(T, TYPE)                                                                  \
-    template <>                                                                                           \
-    __device__ __forceinline__ void wgmma_m64k16<T, 64>(float(&d)[32], uint4 a, u64 desc, int accumulate) {  \
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                              \
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " "                          \
-                     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "                                                                       \
-                     "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"                               \
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])                                                                            \
-                     : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "l"(desc), "r"(accumulate));                    \
+#define LB_ACC_OPS_4(o) "+f"(d[o]), "+f"(d[o + 1]), "+f"(d[o + 2]), "+f"(d[o + 3])
+#define LB_ACC_OPS_8(o) LB_ACC_OPS_4(o), LB_ACC_OPS_4(o + 4)
+#define LB_ACC_OPS_16(o) LB_ACC_OPS_8(o), LB_ACC_OPS_8(o + 8)
+#define LB_ACC_OPS_32(o) LB_ACC_OPS_16(o), LB_ACC_OPS_16(o + 16)
+#define LB_ACC_OPS_64(o) LB_ACC_OPS_32(o), LB_ACC_OPS_32(o + 32)
+#define LB_ACC_TEXT_4 "%0, %1, %2, %3"
+#define LB_ACC_TEXT_8 LB_ACC_TEXT_4 ", %4, %5, %6, %7"
+#define LB_ACC_TEXT_16 LB_ACC_TEXT_8 ", %8, %9, %10, %11, %12, %13, %14, %15"
+#define LB_ACC_TEXT_32 LB_ACC_TEXT_16 ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define LB_ACC_TEXT_64 LB_ACC_TEXT_32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, " \
+    "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define LB_A_DESC_4 "{%4, %5, %6, %7}, %8"
+#define LB_PRED_4 "%9"
+#define LB_A_DESC_8 "{%8, %9, %10, %11}, %12"
+#define LB_PRED_8 "%13"
+#define LB_A_DESC_16 "{%16, %17, %18, %19}, %20"
+#define LB_PRED_16 "%21"
+#define LB_A_DESC_32 "{%32, %33, %34, %35}, %36"
+#define LB_PRED_32 "%37"
+#define LB_A_DESC_64 "{%64, %65, %66, %67}, %68"
+#define LB_PRED_64 "%69"
+#define LB_WGMMA_M64K16_RS(T, TYPE, N, R)                                                                    \
+    template <>                                                                                             \
+    __device__ __forceinline__ void wgmma_m64k16<T, N>(float(&d)[R], uint4 a, u64 desc, int accumulate) {  \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " LB_PRED_##R ", 0;\n"                                 \
+                     "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TYPE "." TYPE " "                        \
+                     "{" LB_ACC_TEXT_##R "}, " LB_A_DESC_##R ", p, 1, 1, 0;\n}\n"                              \
+                     : LB_ACC_OPS_##R(0)                                                                    \
+                     : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "l"(desc), "r"(accumulate));                  \
     }
-#define LB_WGMMA_M64N128K16_RS(T, TYPE)                                                                  \
-    template <>                                                                                           \
-    __device__ __forceinline__ void wgmma_m64k16<T, 128>(float(&d)[64], uint4 a, u64 desc, int accumulate) {  \
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                              \
-                     "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " "                          \
-                     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "                                                                       \
-                     "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"                               \
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])                                                                            \
-                     : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "l"(desc), "r"(accumulate));                    \
-    }
-// N = 16: the GEMM's tile for a handful of tokens, where it streams weights like the decode kernel.
-#define LB_WGMMA_M64N16K16_RS(T, TYPE)                                                                  \
-    template <>                                                                                           \
-    __device__ __forceinline__ void wgmma_m64k16<T, 16>(float(&d)[8], uint4 a, u64 desc, int accumulate) {  \
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"                                              \
-                     "wgmma.mma_async.sync.aligned.m64n16k16.f32." TYPE "." TYPE " "                          \
-                     "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"          \
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]) \
-                     : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "l"(desc), "r"(accumulate));                    \
-    }
-// N = 8 and 32: the decode kernel's token tiles of M <= 8 and M <= 32 (linear_w4a16.cu, WGMMA).
-#define LB_WGMMA_M64N8K16_RS(T, TYPE)                                                                  \
-    template <>                                                                                           \
-    __device__ __forceinline__ void wgmma_m64k16<T, 8>(float(&d)[4], uint4 a, u64 desc, int accumulate) {  \
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"                                              \
-                     "wgmma.mma_async.sync.aligned.m64n8k16.f32." TYPE "." TYPE " "                          \
-                     "{%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1, 0;\n}\n"          \
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) \
-                     : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "l"(desc), "r"(accumulate));                    \
-    }
-#define LB_WGMMA_M64N32K16_RS(T, TYPE)                                                                  \
-    template <>                                                                                           \
-    __device__ __forceinline__ void wgmma_m64k16<T, 32>(float(&d)[16], uint4 a, u64 desc, int accumulate) {  \
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"                                              \
-                     "wgmma.mma_async.sync.aligned.m64n32k16.f32." TYPE "." TYPE " "                          \
-                     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "              \
-                     "{%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"                                          \
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-                       "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]) \
-                     : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "l"(desc), "r"(accumulate));                    \
-    }
-LB_WGMMA_M64N8K16_RS(F16, "f16")
-LB_WGMMA_M64N8K16_RS(BF16, "bf16")
-LB_WGMMA_M64N32K16_RS(F16, "f16")
-LB_WGMMA_M64N32K16_RS(BF16, "bf16")
-LB_WGMMA_M64N16K16_RS(F16, "f16")
-LB_WGMMA_M64N16K16_RS(BF16, "bf16")
-LB_WGMMA_M64N64K16_RS(F16, "f16")
-LB_WGMMA_M64N64K16_RS(BF16, "bf16")
-LB_WGMMA_M64N128K16_RS(F16, "f16")
-LB_WGMMA_M64N128K16_RS(BF16, "bf16")
-#undef LB_WGMMA_M64N8K16_RS
-#undef LB_WGMMA_M64N32K16_RS
-#undef LB_WGMMA_M64N16K16_RS
-#undef LB_WGMMA_M64N64K16_RS
-#undef LB_WGMMA_M64N128K16_RS
+#define LB_WGMMA_M64K16_RS_BOTH(N, R) LB_WGMMA_M64K16_RS(F16, "f16", N, R) LB_WGMMA_M64K16_RS(BF16, "bf16", N, R)
+LB_WGMMA_M64K16_RS_BOTH(8, 4)     // the decode kernel's token tile at M <= 8 (linear_w4a16.cu, WGMMA)
+LB_WGMMA_M64K16_RS_BOTH(16, 8)    // M <= 16: the decode kernel, and the GEMM's tile for a handful of tokens
+LB_WGMMA_M64K16_RS_BOTH(32, 16)   // the decode kernel at M <= 32
+LB_WGMMA_M64K16_RS_BOTH(64, 32)   // the GEMM's 64-token tile
+LB_WGMMA_M64K16_RS_BOTH(128, 64)  // the GEMM's 128-token tile
+#undef LB_WGMMA_M64K16_RS_BOTH
+#undef LB_WGMMA_M64K16_RS
+#undef LB_ACC_OPS_4
+#undef LB_ACC_OPS_8
+#undef LB_ACC_OPS_16
+#undef LB_ACC_OPS_32
+#undef LB_ACC_OPS_64
+#undef LB_ACC_TEXT_4
+#undef LB_ACC_TEXT_8
+#undef LB_ACC_TEXT_16
+#undef LB_ACC_TEXT_32
+#undef LB_ACC_TEXT_64
+#undef LB_A_DESC_4
+#undef LB_PRED_4
+#undef LB_A_DESC_8
+#undef LB_PRED_8
+#undef LB_A_DESC_16
+#undef LB_PRED_16
+#undef LB_A_DESC_32
+#undef LB_PRED_32
+#undef LB_A_DESC_64
+#undef LB_PRED_64
 // clang-format on
 
 // Shared-memory matrix descriptor of a K-major operand in the 32-byte swizzle: rows of 32 bytes (8 tf32, one k8
