@@ -670,20 +670,19 @@ struct Linear {
             }
         }
 
-        consume(a, s, smem, bars, u_begin, count, tid);
+        consume(a, s, smem, u_begin, count, tid);
     }
 
     // The mma warps' loop over this CTA's units: wait for a stage, compute it, release it; at each segment end
     // store the tile or hand it to the fix-up.
-    __device__ static void consume(const Args& a, const Shape& s, char* smem, u32 bars, int u_begin, int count,
-                                   int tid) {
+    __device__ static void consume(const Args& a, const Shape& s, char* smem, int u_begin, int count, int tid) {
         const int warp = tid >> 5, lane = tid & 31;
         // The stages' and barriers' shared addresses, once: left to itself ptxas recomputes them in every iteration
         // from the CTA's cluster id (S2UR SR_CgaCtaId and five dependent instructions) right before the wait for
         // the stage. A shuffle is opaque to it, so the values stay in registers, and its result is warp-uniform to
         // ptxas: the stage addresses and wgmma's descriptors then live in uniform registers.
         const u32 stages = __shfl_sync(0xffffffffu, smem_addr(smem), 0);
-        bars = stages + STAGES * STAGE_BYTES;  // (run's, from the one register)
+        const u32 bars = stages + STAGES * STAGE_BYTES;  // run's `bars`, from the one register
         // DEPENDENT LAUNCH: nothing the previous kernel may read or write (x, y, the workspace, the counters) is
         // touched before it has finished.
         wait_for_prerequisite_grids();

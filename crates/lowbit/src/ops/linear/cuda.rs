@@ -1401,12 +1401,13 @@ impl LinearW4A16Cuda {
         // WGMMA: two boxes of m rows x 64 columns per stage, in the 128-byte swizzle (the kernel zeroes the rows
         // from m to the variant's token rows once: a box of zero-filled rows cost the TMA unit their bytes).
         let x_map = if variant.tma {
-            let element = MapElement::activation(self.act);
-            if variant.wgmma {
-                tensor_map_2d("x", element, x_ptr, (m, x_cols, x_stride), (m, K_TILE / 2), true)?
+            let (box_cols, swizzle_128b) = if variant.wgmma {
+                (K_TILE / 2, true)
             } else {
-                tensor_map_2d("x", element, x_ptr, (m, x_cols, x_stride), (m, X_PITCH), false)?
-            }
+                (X_PITCH, false)
+            };
+            let element = MapElement::activation(self.act);
+            tensor_map_2d("x", element, x_ptr, (m, x_cols, x_stride), (m, box_cols), swizzle_128b)?
         } else {
             TensorMap::unused()
         };
