@@ -261,6 +261,13 @@ __device__ __forceinline__ u32 load_cached(const u32* p) { return __ldg(p); }
 __device__ __forceinline__ uint4 load_cached_v4(const void* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
 // Write-once outputs: evict-first (st.global.cs).
 __device__ __forceinline__ void store_stream_v4(void* p, uint4 v) { __stcs(reinterpret_cast<uint4*>(p), v); }
+// A 16-byte global store under a predicate: one instruction, where `if (p) *dst = v` may become a branch around it.
+__device__ __forceinline__ void st_global_v4_if(void* dst, uint4 v, bool p) {
+    asm volatile(
+        "{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n @p st.global.v4.b32 [%0], {%1, %2, %3, %4};\n}\n" ::"l"(dst),
+        "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"((int)p)
+        : "memory");
+}
 
 // ------------------------------------------------------------------------------------------------------------------
 // Tensor-core and async-copy primitives

@@ -778,24 +778,24 @@ struct Gemm {
     // stmatrix.trans writes them as token rows of the warp's 32 columns, so each lane then stores 16 contiguous
     // bytes: a warp store covers 8 rows x 64 bytes in whole sectors, where storing the registers directly took
     // 4-byte pieces over 8 rows and ~5 us per tile (the CTA timeline of examples/gemm_trace).
-    template <int ACT>
-    __device__ static __forceinline__ void epilogue_staged(const Args& a, const Shape& s, u32 staging, int nt, int mt,
-                                                           int wg, const float (&acc)[2][ACC]) {
-        const int ctid = thread_index();  // (see thread_index)
-        const int lane = ctid & 31, warp = ctid >> 5, g = lane >> 2;
-        const int wm = WG_N == 2 ? 0 : wg;
-        const int n_warp = warp_columns(nt, wg, warp);
-        float bias[2][2];
-        load_lane_bias(a, s, n_warp, g, bias);
+    // Two copies of the unrolled loop: VECTOR (the warp's 32 columns inside y, rows 16-byte aligned: every item of a
+    // large layer) stores with one predicated 16-byte store per slice and no branch; the other checks each element.
+    // With the per-element path inside every slice, the loop was ~60 instructions a slice with a divergent branch
+    // around each store, and Nsight Compute put 45% of the epilogue's stall samples on fetching its instructions
+    // (no_inst at the reconvergence points; 4096^3 on H200: the epilogue took 2.6 us of a 52 us item).
+    template <int ACT, bool VECTOR>
+    __device__ static __forceinline__ void store_slices(const Args& a, const Shape& s, u32 buf, int m0, int n_warp,
+                                                        const float (&acc)[2][ACC], const float (&bias)[2][2]) {
+        const int lane = thread_index() & 31;
         // Staging rows are 64 bytes (8 tokens x 4 chunks of 8 columns); chunk c of row r sits at c ^ ((r >> 1) & 3),
         // which puts the 8 rows of one stmatrix matrix (and the lanes of one read) on distinct banks.
-        const u32 buf = staging + warp * 1024;
         const int r = lane & 7, matrix = lane >> 3;  // stmatrix: this lane addresses row r of matrix 2t + h
         const u32 put = buf + r * 64 + ((matrix ^ ((r >> 1) & 3)) << 4);
         const int row = lane >> 2, chunk = lane & 3;  // read-back: 16 bytes of token row `row`
         const u32 get = buf + row * 64 + ((chunk ^ ((row >> 1) & 3)) << 4);
         const int n = n_warp + chunk * 8;
-        const bool vector = s.y_vector && n + 8 <= s.N;
+        u16* dst = a.y + (size_t)(m0 + row) * s.y_stride + n;
+        const size_t slice_stride = (size_t)8 * s.y_stride;
 #pragma unroll
         for (int j = 0; j < WG_TOKENS / 8; ++j) {
             u32 v[4];
@@ -805,18 +805,34 @@ struct Gemm {
             stmatrix_x4<true>(put + slot, v);
             __syncwarp();
             const uint4 out = lds128(get + slot);
-            const int m = mt * BM + wm * WG_TOKENS + j * 8 + row;
-            if (m >= s.M || n >= s.N) continue;
-            u16* dst = a.y + (size_t)m * s.y_stride + n;
-            if (vector) {
-                *reinterpret_cast<uint4*>(dst) = out;
-            } else {
+            const int m = m0 + j * 8 + row;
+            if (VECTOR) {
+                st_global_v4_if(dst, out, m < s.M);
+            } else if (m < s.M && n < s.N) {
                 const u32 w[4] = {out.x, out.y, out.z, out.w};
 #pragma unroll
                 for (int e = 0; e < 8; ++e)
                     if (n + e < s.N) dst[e] = (u16)(w[e >> 1] >> ((e & 1) * 16));
             }
+            dst += slice_stride;
         }
+    }
+
+    template <int ACT>
+    __device__ static __forceinline__ void epilogue_staged(const Args& a, const Shape& s, u32 staging, int nt, int mt,
+                                                           int wg, const float (&acc)[2][ACC]) {
+        const int ctid = thread_index();  // (see thread_index)
+        const int lane = ctid & 31, warp = ctid >> 5, g = lane >> 2;
+        const int wm = WG_N == 2 ? 0 : wg;
+        const int n_warp = warp_columns(nt, wg, warp);
+        float bias[2][2];
+        load_lane_bias(a, s, n_warp, g, bias);
+        const u32 buf = staging + warp * 1024;
+        const int m0 = mt * BM + wm * WG_TOKENS;
+        if (s.y_vector && n_warp + 32 <= s.N)  // warp-uniform
+            store_slices<ACT, true>(a, s, buf, m0, n_warp, acc, bias);
+        else
+            store_slices<ACT, false>(a, s, buf, m0, n_warp, acc, bias);
     }
 
     // STREAM-K's fix-up of a tile split between CTAs, per consumer warp (common.cuh's warp_fixup: its accumulators
