@@ -778,7 +778,7 @@ struct Gemm {
     // stmatrix.trans writes them as token rows of the warp's 32 columns, so each lane then stores 16 contiguous
     // bytes: a warp store covers 8 rows x 64 bytes in whole sectors, where storing the registers directly took
     // 4-byte pieces over 8 rows and ~5 us per tile (the CTA timeline of examples/gemm_trace).
-    // Two copies of the unrolled loop: VECTOR (the warp's 32 columns inside y, rows 16-byte aligned: every item of a
+    // Two copies of the unrolled loop: VECTOR (the tile's columns inside y, rows 16-byte aligned: every item of a
     // large layer) stores with one predicated 16-byte store per slice and no branch; the other checks each element.
     // With the per-element path inside every slice, the loop was ~60 instructions a slice with a divergent branch
     // around each store, and Nsight Compute put 45% of the epilogue's stall samples on fetching its instructions
@@ -829,7 +829,9 @@ struct Gemm {
         load_lane_bias(a, s, n_warp, g, bias);
         const u32 buf = staging + warp * 1024;
         const int m0 = mt * BM + wm * WG_TOKENS;
-        if (s.y_vector && n_warp + 32 <= s.N)  // warp-uniform
+        // Decided per tile, which ptxas sees to be uniform: a per-warp condition made it treat the main loop of the
+        // next item as divergent (descriptors out of uniform registers in the 16- and 64-token tiles).
+        if (s.y_vector && (nt + 1) * N_CTA <= s.N)
             store_slices<ACT, true>(a, s, buf, m0, n_warp, acc, bias);
         else
             store_slices<ACT, false>(a, s, buf, m0, n_warp, acc, bias);
