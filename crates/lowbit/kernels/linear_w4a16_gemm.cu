@@ -697,6 +697,22 @@ struct Gemm {
             }
     }
 
+    // Where both register epilogues start: the warp, its warpgroup's token half, its first column, and the bias of
+    // the lane's four accumulator columns.
+    struct WarpTile {
+        int warp, wm, n_warp;
+        float bias[2][2];
+    };
+    __device__ static __forceinline__ WarpTile warp_tile(const Args& a, const Shape& s, int nt, int wg) {
+        const int ctid = thread_index();  // (see thread_index)
+        WarpTile wt;
+        wt.warp = ctid >> 5;
+        wt.wm = WG_N == 2 ? 0 : wg;
+        wt.n_warp = warp_columns(nt, wg, wt.warp);
+        load_lane_bias(a, s, wt.n_warp, (ctid & 31) >> 2, wt.bias);
+        return wt;
+    }
+
     // 8-token slice j of a lane's accumulators, bias added, activated and rounded: register 2t + h holds column
     // (t, h, g) at tokens 2 t4 (low half) and 2 t4 + 1, i.e. the fragment of matrix 2t + h for stmatrix.
     template <int ACT>
@@ -720,13 +736,10 @@ struct Gemm {
     template <int ACT>
     __device__ static __forceinline__ void epilogue_conv(const Args& a, const Shape& s, u32 staging, int nt, int mt,
                                                          int wg, const float (&acc)[2][ACC]) {
-        const int ctid = thread_index();  // (see thread_index)
-        const int lane = ctid & 31, warp = ctid >> 5, g = lane >> 2;
-        const int wm = WG_N == 2 ? 0 : wg;
-        const int n_warp = warp_columns(nt, wg, warp);
-        float bias[2][2];
-        load_lane_bias(a, s, n_warp, g, bias);
-        const u32 buf = staging + warp * (4 * CONV_SLICE_BYTES);
+        const WarpTile wt = warp_tile(a, s, nt, wg);
+        const int lane = thread_index() & 31, n_warp = wt.n_warp, wm = wt.wm;
+        const float(&bias)[2][2] = wt.bias;
+        const u32 buf = staging + wt.warp * (4 * CONV_SLICE_BYTES);
         // Storing: this lane's token pair p of the 32 and channel parity `half`; channel 2q + half in turn.
         const int half = lane >> 4, p = lane & 15;
         const u32 get = buf + (p >> 2) * CONV_SLICE_BYTES + half * 16 + (p & 3) * 4;
@@ -821,14 +834,10 @@ struct Gemm {
     template <int ACT>
     __device__ static __forceinline__ void epilogue_staged(const Args& a, const Shape& s, u32 staging, int nt, int mt,
                                                            int wg, const float (&acc)[2][ACC]) {
-        const int ctid = thread_index();  // (see thread_index)
-        const int lane = ctid & 31, warp = ctid >> 5, g = lane >> 2;
-        const int wm = WG_N == 2 ? 0 : wg;
-        const int n_warp = warp_columns(nt, wg, warp);
-        float bias[2][2];
-        load_lane_bias(a, s, n_warp, g, bias);
-        const u32 buf = staging + warp * 1024;
-        const int m0 = mt * BM + wm * WG_TOKENS;
+        const WarpTile wt = warp_tile(a, s, nt, wg);
+        const u32 buf = staging + wt.warp * 1024;
+        const int m0 = mt * BM + wt.wm * WG_TOKENS, n_warp = wt.n_warp;
+        const float(&bias)[2][2] = wt.bias;
         // Decided per tile, which ptxas sees to be uniform: a per-warp condition made it treat the main loop of the
         // next item as divergent (descriptors out of uniform registers in the 16- and 64-token tiles).
         if (s.y_vector && (nt + 1) * N_CTA <= s.N)
