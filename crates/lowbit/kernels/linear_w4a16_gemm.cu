@@ -737,8 +737,7 @@ struct Gemm {
     __device__ static __forceinline__ void epilogue_conv(const Args& a, const Shape& s, u32 staging, int nt, int mt,
                                                          int wg, const float (&acc)[2][ACC]) {
         const WarpTile wt = warp_tile(a, s, nt, wg);
-        const int lane = thread_index() & 31, n_warp = wt.n_warp, wm = wt.wm;
-        const float(&bias)[2][2] = wt.bias;
+        const int lane = thread_index() & 31;
         const u32 buf = staging + wt.warp * (4 * CONV_SLICE_BYTES);
         // Storing: this lane's token pair p of the 32 and channel parity `half`; channel 2q + half in turn.
         const int half = lane >> 4, p = lane & 15;
@@ -751,12 +750,12 @@ struct Gemm {
             for (int jj = 0; jj < 4; ++jj) {
                 const int j = round * 4 + jj;
                 u32 v[4];
-                pack_slice<ACT>(acc, j, bias, v);
+                pack_slice<ACT>(acc, j, wt.bias, v);
                 stmatrix_x4<false>(buf + jj * CONV_SLICE_BYTES + lane * 16, v);  // row = channel `lane` of the warp
             }
             __syncwarp();
             // Tokens m, m + 1 -> their offsets in image plane 0 (-1: a padding position or past M).
-            const int m = mt * BM + wm * WG_TOKENS + round * 32 + 2 * p;
+            const int m = mt * BM + wt.wm * WG_TOKENS + round * 32 + 2 * p;
             const int b = m / s.grid_tokens, rest = m - b * s.grid_tokens, ho = rest / s.grid_w, wo = rest - ho * s.grid_w;
             int b1 = b, ho1 = ho, wo1 = wo + 1;
             if (wo1 == s.grid_w) {
@@ -772,7 +771,7 @@ struct Gemm {
             const bool pair = at0 >= 0 && at1 == at0 + 1 && ((at0 | s.out_plane) & 1) == 0;
 #pragma unroll
             for (int q = 0; q < 16; ++q) {
-                const int n = n_warp + 2 * q + half;
+                const int n = wt.n_warp + 2 * q + half;
                 const u32 w = lds32(get + q * 32);
                 if (n >= s.N) continue;
                 u16* plane = a.y + (long long)n * s.out_plane;
@@ -797,8 +796,8 @@ struct Gemm {
     // around each store, and Nsight Compute put 45% of the epilogue's stall samples on fetching its instructions
     // (no_inst at the reconvergence points; 4096^3 on H200: the epilogue took 2.6 us of a 52 us item).
     template <int ACT, bool VECTOR>
-    __device__ static __forceinline__ void store_slices(const Args& a, const Shape& s, u32 buf, int m0, int n_warp,
-                                                        const float (&acc)[2][ACC], const float (&bias)[2][2]) {
+    __device__ static __forceinline__ void store_slices(const Args& a, const Shape& s, u32 buf, int m0,
+                                                        const WarpTile& wt, const float (&acc)[2][ACC]) {
         const int lane = thread_index() & 31;
         // Staging rows are 64 bytes (8 tokens x 4 chunks of 8 columns); chunk c of row r sits at c ^ ((r >> 1) & 3),
         // which puts the 8 rows of one stmatrix matrix (and the lanes of one read) on distinct banks.
@@ -806,13 +805,13 @@ struct Gemm {
         const u32 put = buf + r * 64 + ((matrix ^ ((r >> 1) & 3)) << 4);
         const int row = lane >> 2, chunk = lane & 3;  // read-back: 16 bytes of token row `row`
         const u32 get = buf + row * 64 + ((chunk ^ ((row >> 1) & 3)) << 4);
-        const int n = n_warp + chunk * 8;
+        const int n = wt.n_warp + chunk * 8;
         u16* dst = a.y + (size_t)(m0 + row) * s.y_stride + n;
         const size_t slice_stride = (size_t)8 * s.y_stride;
 #pragma unroll
         for (int j = 0; j < WG_TOKENS / 8; ++j) {
             u32 v[4];
-            pack_slice<ACT>(acc, j, bias, v);
+            pack_slice<ACT>(acc, j, wt.bias, v);
             const u32 slot = (j & 1) * 512;
             __syncwarp();  // every lane has read what it last read from this slot
             stmatrix_x4<true>(put + slot, v);
@@ -836,14 +835,13 @@ struct Gemm {
                                                            int wg, const float (&acc)[2][ACC]) {
         const WarpTile wt = warp_tile(a, s, nt, wg);
         const u32 buf = staging + wt.warp * 1024;
-        const int m0 = mt * BM + wt.wm * WG_TOKENS, n_warp = wt.n_warp;
-        const float(&bias)[2][2] = wt.bias;
+        const int m0 = mt * BM + wt.wm * WG_TOKENS;
         // Decided per tile, which ptxas sees to be uniform: a per-warp condition made it treat the main loop of the
         // next item as divergent (descriptors out of uniform registers in the 16- and 64-token tiles).
         if (s.y_vector && (nt + 1) * N_CTA <= s.N)
-            store_slices<ACT, true>(a, s, buf, m0, n_warp, acc, bias);
+            store_slices<ACT, true>(a, s, buf, m0, wt, acc);
         else
-            store_slices<ACT, false>(a, s, buf, m0, n_warp, acc, bias);
+            store_slices<ACT, false>(a, s, buf, m0, wt, acc);
     }
 
     // STREAM-K's fix-up of a tile split between CTAs, per consumer warp (common.cuh's warp_fixup: its accumulators
