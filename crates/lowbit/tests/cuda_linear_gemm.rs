@@ -422,6 +422,72 @@ fn hybrid_plan_splits_only_the_last_wave() {
 }
 
 #[test]
+fn tail_plan_streams_the_tiles_after_the_full_waves() {
+    let Some(dev) = hopper() else { return };
+    // TAIL (forced; the cost model weighs it at large M): the full waves of every SM run whole tiles, and only the
+    // units of the remaining tiles are split evenly between all CTAs (STREAM-K), each tile summed by its last warp
+    // to arrive, in piece order. 128-token tiles: 8 x 18 = 144 tiles (1-2 units per CTA in the tail, up to ~10
+    // pieces a tile), and 14 x 11 tiles of K = 4160 (a partial last k tile, groups of 64). The 64- and 16-token
+    // tiles on 141 128-column tiles. Exact integers bit-equal to the reference, random data with bias and SiLU,
+    // bf16, repeats bit-identical (check_with).
+    let tail = |op: &mut LinearW4A16Gemm| op.force_stream_k(true);
+    let tail_128 = |op: &mut LinearW4A16Gemm| {
+        op.force_stream_k(true);
+        op.force_tile_tokens(Some(128));
+    };
+    let mut plans = Vec::new();
+    let c = Case {
+        n: 2048,
+        k: 2048,
+        bias: true,
+        activation: Activation::Silu,
+        ..BASE
+    };
+    check_with::<f16>(&dev, c, &[2200], &[None], |op| {
+        tail_128(op);
+        plans.push(op.split_plan(2200));
+    });
+    check_with::<bf16>(&dev, Case { act: DType::Bf16, ..c }, &[2200], &[None], tail_128);
+    let exact = Case {
+        exact: true,
+        activation: Activation::None,
+        ..c
+    };
+    check_with::<f16>(&dev, exact, &[2200, 2100], &[None], tail_128);
+    let long = Case {
+        n: 3584,
+        k: 4160,
+        group: 64,
+        exact: true,
+        ..BASE
+    };
+    check_with::<f16>(&dev, long, &[1300], &[None], |op| {
+        tail_128(op);
+        plans.push(op.split_plan(1300));
+    });
+    // N = 18048: 141 tiles of 128 columns, one token tile at M <= 64.
+    let wide = Case {
+        n: 18048,
+        k: 512,
+        exact: true,
+        bias: true,
+        ..BASE
+    };
+    check_with::<f16>(&dev, wide, &[16, 33, 64], &[None], |op| {
+        tail(op);
+        plans.extend([16, 64].map(|m| op.split_plan(m)));
+    });
+    println!("TAIL plans: {plans:?}");
+    let sms = dev.info().sm_count as usize;
+    if sms < 141 {
+        assert!(
+            plans.iter().all(|p| p.stream && p.whole > 0 && p.whole % sms == 0),
+            "{plans:?}"
+        );
+    }
+}
+
+#[test]
 fn strided_rows_leave_the_gaps_alone() {
     let Some(dev) = hopper() else { return };
     // Rows of x and y with gaps between them, both 16-byte aligned (x read in place through its tensor map, y
