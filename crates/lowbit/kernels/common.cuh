@@ -729,13 +729,11 @@ __device__ __forceinline__ int stream_cta_of(long long u, long long units, long 
 // depend on who arrives last, so repeated runs are bit-identical. `slot_of(p)` is piece p's slot (also called, its
 // result unused, for p up to BATCH - 1 past the last piece: it must not read memory); `counted()` runs
 // once the warp is counted (a trace stamp). BATCH pieces' loads are in flight at once (an L2 round trip each
-// otherwise), as many as the caller's registers allow; CHUNK float4 of each at a time (a divisor of F4: the
-// 128-token GEMM tile's 32 float4 a piece do not fit beside its accumulators), in the same order per element.
-// Slot layout: float4 j of lane `lane` of warp `warp` (the
+// otherwise), as many as the caller's registers allow. Slot layout: float4 j of lane `lane` of warp `warp` (the
 // caller's numbering) at (warp F4 + j) 32 + lane of the slot's slot_floats floats, so a warp's stores cover 512
 // contiguous bytes. The functions are taken by reference: copying their closures cost the 64-token GEMM 8 bytes of
 // spills, and the counter's address is formed where it is used, so it is not live across the stores and loads.
-template <int F4, int BATCH, int CHUNK = F4, class CounterOf, class SlotOf, class Counted>
+template <int F4, int BATCH, class CounterOf, class SlotOf, class Counted>
 __device__ __forceinline__ bool warp_fixup(float* partials, long long slot_floats, int mine,
                                            const CounterOf& counter_of, int pieces, const SlotOf& slot_of,
                                            const Counted& counted, int warp, int lane, float* acc) {
@@ -754,30 +752,26 @@ __device__ __forceinline__ bool warp_fixup(float* partials, long long slot_float
     counted();
     if (arrived != (u32)(pieces - 1)) return false;
     __syncwarp();
-    static_assert(F4 % CHUNK == 0, "CHUNK divides F4");
+    for (int p0 = 0; p0 < pieces; p0 += BATCH) {
+        float4 q[BATCH][F4];
 #pragma unroll
-    for (int c0 = 0; c0 < F4; c0 += CHUNK) {
-        for (int p0 = 0; p0 < pieces; p0 += BATCH) {
-            float4 q[BATCH][CHUNK];
+        for (int b = 0; b < BATCH; ++b) {
+            const int slot = slot_of(p0 + b);
+            if (p0 + b < pieces) {
 #pragma unroll
-            for (int b = 0; b < BATCH; ++b) {
-                const int slot = slot_of(p0 + b);
-                if (p0 + b < pieces) {
-#pragma unroll
-                    for (int j = 0; j < CHUNK; ++j) q[b][j] = __ldcg(slot_ptr(slot, c0 + j));
-                }
+                for (int j = 0; j < F4; ++j) q[b][j] = __ldcg(slot_ptr(slot, j));
             }
+        }
 #pragma unroll
-            for (int b = 0; b < BATCH; ++b) {
-                if (p0 + b >= pieces) break;
+        for (int b = 0; b < BATCH; ++b) {
+            if (p0 + b >= pieces) break;
 #pragma unroll
-                for (int j = 0; j < CHUNK; ++j) {
-                    float* d = acc + 4 * (c0 + j);
-                    if (p0 + b == 0) {
-                        d[0] = q[b][j].x, d[1] = q[b][j].y, d[2] = q[b][j].z, d[3] = q[b][j].w;
-                    } else {
-                        d[0] += q[b][j].x, d[1] += q[b][j].y, d[2] += q[b][j].z, d[3] += q[b][j].w;
-                    }
+            for (int j = 0; j < F4; ++j) {
+                float* d = acc + 4 * j;
+                if (p0 + b == 0) {
+                    d[0] = q[b][j].x, d[1] = q[b][j].y, d[2] = q[b][j].z, d[3] = q[b][j].w;
+                } else {
+                    d[0] += q[b][j].x, d[1] += q[b][j].y, d[2] += q[b][j].z, d[3] += q[b][j].w;
                 }
             }
         }

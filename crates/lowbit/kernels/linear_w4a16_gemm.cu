@@ -54,9 +54,6 @@
 //   CTA's slot (first segment 2c, last 2c + 1) and bumps the (tile, warp) counter; the last to arrive sums the
 //   slots in piece order (lowest k first) and stores y. The same order whoever arrives last: repeated runs are
 //   bit-identical, and the partition depends on the shape only.
-//   TAIL (STREAM-K with s.whole > 0; the 128-token tile at large M, where tiles are several waves): the first
-//   `whole` tiles (the full waves) run whole, CTA c taking tiles c, c + grid, ..., and only the units of the rest
-//   are partitioned as above. 896 tiles on 132 SMs were 7 waves, the last 79% full; the tail is 0.79 of a wave.
 //
 // * PERSISTENT. The grid is at most one CTA per SM; CTA c takes work items (tile x split) c, c + grid, ... and the
 //   producer runs ahead across items, so the next tile's stages fill while the consumers run an epilogue: K = 4096
@@ -113,8 +110,6 @@ struct Shape {
     int groups;       // clusters per tile: 1, or more when clusters of `splits` do not all fit (SPLIT-K)
     int whole;        // tiles run unsplit before the split ones: 0, or a multiple of the grid (HYBRID)
     int stream;       // 1: STREAM-K (CTA c takes units [c U / G, (c + 1) U / G)); splits is then 1
-    int stream_first; // STREAM-K: whole * KT, the first unit partitioned (precomputed: see Cursor)
-    int stream_units; // STREAM-K: U, the units partitioned ((NT MT - whole) KT, below 2^31)
     int split_pairs;  // split-K epilogue: row pairs per CTA of a cluster, ceil(BM / 2 / cluster)
     int split_pairs_recip;  // ceil(2^16 / split_pairs): pair / split_pairs = (pair * recip) >> 16 (exact, pair < 128)
     int activation;   // Activation code (common.cuh)
@@ -191,8 +186,8 @@ struct Gemm {
     static constexpr int PIPE_BYTES = STAGES * STAGE_BYTES + STAGING_BYTES;
     static constexpr int DATA_BYTES = PIPE_BYTES > Y_BYTES ? PIPE_BYTES : Y_BYTES;
     static constexpr int TILE_FLOATS = BM * N_CTA;
-    // Tiles that may take STREAM-K: every linear tile (the 128-token one for its TAIL).
-    static constexpr bool STREAM = !CONV;
+    // Tiles that may take STREAM-K (the host's STREAM_MAX_TOKENS): the 128-token tile's fix-up would spill.
+    static constexpr bool STREAM = WG_TOKENS <= 64 && !CONV;
 
     __device__ static __forceinline__ void wgmma(float (&d)[ACC], uint4 a, u64 desc, int accumulate) {
         wgmma_m64k16<T, WG_TOKENS>(d, a, desc, accumulate);
@@ -202,11 +197,12 @@ struct Gemm {
         return s.group_shift >= 0 ? k >> s.group_shift : k / s.group;
     }
 
-    // One work item: a tile (nt, mt), number tile_seq in the launch order, and a split of its k range (`splits` 1:
-    // the whole tile). STREAM-K: a segment [kt0, kt1) of the tile's k range; less than all of it when the tile is
-    // shared with other CTAs (stream_fixup works out with which: holding that across the main loop spilled).
+    // One work item: a tile (nt, mt) and a split of its k range (`splits` 1: the whole tile). STREAM-K: a
+    // segment of the tile's k range, one of `pieces` (the CTAs first_cta, ... that share the tile), whose partial
+    // goes to `slot` when pieces > 1.
     struct Work {
-        int nt, mt, split, splits, kt0, kt1, tile_seq;
+        int nt, mt, split, splits, kt0, kt1;
+        int tile_seq, pieces, first_cta, slot;
     };
     // The work items of a launch: the whole tiles, then the splits of the others.
     __device__ static __forceinline__ int item_count(const Shape& s) {
@@ -225,6 +221,7 @@ struct Gemm {
         place_tile(s, tile_seq, w);
         w.kt0 = (int)((long long)w.split * s.KT / w.splits);
         w.kt1 = (int)((long long)(w.split + 1) * s.KT / w.splits);
+        w.pieces = 1;
         return w;
     }
 
@@ -236,56 +233,45 @@ struct Gemm {
         w.tile_seq = tile_seq, w.nt = first_n + local % width, w.mt = local / width;
     }
 
-    // STREAM-K (common.cuh's partition of the k tiles of every tile after the `whole` ones over the grid): the
-    // first unit of CTA c (c = gridDim.x: the end), and the CTA whose range holds unit u. Units are numbered from
-    // the launch's first tile, so a unit's tile is u / KT.
-    __device__ static __forceinline__ int unit_begin(const Shape& s, int c) {
-        // floor(c U / G) in 32 bits (U = q G + r: c q + floor(c r / G)); a 64-bit division is a subroutine call,
-        // and with one in the cursor ptxas built the main loop's wgmma descriptors in vector registers.
-        const int g = gridDim.x, q = s.stream_units / g, r = s.stream_units - q * g;
-        return s.stream_first + c * q + c * r / g;
+    // STREAM-K (common.cuh's partition of all k tiles over the grid): the first unit of CTA c (c = gridDim.x: the
+    // end), and the CTA whose range holds unit u.
+    __device__ static __forceinline__ long long unit_begin(const Shape& s, int c) {
+        return stream_unit_begin(c, (long long)s.NT * s.MT * s.KT, gridDim.x);
     }
-    __device__ static __forceinline__ int cta_of(const Shape& s, int u) {
-        return stream_cta_of(u - s.stream_first, s.stream_units, gridDim.x);
+    __device__ static __forceinline__ int cta_of(const Shape& s, long long u) {
+        return stream_cta_of(u, (long long)s.NT * s.MT * s.KT, gridDim.x);
     }
 
     // STREAM-K: this CTA's segment of the tile holding unit u, up to the end of its range.
-    __device__ static __forceinline__ Work stream_work(const Shape& s, int u, int end) {
+    __device__ static __forceinline__ Work stream_work(const Shape& s, long long u, long long end) {
         Work w;
-        const int tile_seq = u / s.KT, first = tile_seq * s.KT;
+        const int tile_seq = (int)(u / s.KT);
+        const long long first = (long long)tile_seq * s.KT;
         place_tile(s, tile_seq, w);
         w.split = 0, w.splits = 1;
-        w.kt0 = u - first, w.kt1 = min(s.KT, end - first);
+        w.kt0 = (int)(u - first), w.kt1 = (int)min((long long)s.KT, end - first);
+        w.first_cta = cta_of(s, first);
+        w.pieces = cta_of(s, first + s.KT - 1) - w.first_cta + 1;
+        // A CTA's range splits at most its first and its last tile: slots 2c and 2c + 1.
+        w.slot = 2 * blockIdx.x + (u == unit_begin(s, blockIdx.x) ? 0 : 1);
         return w;
     }
 
     // This CTA's work items in order: items blockIdx.x, + gridDim.x, ... (the grid is at most one CTA per SM), or
-    // with STREAM-K ranges of units: (TAIL) its whole tiles blockIdx.x, + gridDim.x, ... below s.whole, then its
-    // own unit range [own_at, end).
+    // with STREAM-K the tile segments of its unit range.
     struct Cursor {
-        // The next item and the item count; or the next unit (a whole tile's first while below s.stream_first) and
-        // the end of the own range. 32 bits, and three words: the host keeps at + grid KT below 2^31, the producer
-        // has 40 registers, and a cursor of four words spilled there and in the 128-token consumers. The own range
-        // is worked out here once: computed at the switch, its constants held in uniform registers pushed the main
-        // loop's wgmma descriptors out of them (28 R2UR a loop).
-        int at, end, own_at;
+        long long at, end;  // the next item and the item count, or (STREAM-K) the next unit and the range's end
         __device__ __forceinline__ explicit Cursor(const Shape& s) {
-            if (STREAM && s.stream) {
-                own_at = unit_begin(s, blockIdx.x), end = unit_begin(s, blockIdx.x + 1);
-                at = s.whole > 0 ? blockIdx.x * s.KT : own_at;  // the host's whole is a multiple of the grid
-            } else {
-                at = blockIdx.x, end = item_count(s), own_at = 0;
-            }
+            if (STREAM && s.stream) at = unit_begin(s, blockIdx.x), end = unit_begin(s, blockIdx.x + 1);
+            else at = blockIdx.x, end = item_count(s);
         }
         __device__ __forceinline__ bool next(const Shape& s, Work& w) {
             if (at >= end) return false;
             if (STREAM && s.stream) {
-                const bool whole = at < s.stream_first;
-                w = stream_work(s, at, whole ? at + s.KT : end);
-                at += whole ? gridDim.x * s.KT : w.kt1 - w.kt0;
-                if (whole && at >= s.stream_first) at = own_at;  // after the last whole tile
+                w = stream_work(s, at, end);
+                at += w.kt1 - w.kt0;
             } else {
-                w = work(s, at);
+                w = work(s, (int)at);
                 at += gridDim.x;
             }
             return true;
@@ -863,32 +849,23 @@ struct Gemm {
     // that arrives last, which then holds the tile's sum in `acc` and stores y.
     __device__ static bool stream_fixup(const Args& a, const Shape& s, const Work& w, float (&acc)[2][ACC]) {
         const int ctid = thread_index();
-        // The tile's pieces are the segments of CTAs first_cta, first_cta + 1, ... A CTA's range splits at most its
-        // first tile and its last: slot 2c for a segment that starts inside the tile (the range's first), else
-        // 2c + 1 (its last; a segment from k tile 0 that is not its range's last covers the whole tile).
-        const int first = w.tile_seq * s.KT;
-        const int first_cta = cta_of(s, first), pieces = cta_of(s, first + s.KT - 1) - first_cta + 1;
+        // CTA c's segment here is its first (slot 2c) when its range starts in this tile, else its last.
         auto slot_of = [&](int piece) {
-            const int c = first_cta + piece;
-            return 2 * c + (unit_begin(s, c) > first ? 0 : 1);
+            const int c = w.first_cta + piece;
+            return 2 * c + (unit_begin(s, c) >= (long long)w.tile_seq * s.KT ? 0 : 1);
         };
-        // Loads in flight: 64 registers of float4 (two pieces of the 64-token tile spilled); the 128-token tile's
-        // 32 float4 a piece, 8 at a time, two pieces at once.
+        // BATCH pieces' loads in flight: 64 registers of float4 (two pieces of the 64-token tile spilled).
         constexpr int BATCH = ACC <= 8 ? 4 : 1;
-        constexpr int CHUNK = ACC <= 32 ? ACC / 2 : 8;
-        // The split tiles are the launch's last (tile_seq >= whole), fewer than the grid: one counter set each.
-        auto counter_of = [&] { return a.counters + (w.tile_seq - s.whole) * MAX_CLUSTER + (ctid >> 5); };
-        const int mine = 2 * blockIdx.x + (w.kt0 > 0 ? 0 : 1);
-        return warp_fixup<ACC / 2, BATCH, CHUNK>(a.partials, TILE_FLOATS, mine, counter_of, pieces, slot_of, [] {},
-                                                 ctid >> 5, ctid & 31, &acc[0][0]);
+        auto counter_of = [&] { return a.counters + (w.mt * s.NT + w.nt) * MAX_CLUSTER + (ctid >> 5); };
+        return warp_fixup<ACC / 2, BATCH>(a.partials, TILE_FLOATS, w.slot, counter_of, w.pieces, slot_of, [] {},
+                                          ctid >> 5, ctid & 31, &acc[0][0]);
     }
 
     // The epilogue of one work item.
     template <int ACT>
     __device__ static __forceinline__ void finish_item(const Args& a, const Shape& s, u32 base, const Work& w, int wg,
                                                        float (&acc)[2][ACC]) {
-        // A STREAM-K segment of less than its tile shares it with other CTAs.
-        if (STREAM && s.stream && w.kt1 - w.kt0 < s.KT && !stream_fixup(a, s, w, acc)) return;
+        if (STREAM && w.pieces > 1 && !stream_fixup(a, s, w, acc)) return;
         if (w.splits > 1) {
             epilogue_split<ACT>(a, s, base, w, wg, acc);
         } else if (CONV) {

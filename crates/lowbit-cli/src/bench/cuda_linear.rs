@@ -247,7 +247,7 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
         .map(|_| QuantLinear::new(&device, &w, None, Activation::None, dtype, max_m))
         .collect::<Result<_>>()?;
     // The GEMM launched without programmatic dependent launch (LOWBIT_BENCH_NO_PDL=1), with STREAM-K forced
-    // (LOWBIT_BENCH_STREAM=1: over all tiles where they fit one wave, else the TAIL after the full waves), with its pipeline's first fill at that many stages in flight (LOWBIT_BENCH_GEMM_RAMP)
+    // (LOWBIT_BENCH_STREAM=1), with its pipeline's first fill at that many stages in flight (LOWBIT_BENCH_GEMM_RAMP)
     // or with at most that many pipeline stages in its 16- and 64-token tiles (LOWBIT_BENCH_GEMM_STAGES=3,4), against
     // `lowbit_gemm`, one operator per rotation set.
     let mut knobs: Vec<GemmKnob> = Vec::new();
@@ -264,7 +264,7 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
     if std::env::var("LOWBIT_BENCH_STREAM").is_ok_and(|v| v == "1") {
         knobs.push(GemmKnob::new(
             "lowbit_gemm_stream".into(),
-            |_| true,
+            |m| m <= 1024,
             |g| {
                 g.force_stream_k(true);
                 Ok(())

@@ -56,19 +56,17 @@ const MAX_CLUSTER: usize = 8;
 
 /// How a tile's k range is split: `groups` thread-block clusters of `cluster` CTAs each. The clusters of a tile
 /// reduce in shared memory, then (groups > 1) add their sums through global memory. Or `stream`: the kernel's
-/// STREAM-K, every CTA the same number of k tiles, split tiles finished by a fix-up in global memory; with `whole`
-/// tiles first (its TAIL), only the tiles after the full waves are partitioned so.
+/// STREAM-K, every CTA the same number of k tiles, split tiles finished by a fix-up in global memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SplitPlan {
     /// CTAs per split tile: `cluster · groups`.
     pub splits: usize,
     pub cluster: usize,
     pub groups: usize,
-    /// Tiles that run unsplit before the split ones: 0, or the full waves of the grid (HYBRID: of
-    /// [`LinearW4A16Gemm::hybrid_grid`] CTAs, when only the last, at most half-full wave splits; TAIL: of every
-    /// SM, before the rest's STREAM-K).
+    /// Tiles that run unsplit before the split ones (the kernel's HYBRID): 0, or the full waves of a grid of
+    /// [`LinearW4A16Gemm::hybrid_grid`] CTAs when only the last, at most half-full wave splits.
     pub whole: usize,
-    /// STREAM-K over every SM (then `splits` is 1), after the `whole` tiles.
+    /// STREAM-K over every SM (then `splits` is 1).
     pub stream: bool,
 }
 
@@ -104,11 +102,11 @@ const PUSH_US_PER_KB: f64 = 0.07;
 /// What the global step of a tile split into several cluster groups adds: the last cluster's copy of the others'
 /// sums and its own epilogue took ~5 us per tile at 2 and at 4 groups (the non-last clusters' publish ~1.6 us).
 const GROUPS_EPILOGUE_US: f64 = 5.0;
-/// What STREAM-K adds to a launch, per 64 KB of a tile's fp32 sums (the 64-token tile; 128 KB for 128 tokens):
-/// publishing a partial (a GPU-scope release behind 2-8 KB per warp), then per piece of a tile an L2 round trip of
-/// the last warp's loads. Fitted to the H200 runs (`w4a16-gemm.md`): 4-5% faster than whole tiles without RAMP on
-/// 8192 x 28672 (112 tiles of 64 k tiles, 3 pieces a tile) at M = 1-64; 10-25% slower where a tile has 8-9 pieces
-/// (16 tiles of 32 k tiles, M = 64) and cluster split-K fills the SMs.
+/// What STREAM-K adds to a launch, when it is forced (the tile is still chosen by cost): publishing a partial (a
+/// GPU-scope release behind 2-8 KB per warp), then per piece of a tile an L2 round trip of the last warp's loads.
+/// Fitted to the H200 runs (`w4a16-gemm.md`): 4-5% faster than whole tiles without RAMP on 8192 x 28672 (112 tiles
+/// of 64 k tiles, 3 pieces a tile) at M = 1-64; 10-25% slower where a tile has 8-9 pieces (16 tiles of 32 k tiles,
+/// M = 64) and cluster split-K fills the SMs.
 const STREAM_FIXUP_US: f64 = 1.5;
 const STREAM_PIECE_US: f64 = 1.0;
 /// The kernel's RAMP in the linear 16- and 64-token tiles: while the pipeline first fills, stage i is issued only
@@ -126,8 +124,8 @@ fn default_ramp(wg_tokens: usize, conv: bool) -> usize {
         0
     }
 }
-/// Largest tile (tokens per warpgroup) that STREAM-K over all tiles may be forced on (at most one tile per SM);
-/// the TAIL plan takes any linear tile. Its slots (two per SM, one tile of fp32 each) are part of the workspace.
+/// Largest tile (tokens per warpgroup) that may take STREAM-K: its slots (two per SM, one tile of fp32 each) are
+/// part of the workspace.
 const STREAM_MAX_TOKENS: usize = 64;
 /// Deepest pipeline (lowered to what fits in shared memory).
 const MAX_STAGES: usize = 6;
@@ -305,8 +303,6 @@ struct GemmShape {
     groups: i32,
     whole: i32,
     stream: i32,
-    stream_first: i32,
-    stream_units: i32,
     split_pairs: i32,
     split_pairs_recip: i32,
     activation: i32,
@@ -558,12 +554,10 @@ impl LinearW4A16Gemm {
         let v = &kernel.variant;
         let k_tiles = self.weight.plan.k_tiles();
         if plan.stream {
-            let units = (self.tiles(kernel, m) - plan.whole) * k_tiles;
+            let units = self.tiles(kernel, m) * k_tiles;
             let per_cta = units.div_ceil(units.min(self.sms));
             let pieces = k_tiles.div_ceil(per_cta) + 1; // the most CTAs sharing a tile
-            let scale = (v.bm() * v.n_cta() * 4) as f64 / 65536.0;
-            let fixup = scale * (STREAM_FIXUP_US + pieces as f64 * STREAM_PIECE_US);
-            return ((plan.whole / self.sms) * k_tiles + per_cta) as f64 * kt_us(v.wg_tokens) + fixup;
+            return per_cta as f64 * kt_us(v.wg_tokens) + STREAM_FIXUP_US + pieces as f64 * STREAM_PIECE_US;
         }
         let whole_waves = plan.whole.div_ceil(self.hybrid_grid());
         let waves = ((self.tiles(kernel, m) - plan.whole) * plan.splits).div_ceil(self.sms);
@@ -611,21 +605,12 @@ impl LinearW4A16Gemm {
                 .find_map(|s| fitting(s, false))
                 .unwrap_or(SplitPlan::NONE);
         }
-        // STREAM-K over all tiles, only when forced (`force_stream_k`): linear tiles of up to STREAM_MAX_TOKENS
-        // tokens, at most one per SM (the counters). Measured on the H200 it matched the whole-tile plan with RAMP
-        // on the one layer where it had gained (`w4a16-gemm.md`), so the model does not offer it.
+        // STREAM-K, only when forced (`force_stream_k`): linear tiles of up to STREAM_MAX_TOKENS tokens, at most one
+        // per SM (the counters). Measured on the H200 it matched the whole-tile plan with RAMP on the one layer where
+        // it had gained (`w4a16-gemm.md`), so the model does not offer it.
         let stream = !kernel.variant.conv && kernel.variant.wg_tokens <= STREAM_MAX_TOKENS && tiles <= self.sms;
         if stream && self.forced_stream {
             return SplitPlan::STREAM;
-        }
-        // TAIL: the full waves of every SM whole, STREAM-K over the rest (the model weighs it; forced with
-        // `force_stream_k` where tiles exceed the SMs).
-        let tail = (tiles > self.sms && tiles % self.sms != 0).then_some(SplitPlan {
-            whole: tiles / self.sms * self.sms,
-            ..SplitPlan::STREAM
-        });
-        if self.forced_stream && tail.is_some() && self.forced_splits.is_none() {
-            return tail.unwrap_or(SplitPlan::NONE);
         }
         if self.forced_splits.is_some() {
             return (2..=wanted)
@@ -649,7 +634,6 @@ impl LinearW4A16Gemm {
         // Fewer splits first, so a tie keeps the cheaper epilogue.
         std::iter::once(SplitPlan::NONE)
             .chain(hybrid)
-            .chain(tail)
             .chain(candidates)
             .fold((SplitPlan::NONE, f64::INFINITY), |best, plan| {
                 let cost = self.estimated_cost(kernel, m, plan);
@@ -774,22 +758,22 @@ impl LinearW4A16Gemm {
 
     /// Bytes of the fp32 partials of split tiles, at most: the sums that the cluster groups of split tiles
     /// exchange (the tiles x groups of a launch are at most SMs / 2 clusters of 2 CTAs or more, each publishing
-    /// ceil(BM / 2 / cluster) row pairs per CTA), or STREAM-K's two slots of one tile per SM: for the tiles that
-    /// can take a TAIL plan at up to `max_m` rows (more tiles than SMs), and for the small ones when it is forced.
+    /// ceil(BM / 2 / cluster) row pairs per CTA), or, when STREAM-K is forced, its two slots of one tile per SM.
     fn partials_bytes(&self) -> usize {
         if self.kernels[0].variant.conv {
             return 0;
         }
         let k = &self.kernels[self.slot(128)].variant;
         let groups = self.sms * (k.bm() / 2 + 2) * k.n_cta() * 4;
-        let stream = self.kernels.iter().filter(|k| {
-            let v = &k.variant;
-            self.tiles(k, self.max_m) > self.sms || (self.forced_stream && v.wg_tokens <= STREAM_MAX_TOKENS)
-        });
-        let slots = stream
-            .map(|k| 2 * self.sms * k.variant.bm() * k.variant.n_cta() * 4)
-            .max()
-            .unwrap_or(0);
+        if !self.forced_stream {
+            return groups;
+        }
+        let stream = self
+            .kernels
+            .iter()
+            .map(|k| &k.variant)
+            .filter(|v| v.wg_tokens <= STREAM_MAX_TOKENS);
+        let slots = stream.map(|v| 2 * self.sms * v.bm() * v.n_cta() * 4).max().unwrap_or(0);
         groups.max(slots)
     }
 
@@ -937,8 +921,7 @@ impl LinearW4A16Gemm {
         } else {
             split.whole + (tiles - split.whole) * splits
         };
-        // The kernel counts items (or units) in 32 bits, one grid (of whole tiles' units) past the last.
-        if m > i32::MAX as usize || items > i32::MAX as usize - self.sms * p.k_tiles() {
+        if m > i32::MAX as usize || items > i32::MAX as usize {
             return Err(Error::invalid(
                 "x",
                 format!("{m} rows"),
@@ -965,8 +948,6 @@ impl LinearW4A16Gemm {
             groups: split.groups as i32,
             whole: split.whole as i32,
             stream: i32::from(split.stream),
-            stream_first: (split.whole * p.k_tiles()) as i32,
-            stream_units: ((tiles - split.whole) * p.k_tiles()) as i32,
             split_pairs: split_pairs as i32,
             split_pairs_recip: 65536_usize.div_ceil(split_pairs) as i32,
             activation: activation.code(),
@@ -976,12 +957,10 @@ impl LinearW4A16Gemm {
         };
         // Split-K runs clusters of `cluster` CTAs (grid = items, a multiple of splits; a hybrid plan: every SM, in
         // whole clusters, each CTA's last item its split one); STREAM-K one CTA per SM, at least a unit each (here
-        // `items` counts units; TAIL: every SM, whose whole tiles are a multiple of it). Every launch is the
+        // `items` counts units). Every launch is the
         // programmatic dependent of the stream's previous kernel (the kernel's DEPENDENT LAUNCH: the next GEMM's
         // first weight stages load during this one's tail; a convolution's image comes from its pack kernel).
-        let grid = if split.stream && split.whole > 0 {
-            self.sms
-        } else if split.whole > 0 {
+        let grid = if split.whole > 0 {
             self.hybrid_grid()
         } else {
             items.min(self.sms)
