@@ -85,7 +85,7 @@
 //   MB of weights and of x in L2 instead of streaming both from memory.
 //
 // The host prepends the #defines selecting one variant (LB_DTYPE, LB_ZEROS, LB_WG_N, LB_WG_TOKENS, LB_STAGES,
-// LB_UNIT_GROUPS, LB_CONV, LB_LOOKAHEAD, LB_WBITS, LB_RAMP).
+// LB_UNIT_GROUPS, LB_CONV, LB_LOOKAHEAD, LB_WBITS, LB_RAMP, LB_LAG).
 #include "common.cuh"
 
 namespace lowbit {
@@ -152,9 +152,11 @@ constexpr int MAX_CLUSTER = 8;  // counters per tile
 
 // WG_TOKENS: the wgmma N, tokens per consumer warpgroup (16 or 64 for small batches, 128 otherwise).
 template <class T, int ZMODE, int WG_N, int WG_TOKENS, int STAGES, bool UNIT_GROUPS, bool CONV, int LOOK, int WBITS,
-          int RAMP>
+          int RAMP, int LAG>
 struct Gemm {
     static_assert(LOOK == 2 || LOOK == 3, "k16 steps converted ahead of the wgmmas: 2 or 3");
+    static_assert(LAG >= 0 && LAG < STAGES, "STAGGER: warpgroup 1 at most STAGES - 1 k tiles behind");
+    static constexpr int STAGGER_BARRIER = 2;  // named barrier 1 is consumer_sync's
     static_assert(WBITS == 4 || (WBITS == 8 && T::MAGIC == F16::MAGIC),
                   "int8 codes: fp16 activations only (bf16 cannot hold 1024 + u; see INT8 CODES)");
     static constexpr int FRAG_BUFS = LOOK == 2 ? 4 : 8;  // >= 2 LOOK - 1, dividing the 8 steps of a stage
@@ -444,8 +446,9 @@ struct Gemm {
 
     // The consumer warpgroups' main loop; returns with every wgmma complete and the accumulators in `acc`.
     // `buf`/`phase`: the stage the next k tile is in and the parity of its use, carried across items.
+    // `arrive_kt` (STAGGER): after that k tile warpgroup 0 lets warpgroup 1 start; -1: none.
     __device__ static __forceinline__ void mainloop(const Shape& s, u32 base, u32 bars, int kt0, int kt1, int wg,
-                                                    int& buf, u32& phase, float (&acc)[2][ACC]) {
+                                                    int arrive_kt, int& buf, u32& phase, float (&acc)[2][ACC]) {
         const int lane = threadIdx.x & 31;
         const int dw = (WG_N == 2 ? wg * 4 : 0) + ((threadIdx.x >> 5) & 3);  // this warp's 32-column decode slice
         const int wm = WG_N == 2 ? 0 : wg;                                   // this warpgroup's token half
@@ -467,6 +470,7 @@ struct Gemm {
             stage_step<6>(s, base, bars, kt, kt0, kt1, buf, phase, xd, dw, lane, cv, frag, acc);
             stage_step<7>(s, base, bars, kt, kt0, kt1, buf, phase, xd, dw, lane, cv, frag, acc);
             if (++buf == STAGES) buf = 0, phase ^= 1;
+            if (LAG > 0 && kt == arrive_kt) named_barrier_arrive(STAGGER_BARRIER, CONSUMERS);
         }
         wgmma_wait<0>();
         fence_accumulators(acc);
@@ -906,12 +910,19 @@ struct Gemm {
         u32 phase = 0;
         if (a.trace) mbar_wait(bars, 0), trace_stamp(a.trace, TRACE_FIRST_FULL);
         int taken = 0;
+        // STAGGER (LAG > 0): warpgroup 1 starts once warpgroup 0 has done LAG k tiles of its first item (or all of
+        // them, if fewer), and then stays about that far behind on the same stages: each warpgroup runs its
+        // epilogue while the other still issues wgmmas, instead of both at once with the tensor cores idle. The
+        // lag persists, since each gains on the other while that one is in its epilogue; it costs the leader LAG
+        // stages of prefetch.
+        if (LAG > 0 && wg == 1) named_barrier_sync(STAGGER_BARRIER, CONSUMERS);
         // Persistent: the grid is at most one CTA per SM (Cursor). A CTA's split item is its last (the host's
         // rule), so the shared-memory epilogue, which reuses the stages, never races the producer.
         Work w;
         for (Cursor items(s); items.next(s, w);) {
             float acc[2][ACC];  // written by the first wgmma (accumulate = 0)
-            mainloop(s, base, bars, w.kt0, w.kt1, wg, buf, phase, acc);
+            const int arrive_kt = LAG > 0 && wg == 0 && taken == 0 ? min(w.kt0 + LAG, w.kt1) - 1 : -1;
+            mainloop(s, base, bars, w.kt0, w.kt1, wg, arrive_kt, buf, phase, acc);
             if (taken == 0) trace_stamp(a.trace, TRACE_MAINLOOP_END);
             // One compile-time activation per launch keeps the unrolled epilogue small (see activate). A
             // convolution clamps at most (none/relu/relu6): its variants leave GELU and SiLU out.
@@ -956,10 +967,13 @@ struct Gemm {
 #ifndef LB_RAMP
 #define LB_RAMP 0
 #endif
+#ifndef LB_LAG
+#define LB_LAG 0
+#endif
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 typedef lowbit::w4a16_gemm::Gemm<lowbit::LB_DTYPE, LB_ZEROS, LB_WG_N, LB_WG_TOKENS, LB_STAGES, LB_UNIT_GROUPS != 0,
-                                 LB_CONV != 0, LB_LOOKAHEAD, LB_WBITS, LB_RAMP>
+                                 LB_CONV != 0, LB_LOOKAHEAD, LB_WBITS, LB_RAMP, LB_LAG>
     GemmVariant;
 
 extern "C" __global__ void __launch_bounds__(GemmVariant::BLOCK, 1)

@@ -25,7 +25,8 @@
 //! `LOWBIT_BENCH_STREAM=1` the GEMM with STREAM-K wherever its tiles allow it (`lowbit_gemm_stream`, M <= 1024),
 //! `LOWBIT_BENCH_GEMM_STAGES=3,4` with at most that many pipeline stages in its 16- and 64-token tiles
 //! (`lowbit_gemm_s3`, ...), `LOWBIT_BENCH_GEMM_RAMP=0,1` with at most that many stages in flight while its
-//! pipeline first fills, 0 being all of them, on every tile (`lowbit_gemm_ramp0`, ...).
+//! pipeline first fills, 0 being all of them, on every tile (`lowbit_gemm_ramp0`, ...), `LOWBIT_BENCH_GEMM_LAG=0,1`
+//! with the 128-token tile's second consumer warpgroup that many k tiles behind (`lowbit_gemm_lag0`, ...).
 
 use super::{graph_replay_us, median_of_batches, BenchArgs, BenchRecord, Rounds, Shape, Sink};
 use half::{bf16, f16};
@@ -248,7 +249,8 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
         .collect::<Result<_>>()?;
     // The GEMM launched without programmatic dependent launch (LOWBIT_BENCH_NO_PDL=1), with STREAM-K forced
     // (LOWBIT_BENCH_STREAM=1), with its pipeline's first fill at that many stages in flight (LOWBIT_BENCH_GEMM_RAMP)
-    // or with at most that many pipeline stages in its 16- and 64-token tiles (LOWBIT_BENCH_GEMM_STAGES=3,4), against
+    // or with at most that many pipeline stages in its 16- and 64-token tiles (LOWBIT_BENCH_GEMM_STAGES=3,4), or
+    // with its second consumer warpgroup that many k tiles behind the first (LOWBIT_BENCH_GEMM_LAG=0,1,3), against
     // `lowbit_gemm`, one operator per rotation set.
     let mut knobs: Vec<GemmKnob> = Vec::new();
     if std::env::var("LOWBIT_BENCH_NO_PDL").is_ok_and(|v| v == "1") {
@@ -269,6 +271,14 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
                 g.force_stream_k(true);
                 Ok(())
             },
+        ));
+    }
+    for lag in list_var("LOWBIT_BENCH_GEMM_LAG")? {
+        let dev = dev.clone();
+        knobs.push(GemmKnob::new(
+            format!("lowbit_gemm_lag{lag}"),
+            |m| m >= 256,
+            move |g| g.set_lag(&dev, lag),
         ));
     }
     for ramp in list_var("LOWBIT_BENCH_GEMM_RAMP")? {

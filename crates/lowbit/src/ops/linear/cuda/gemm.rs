@@ -124,6 +124,21 @@ fn default_ramp(wg_tokens: usize, conv: bool) -> usize {
         0
     }
 }
+/// The kernel's STAGGER: the second consumer warpgroup this many k tiles behind the first on the same stages, so
+/// that their epilogues do not leave the tensor cores idle together. H200, 128-token tiles of 256 columns (the two
+/// warpgroups on the two column halves), M = 1024 and 4096 on the anchor layers: 2-3.5% faster (`w4a16-gemm.md`).
+const STAGGER_K_TILES: usize = 2;
+
+/// The STAGGER a tile is built with: [`STAGGER_K_TILES`] for the linear 128-token tile of 256 columns, none
+/// elsewhere (the 128-column tile has 2 stages; the smaller tiles and the convolution were not measured with it).
+fn default_lag(wg_n: usize, wg_tokens: usize, conv: bool) -> usize {
+    if wg_n == 2 && wg_tokens == 128 && !conv {
+        STAGGER_K_TILES
+    } else {
+        0
+    }
+}
+
 /// Largest tile (tokens per warpgroup) that may take STREAM-K: its slots (two per SM, one tile of fp32 each) are
 /// part of the workspace.
 const STREAM_MAX_TOKENS: usize = 64;
@@ -162,6 +177,8 @@ pub struct GemmVariant {
     pub wbits: usize,
     /// Stages in flight while the pipeline first fills (the kernel's RAMP); 0: all of them.
     pub ramp: usize,
+    /// k tiles the second consumer warpgroup runs behind the first (the kernel's STAGGER), below `stages`; 0: none.
+    pub lag: usize,
 }
 
 impl GemmVariant {
@@ -232,7 +249,7 @@ impl GemmVariant {
 
     fn name(&self) -> String {
         format!(
-            "linear_w4a16_gemm_{}_w{}_z{}_g{}_wgn{}_t{}_s{}_l{}_r{}{}",
+            "linear_w4a16_gemm_{}_w{}_z{}_g{}_wgn{}_t{}_s{}_l{}_r{}_d{}{}",
             self.act.name(),
             self.wbits,
             self.zero_mode(),
@@ -242,6 +259,7 @@ impl GemmVariant {
             self.stages,
             self.lookahead,
             self.ramp,
+            self.lag,
             if self.conv { "_conv" } else { "" }
         )
     }
@@ -253,7 +271,7 @@ impl GemmVariant {
                 format!(
                     "#define LB_DTYPE {}\n#define LB_ZEROS {}\n#define LB_WG_N {}\n#define LB_WG_TOKENS {}\n\
                  #define LB_STAGES {}\n#define LB_UNIT_GROUPS {}\n#define LB_CONV {}\n#define LB_LOOKAHEAD {}\n\
-                 #define LB_WBITS {}\n#define LB_RAMP {}\n",
+                 #define LB_WBITS {}\n#define LB_RAMP {}\n#define LB_LAG {}\n",
                     if self.act == DType::Bf16 { "BF16" } else { "F16" },
                     self.zero_mode(),
                     self.wg_n,
@@ -263,7 +281,8 @@ impl GemmVariant {
                     u8::from(self.conv),
                     self.lookahead,
                     self.wbits,
-                    self.ramp
+                    self.ramp,
+                    self.lag
                 )
             },
             SOURCE,
@@ -469,6 +488,7 @@ impl LinearW4A16Gemm {
                     lookahead: default_lookahead(wg_tokens),
                     wbits: plan.code_bits,
                     ramp: default_ramp(wg_tokens, conv),
+                    lag: default_lag(plan.n_cta / 128, wg_tokens, conv),
                 },
             )
         };
@@ -661,6 +681,21 @@ impl LinearW4A16Gemm {
             self.reload(device, tokens, |v| v.ramp = stages)?;
         }
         Ok(())
+    }
+
+    /// Reloads the 128-token tile with its second consumer warpgroup `k_tiles` k tiles behind the first (the
+    /// kernel's STAGGER; 0: none; benchmarking).
+    #[doc(hidden)]
+    pub fn set_lag(&mut self, device: &CudaDevice, k_tiles: usize) -> Result<()> {
+        let stages = self.kernels[self.slot(128)].variant.stages;
+        if k_tiles >= stages {
+            return Err(Error::invalid(
+                "lag",
+                k_tiles,
+                format!("must be below the tile's {stages} stages"),
+            ));
+        }
+        self.reload(device, 128, |v| v.lag = k_tiles)
     }
 
     /// Caps the CTAs per cluster of a split tile at `ctas` (at least 2), so that small shapes split into several
@@ -1056,6 +1091,7 @@ mod tests {
                         conv,
                         lookahead: default_lookahead(wg_tokens),
                         ramp: default_ramp(wg_tokens, conv),
+                        lag: default_lag(wg_n, wg_tokens, conv),
                     };
                     while v.stages > 2 && v.smem_bytes() > limits.per_cta {
                         v.stages -= 1;
