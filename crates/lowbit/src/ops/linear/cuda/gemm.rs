@@ -126,7 +126,8 @@ fn default_ramp(wg_tokens: usize, conv: bool) -> usize {
 }
 /// The kernel's STAGGER: the second consumer warpgroup this many k tiles behind the first on the same stages, so
 /// that their epilogues do not leave the tensor cores idle together. H200, 128-token tiles of 256 columns (the two
-/// warpgroups on the two column halves), M = 1024 and 4096 on the anchor layers: 2-3.5% faster (`w4a16-gemm.md`).
+/// warpgroups on the two column halves), M = 1024 and 4096 on the anchor layers: 3-6% faster; lags of 1 and 3 k
+/// tiles within 1% of 2 (`w4a16-gemm.md`, "STAGGER").
 const STAGGER_K_TILES: usize = 2;
 
 /// The STAGGER a tile is built with: [`STAGGER_K_TILES`] for the linear 128-token tile of 256 columns, none
