@@ -55,10 +55,11 @@
 //   slots in piece order (lowest k first) and stores y. The same order whoever arrives last: repeated runs are
 //   bit-identical, and the partition depends on the shape only.
 //
-// * STAGGER (LB_LAG, the linear 128-token tile of 256 columns). Warpgroup 1 starts once warpgroup 0 has done LAG k
-//   tiles, and stays that far behind on the same stages. Both used to finish an item at once and run their
-//   epilogues with the tensor cores idle (~4.5% of a K = 4096 item). Now one's epilogue overlaps the other's wgmmas:
-//   one warpgroup alone drives the tensor pipe at ~97% of the pair's rate (measured). 3-6% at M = 1024 and 4096.
+// * STAGGER (LB_LAG; the linear 128-token tile of 256 columns with 4 stages, i.e. 4-bit codes: the int8 layout's
+//   3-stage tile was slower with it). Warpgroup 1 starts once warpgroup 0 has done LAG k tiles, and stays that far
+//   behind on the same stages. Both used to finish an item at once and run their epilogues with the tensor cores
+//   idle (~4.5% of a K = 4096 item). Now one's epilogue overlaps the other's wgmmas: one warpgroup alone drives the
+//   tensor pipe at ~97% of the pair's rate (measured). 3-6% at M = 1024 and 4096 (f16).
 //
 // * PERSISTENT. The grid is at most one CTA per SM; CTA c takes work items (tile x split) c, c + grid, ... and the
 //   producer runs ahead across items, so the next tile's stages fill while the consumers run an epilogue: K = 4096

@@ -129,6 +129,9 @@ fn default_ramp(wg_tokens: usize, conv: bool) -> usize {
 /// warpgroups on the two column halves), M = 1024 and 4096 on the anchor layers: 3-6% faster; lags of 1 and 3 k
 /// tiles within 1% of 2 (`w4a16-gemm.md`, "STAGGER").
 const STAGGER_K_TILES: usize = 2;
+/// The fewest stages a tile takes the STAGGER with: the int8 layout's 128-token tile has 3, and there lags of 1 and
+/// 2 were 1-2% slower than none (its leader is left too little prefetch).
+const STAGGER_MIN_STAGES: usize = 4;
 
 /// The STAGGER a tile is built with: [`STAGGER_K_TILES`] for the linear 128-token tile of 256 columns, none
 /// elsewhere (the 128-column tile has 2 stages; the smaller tiles and the convolution were not measured with it).
@@ -201,6 +204,18 @@ impl GemmVariant {
             + group_rows * n_cta * 2
             + group_rows * self.zero_row_bytes();
         bytes.next_multiple_of(1024)
+    }
+
+    /// This variant with as many of its stages as fit in `smem` bytes of shared memory per CTA (at least 2), and
+    /// no STAGGER if fewer than [`STAGGER_MIN_STAGES`] remain.
+    fn fitted(mut self, smem: usize) -> Self {
+        while self.stages > 2 && self.smem_bytes() > smem {
+            self.stages -= 1;
+        }
+        if self.stages < STAGGER_MIN_STAGES {
+            self.lag = 0;
+        }
+        self
     }
 
     /// Bytes of one stage's zero (or offset) row.
@@ -685,7 +700,7 @@ impl LinearW4A16Gemm {
     }
 
     /// Reloads the 128-token tile with its second consumer warpgroup `k_tiles` k tiles behind the first (the
-    /// kernel's STAGGER; 0: none; benchmarking).
+    /// kernel's STAGGER; 0: none; benchmarking). A tile of fewer than [`STAGGER_MIN_STAGES`] stages keeps none.
     #[doc(hidden)]
     pub fn set_lag(&mut self, device: &CudaDevice, k_tiles: usize) -> Result<()> {
         let stages = self.kernels[self.slot(128)].variant.stages;
@@ -1043,11 +1058,8 @@ fn default_lookahead(wg_tokens: usize) -> usize {
 
 /// Compiles (or fetches) `variant` with as many pipeline stages as fit, up to its `stages`, and allows it that
 /// much dynamic shared memory.
-fn load_variant(device: &CudaDevice, mut variant: GemmVariant) -> Result<GemmKernel> {
-    let limits = smem_limits(device.info().compute_capability);
-    while variant.stages > 2 && variant.smem_bytes() > limits.per_cta {
-        variant.stages -= 1;
-    }
+fn load_variant(device: &CudaDevice, variant: GemmVariant) -> Result<GemmKernel> {
+    let variant = variant.fitted(smem_limits(device.info().compute_capability).per_cta);
     let function = device.function_with_shared_memory(variant.source(), "w4a16_gemm", variant.smem_bytes())?;
     let mut resident_clusters = [0; MAX_SPLITS + 1];
     for (ctas, resident) in resident_clusters.iter_mut().enumerate().skip(2) {
@@ -1094,9 +1106,7 @@ mod tests {
                         ramp: default_ramp(wg_tokens, conv),
                         lag: default_lag(wg_n, wg_tokens, conv),
                     };
-                    while v.stages > 2 && v.smem_bytes() > limits.per_cta {
-                        v.stages -= 1;
-                    }
+                    v = v.fitted(limits.per_cta);
                     let compiled = crate::cuda::compile(v.source(), "sm_90a").unwrap();
                     if let Ok(dir) = std::env::var("LOWBIT_DUMP_CUBIN") {
                         std::fs::write(format!("{dir}/{}.cubin", v.name()), &compiled.cubin).unwrap();
