@@ -1076,6 +1076,36 @@ fn load_variant(device: &CudaDevice, variant: GemmVariant) -> Result<GemmKernel>
 mod tests {
     use super::*;
 
+    /// Where the stage count settles on a Hopper GPU, and which tiles keep the STAGGER: the 4-bit 128-token tile of
+    /// 256 columns (4 stages) does, the int8 layout's (3 stages, measured slower with it) and every other tile do not.
+    #[test]
+    fn stages_and_stagger_of_the_linear_tiles() {
+        let smem = smem_limits((9, 0)).per_cta;
+        let tile = |wbits: usize, wg_n: usize, wg_tokens: usize| {
+            GemmVariant {
+                act: DType::F16,
+                zeros: true,
+                wg_n,
+                wg_tokens,
+                stages: MAX_STAGES,
+                unit_groups: true,
+                offsets: false,
+                conv: false,
+                lookahead: default_lookahead(wg_tokens),
+                wbits,
+                ramp: default_ramp(wg_tokens, false),
+                lag: default_lag(wg_n, wg_tokens, false),
+            }
+            .fitted(smem)
+        };
+        let settled = |v: GemmVariant| (v.stages, v.lag);
+        assert_eq!(settled(tile(4, 2, 128)), (4, STAGGER_K_TILES));
+        assert_eq!(settled(tile(8, 2, 128)), (3, 0));
+        assert_eq!(settled(tile(4, 1, 128)), (2, 0));
+        assert_eq!(settled(tile(4, 2, 64)).1, 0);
+        assert_eq!(settled(tile(4, 2, 16)).1, 0);
+    }
+
     /// Every GEMM specialisation a layer or a convolution can load compiles for sm_90a without spills, a stack
     /// frame or a serialised wgmma pipeline (NVRTC only, no GPU). A split-K epilogue that kept arrays in local
     /// memory once cost 30% of the main loop's speed with every GPU test passing.
