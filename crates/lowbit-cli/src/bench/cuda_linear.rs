@@ -26,7 +26,7 @@
 //! `LOWBIT_BENCH_GEMM_STAGES=3,4` with at most that many pipeline stages in its 16- and 64-token tiles
 //! (`lowbit_gemm_s3`, ...), `LOWBIT_BENCH_GEMM_RAMP=0,1` with at most that many stages in flight while its
 //! pipeline first fills, 0 being all of them, on every tile (`lowbit_gemm_ramp0`, ...), `LOWBIT_BENCH_GEMM_LAG=0,1`
-//! with the 128-token tile's second consumer warpgroup that many k tiles behind (`lowbit_gemm_lag0`, ...).
+//! with the 64- and 128-token tiles' second consumer warpgroup that many k tiles behind (`lowbit_gemm_lag0`, ...).
 
 use super::{graph_replay_us, median_of_batches, BenchArgs, BenchRecord, Rounds, Shape, Sink};
 use half::{bf16, f16};

@@ -699,19 +699,23 @@ impl LinearW4A16Gemm {
         Ok(())
     }
 
-    /// Reloads the 128-token tile with its second consumer warpgroup `k_tiles` k tiles behind the first (the
-    /// kernel's STAGGER; 0: none; benchmarking). A tile of fewer than [`STAGGER_MIN_STAGES`] stages keeps none.
+    /// Reloads the 64- and 128-token tiles with their second consumer warpgroup `k_tiles` k tiles behind the first
+    /// (the kernel's STAGGER; 0: none; benchmarking; by default only the 128-token tile has it). A tile of fewer than
+    /// [`STAGGER_MIN_STAGES`] stages keeps none.
     #[doc(hidden)]
     pub fn set_lag(&mut self, device: &CudaDevice, k_tiles: usize) -> Result<()> {
-        let stages = self.kernels[self.slot(128)].variant.stages;
-        if k_tiles >= stages {
-            return Err(Error::invalid(
-                "lag",
-                k_tiles,
-                format!("must be below the tile's {stages} stages"),
-            ));
+        for tokens in [64, 128] {
+            let stages = self.kernels[self.slot(tokens)].variant.stages;
+            if k_tiles >= stages {
+                return Err(Error::invalid(
+                    "lag",
+                    k_tiles,
+                    format!("must be below the {tokens}-token tile's {stages} stages"),
+                ));
+            }
+            self.reload(device, tokens, |v| v.lag = k_tiles)?;
         }
-        self.reload(device, 128, |v| v.lag = k_tiles)
+        Ok(())
     }
 
     /// Caps the CTAs per cluster of a split tile at `ctas` (at least 2), so that small shapes split into several
