@@ -186,6 +186,34 @@ pub struct GemmVariant {
 }
 
 impl GemmVariant {
+    /// The tile of `wg_tokens` tokens per warpgroup and `wg_n` column warpgroups for these weights, with every tuning
+    /// knob at its default (all stages that fit are taken when it is loaded: [`GemmVariant::fitted`]). A convolution
+    /// reads its weights in MNN's offset form.
+    fn with_defaults(
+        act: DType,
+        wbits: usize,
+        zeros: bool,
+        unit_groups: bool,
+        conv: bool,
+        wg_n: usize,
+        wg_tokens: usize,
+    ) -> Self {
+        GemmVariant {
+            act,
+            zeros,
+            wg_n,
+            wg_tokens,
+            stages: MAX_STAGES,
+            unit_groups,
+            offsets: conv,
+            conv,
+            lookahead: default_lookahead(wg_tokens),
+            wbits,
+            ramp: default_ramp(wg_tokens, conv),
+            lag: default_lag(wg_n, wg_tokens, conv),
+        }
+    }
+
     /// Tokens per CTA tile.
     pub fn bm(&self) -> usize {
         (2 / self.wg_n) * self.wg_tokens
@@ -492,20 +520,15 @@ impl LinearW4A16Gemm {
         let load = |wg_tokens: usize| {
             load_variant(
                 device,
-                GemmVariant {
-                    act: weight.act,
-                    zeros: weight.zeros.is_some(),
-                    wg_n: plan.n_cta / 128,
-                    wg_tokens,
-                    stages: MAX_STAGES,
-                    unit_groups: plan.group % K_TILE == 0,
-                    offsets: conv,
+                GemmVariant::with_defaults(
+                    weight.act,
+                    plan.code_bits,
+                    weight.zeros.is_some(),
+                    plan.group % K_TILE == 0,
                     conv,
-                    lookahead: default_lookahead(wg_tokens),
-                    wbits: plan.code_bits,
-                    ramp: default_ramp(wg_tokens, conv),
-                    lag: default_lag(plan.n_cta / 128, wg_tokens, conv),
-                },
+                    plan.n_cta / 128,
+                    wg_tokens,
+                ),
             )
         };
         // The 16-token tile is the linear layer's: the convolution epilogue stores 32 tokens per round.
@@ -704,18 +727,19 @@ impl LinearW4A16Gemm {
     /// [`STAGGER_MIN_STAGES`] stages keeps none.
     #[doc(hidden)]
     pub fn set_lag(&mut self, device: &CudaDevice, k_tiles: usize) -> Result<()> {
-        for tokens in [64, 128] {
-            let stages = self.kernels[self.slot(tokens)].variant.stages;
-            if k_tiles >= stages {
-                return Err(Error::invalid(
-                    "lag",
-                    k_tiles,
-                    format!("must be below the {tokens}-token tile's {stages} stages"),
-                ));
-            }
-            self.reload(device, tokens, |v| v.lag = k_tiles)?;
+        let stages = self.kernels[self.slot(64)]
+            .variant
+            .stages
+            .min(self.kernels[self.slot(128)].variant.stages);
+        if k_tiles >= stages {
+            return Err(Error::invalid(
+                "lag",
+                k_tiles,
+                format!("must be below the tiles' {stages} stages"),
+            ));
         }
-        Ok(())
+        self.reload(device, 64, |v| v.lag = k_tiles)?;
+        self.reload(device, 128, |v| v.lag = k_tiles)
     }
 
     /// Caps the CTAs per cluster of a split tile at `ctas` (at least 2), so that small shapes split into several
@@ -1086,21 +1110,7 @@ mod tests {
     fn stages_and_stagger_of_the_linear_tiles() {
         let smem = smem_limits((9, 0)).per_cta;
         let tile = |wbits: usize, wg_n: usize, wg_tokens: usize| {
-            GemmVariant {
-                act: DType::F16,
-                zeros: true,
-                wg_n,
-                wg_tokens,
-                stages: MAX_STAGES,
-                unit_groups: true,
-                offsets: false,
-                conv: false,
-                lookahead: default_lookahead(wg_tokens),
-                wbits,
-                ramp: default_ramp(wg_tokens, false),
-                lag: default_lag(wg_n, wg_tokens, false),
-            }
-            .fitted(smem)
+            GemmVariant::with_defaults(DType::F16, wbits, true, true, false, wg_n, wg_tokens).fitted(smem)
         };
         let settled = |v: GemmVariant| (v.stages, v.lag);
         assert_eq!(settled(tile(4, 2, 128)), (4, STAGGER_K_TILES));
@@ -1122,25 +1132,13 @@ mod tests {
         let limits = smem_limits((9, 0));
         for (act, wbits) in [(DType::F16, 4), (DType::Bf16, 4), (DType::F16, 8)] {
             for (wg_n, wg_tokens) in [(1, 16), (1, 64), (1, 128), (2, 16), (2, 64), (2, 128)] {
-                for (zeros, offsets, conv) in [(true, false, false), (false, true, true)] {
+                // A linear layer with zero codes; a convolution (MNN offsets, no zero codes).
+                for (zeros, conv) in [(true, false), (false, true)] {
                     if conv && (act != DType::F16 || wg_tokens == 16) {
                         continue; // the convolution path is f16 only, on 64- and 128-token tiles
                     }
-                    let mut v = GemmVariant {
-                        wbits,
-                        act,
-                        zeros,
-                        wg_n,
-                        wg_tokens,
-                        stages: MAX_STAGES,
-                        unit_groups: true,
-                        offsets,
-                        conv,
-                        lookahead: default_lookahead(wg_tokens),
-                        ramp: default_ramp(wg_tokens, conv),
-                        lag: default_lag(wg_n, wg_tokens, conv),
-                    };
-                    v = v.fitted(limits.per_cta);
+                    let v = GemmVariant::with_defaults(act, wbits, zeros, true, conv, wg_n, wg_tokens)
+                        .fitted(limits.per_cta);
                     let compiled = crate::cuda::compile(v.source(), "sm_90a").unwrap();
                     if let Ok(dir) = std::env::var("LOWBIT_DUMP_CUBIN") {
                         std::fs::write(format!("{dir}/{}.cubin", v.name()), &compiled.cubin).unwrap();
