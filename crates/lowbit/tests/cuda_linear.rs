@@ -35,6 +35,7 @@ enum Data {
     ExactInteger,
 }
 
+#[derive(Clone, Copy)]
 struct Case {
     n: usize,
     k: usize,
@@ -707,11 +708,156 @@ fn bad_inputs_give_typed_errors() {
     );
     assert!(
         matches!(
-            LinearW4A16Cuda::new(&dev, &w, DType::F16, 65),
+            LinearW4A16Cuda::new(&dev, &w, DType::F16, 0),
             Err(Error::Invalid { .. })
         ),
         "max_m"
     );
+}
+
+/// Batches above 64 rows run as 64-row chunks (the `mma.sync` path for any M where the Hopper GEMM is absent): every
+/// row equals the call of its own chunk of at most 64 rows bit for bit (so row 0 equals M = 1), the result is within
+/// tolerance of the reference (bit-exact in exact-integer mode), repeated calls are identical, and guard words stay.
+/// Covers act-order and unaligned rows (x staged per chunk), stream-K and cluster split-K, f16 and bf16.
+#[test]
+fn batches_above_64_rows_run_in_chunks() {
+    let Some(dev) = device() else { return };
+    let mut rng = Rng(0xc4_0a_4e);
+    let base = Case {
+        n: 576,
+        k: 4160,
+        group: 64,
+        act: DType::Bf16,
+        zeros: true,
+        act_order: true,
+        bias: true,
+        data: Data::Random { x_scale: 1.0 },
+        ctas_per_sm: None,
+        stages: None,
+        ctas: None,
+        splits: None,
+        wgmma: None,
+    };
+    let cases = [
+        base,
+        // 16 tiles of 256 columns: cluster split-K on an H200.
+        Case {
+            n: 4096,
+            k: 4096,
+            group: 128,
+            act: DType::F16,
+            act_order: false,
+            bias: false,
+            ..base
+        },
+        Case {
+            n: 256,
+            k: 1024,
+            group: 128,
+            act: DType::F16,
+            act_order: false,
+            data: Data::ExactInteger,
+            ..base
+        },
+    ];
+    const M: usize = 200;
+    for c in &cases {
+        let w = quant(&mut rng, c, 4);
+        let x = activations(&mut rng, M * c.k, c.act, c.data);
+        let bias = c
+            .bias
+            .then(|| activations(&mut rng, c.n, c.act, Data::Random { x_scale: 1.0 }));
+        let want = reference::linear(&x, M, &w, bias.as_deref());
+        let op = LinearW4A16Cuda::new(&dev, &w, c.act, M).unwrap();
+        let label = format!(
+            "N={} K={} {} act_order={} splits {}",
+            c.n,
+            c.k,
+            c.act,
+            c.act_order,
+            op.splits()
+        );
+        let call = |x: &[f32], m: usize| match c.act {
+            DType::Bf16 => run::<bf16>(&dev, &op, x, m, bias.as_deref()),
+            _ => run::<f16>(&dev, &op, x, m, bias.as_deref()),
+        };
+        for m in [65, 129, M] {
+            let got = call(&x, m);
+            if m == M {
+                assert!(
+                    got.iter().zip(&call(&x, m)).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{label}: repeated run differs"
+                );
+            }
+            for first in (0..m).step_by(64) {
+                let rows = 64.min(m - first);
+                let chunk = call(&x[first * c.k..], rows);
+                let diff = got[first * c.n..(first + rows) * c.n]
+                    .iter()
+                    .zip(&chunk)
+                    .position(|(a, b)| a.to_bits() != b.to_bits());
+                assert!(
+                    diff.is_none(),
+                    "{label}: M={m} rows from {first} differ from their own call at {diff:?}"
+                );
+            }
+            let rows = m * c.n;
+            match c.data {
+                Data::ExactInteger => {
+                    for (i, (&g, &r)) in got.iter().zip(&want[..rows]).enumerate() {
+                        assert_eq!(g.to_bits(), rounded(c.act, r).to_bits(), "{label}: M={m} element {i}");
+                    }
+                }
+                Data::Random { .. } => {
+                    let tolerance = if c.act == DType::F16 { 1e-3 } else { 8e-3 };
+                    let (rel, max_abs, worst) = error(&got, &want[..rows], &label);
+                    assert!(
+                        rel <= tolerance,
+                        "{label}: M={m} mean rel error {rel:.2e} (max |Δ| {max_abs:.3e} at {worst})"
+                    );
+                }
+            }
+        }
+        // Row 0 of the largest batch is the single-row call's.
+        let single = call(&x, 1);
+        assert!(
+            single.iter().zip(&call(&x, M)).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{label}: row 0"
+        );
+        println!("ok {label}");
+    }
+
+    // Strided rows over several chunks: K + 3 (unaligned: each chunk is staged) and y rows N + 5 apart.
+    let c = &cases[2];
+    let w = quant(&mut rng, c, 4);
+    let op = LinearW4A16Cuda::new(&dev, &w, DType::F16, M).unwrap();
+    let (m, x_stride, y_stride) = (150, c.k + 3, c.n + 5);
+    let x = activations(&mut rng, m * c.k, c.act, c.data);
+    let want = reference::linear(&x, m, &w, None);
+    let mut xs = vec![f16::from_f32(7.0); m * x_stride];
+    for r in 0..m {
+        for i in 0..c.k {
+            xs[r * x_stride + i] = f16::from_f32(x[r * c.k + i]);
+        }
+    }
+    let x_dev = dev.upload(&xs).unwrap();
+    let mut y = dev.upload(&vec![f16::from_f32(f32::NAN); m * y_stride]).unwrap();
+    let mut ws = dev.alloc_zeros::<u8>(op.workspace_bytes()).unwrap();
+    op.run_strided(dev.stream(), &x_dev, x_stride, m, None, &mut y, y_stride, &mut ws)
+        .unwrap();
+    let host = dev.download(&y).unwrap();
+    for r in 0..m {
+        for i in 0..c.n {
+            let (g, want) = (host[r * y_stride + i].to_f32(), rounded(c.act, want[r * c.n + i]));
+            assert_eq!(g.to_bits(), want.to_bits(), "strided: row {r} column {i}");
+        }
+        if r + 1 < m {
+            assert!(
+                host[r * y_stride + c.n..(r + 1) * y_stride].iter().all(|v| v.is_nan()),
+                "gap after row {r}"
+            );
+        }
+    }
 }
 
 /// 8-bit weights in the int8 layout (one byte per code, fp16): stream-K and cluster split-K (one and two CTAs per

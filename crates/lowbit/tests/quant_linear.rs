@@ -136,15 +136,25 @@ fn cuda_every_kernel_and_the_dispatch_across_boundaries() {
         return;
     };
     let device = Device::Cuda(dev);
-    for (act, n, k, group, bits) in [
-        (DType::F16, 512, 1024, 128, 4),
-        (DType::Bf16, 384, 2048, 64, 4),
-        (DType::F16, 256, 512, 128, 8),
+    for (act, n, k, group, bits, act_order) in [
+        (DType::F16, 512, 1024, 128, 4, false),
+        (DType::Bf16, 384, 2048, 64, 4, false),
+        (DType::F16, 256, 512, 128, 8, false),
         // 64-column tiles (no GEMM: decode and dequantize + cuBLAS) and a partial last k tile.
-        (DType::F16, 192, 4160, 64, 4),
+        (DType::F16, 192, 4160, 64, 4, false),
+        // Act-order without the GEMM: no dequantize + cuBLAS either, so the decode kernel takes every M.
+        (DType::F16, 192, 1024, 128, 4, true),
     ] {
         let mut rng = Rng(n as u64);
         let mut w = weight(&mut rng, n, k, group, act);
+        if act_order {
+            // GPTQ's g_idx: each group's channels scattered over K.
+            let mut g: Vec<u32> = (0..k).map(|i| (i / group) as u32).collect();
+            for i in (1..k).rev() {
+                g.swap(i, rng.below(i as u64 + 1) as usize);
+            }
+            w.g_idx = Some(g);
+        }
         if bits == 8 {
             // W8A16: codes and zeros over the whole byte.
             w.bits = 8;
@@ -157,7 +167,11 @@ fn cuda_every_kernel_and_the_dispatch_across_boundaries() {
         for activation in [Activation::None, Activation::Silu] {
             let mut layer = QuantLinear::new(&device, &w, Some(&bias), activation, act, 300).unwrap();
             let ms = [1, 17, 64, 65, 256, 300];
-            let label = format!("cuda {act} W{bits} N={n} K={k} g{group}");
+            let label = format!("cuda {act} W{bits} N={n} K={k} g{group} act_order={act_order}");
+            if act_order && !layer.available(300).contains(&LinearKernel::Gemm) {
+                assert!(!layer.available(300).contains(&LinearKernel::DequantCublas));
+                assert_eq!(layer.kernel_for(300), LinearKernel::Decode, "{label}");
+            }
             for kernel in [LinearKernel::Decode, LinearKernel::Gemm, LinearKernel::DequantCublas] {
                 let ms: Vec<usize> = ms
                     .iter()

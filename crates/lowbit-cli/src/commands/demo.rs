@@ -18,8 +18,8 @@ use lowbit::cuda::{CudaDevice, CudaSlice, Device, StreamTimer};
 use lowbit::formats::awq::AwqWeight;
 use lowbit::ops::dequantize::cuda::{DequantDesc, DequantizeInt4, Int4Layout, Int4Weight};
 use lowbit::ops::dequantize::{dequantize_to_tensor, Layout};
-use lowbit::ops::linear::cuda::{repack, CublasLinear, LinearW4A16Cuda, MAX_M};
-use lowbit::ops::linear::{reference, LinearCpu};
+use lowbit::ops::linear::cuda::CublasLinear;
+use lowbit::ops::linear::{reference, Activation, LinearCpu, QuantLinear};
 use lowbit::quantize::{quantize_rtn, RtnConfig};
 use lowbit::testing::SplitMix64;
 use lowbit::{DType, Error, QuantMatrix, Result};
@@ -240,9 +240,10 @@ fn print_header(dense: &str) {
     );
 }
 
-fn print_row(b: &Batch, y: &[f32], lowbit_us: f64, dense_us: f64) {
+/// One table row; `note` follows it on the same line (the GPU's kernel for this batch).
+fn print_row(b: &Batch, y: &[f32], lowbit_us: f64, dense_us: f64, note: &str) {
     println!(
-        "  {:>6}  {:>14.2e}  {:>14.2e}  {:>12}  {:>12}  {:>7.2}x",
+        "  {:>6}  {:>14.2e}  {:>14.2e}  {:>12}  {:>12}  {:>7.2}x  {note}",
         b.m,
         mean_rel(y, &b.exact),
         mean_rel(y, &b.unquantized),
@@ -272,7 +273,7 @@ fn cpu_section(q: &QuantMatrix, weight: &[f32], batches: &[Batch]) -> Result<()>
         let mut y_dense = vec![0f32; b.m * n];
         let shape = Shape { m: b.m, k, n };
         let dense_us = time_us(|| dense_f32_linear(&b.x, weight, shape, &mut y_dense));
-        print_row(b, &y, lowbit_us, dense_us);
+        print_row(b, &y, lowbit_us, dense_us, "");
     }
     Ok(())
 }
@@ -381,13 +382,13 @@ fn cuda_dequantize(dev: &Arc<CudaDevice>, q: &QuantMatrix, awq: &AwqWeight) -> R
 
 fn cuda_linear(dev: &Arc<CudaDevice>, q: &QuantMatrix, weight: &[f32], batches: &[Batch]) -> Result<()> {
     let (n, k) = (q.n, q.k);
-    let Some(max_m) = batches.iter().map(|b| b.m).filter(|&m| m <= MAX_M).max() else {
-        println!("  W4A16 linear: skipped: the CUDA kernel takes batches of at most {MAX_M} rows");
-        return Ok(());
-    };
-    let packed = repack(q, DType::F16)?;
-    let ops: Vec<LinearW4A16Cuda> = (0..rotation(dev, packed.weight_bytes()))
-        .map(|_| LinearW4A16Cuda::from_repacked(dev, &packed, max_m, None))
+    let max_m = batches.iter().map(|b| b.m).max().unwrap_or(1);
+    let device = Device::Cuda(dev.clone());
+    let layer = || QuantLinear::new(&device, q, None, Activation::None, DType::F16, max_m);
+    let first = layer()?;
+    let copies = rotation(dev, first.weight_bytes());
+    let layers: Vec<QuantLinear> = std::iter::once(Ok(first))
+        .chain((1..copies).map(|_| layer()))
         .collect::<Result<_>>()?;
     let dense: Vec<f16> = weight.iter().map(|&w| f16::from_f32(w)).collect();
     let dense_w: Vec<CudaSlice<f16>> = (0..rotation(dev, dense.len() * 2))
@@ -395,28 +396,23 @@ fn cuda_linear(dev: &Arc<CudaDevice>, q: &QuantMatrix, weight: &[f32], batches: 
         .collect::<Result<_>>()?;
     drop(dense);
     let blas = CublasLinear::new(dev.stream().clone(), n, k)?;
-    let mut ws = dev.alloc_zeros::<u8>(ops[0].workspace_bytes())?;
+    let mut ws = dev.alloc_zeros::<u8>(layers[0].workspace_bytes(max_m).max(1))?;
     let stream = dev.stream();
 
-    println!("  W4A16 linear (fp16 activations and output); dense = cuBLAS fp16 GEMM with the unquantized weight");
+    println!(
+        "  W4A16 linear (QuantLinear, fp16 activations and output); dense = cuBLAS fp16 GEMM with the unquantized weight"
+    );
     print_header("cuBLAS fp16");
     for b in batches {
-        if b.m > MAX_M {
-            println!(
-                "  {:>6}  skipped: the CUDA kernel takes batches of at most {MAX_M} rows",
-                b.m
-            );
-            continue;
-        }
         let x: Vec<f16> = b.x.iter().map(|&v| f16::from_f32(v)).collect();
         let x = dev.upload(&x)?;
         let mut y = dev.alloc_zeros::<f16>(b.m * n)?;
-        ops[0].run(stream, &x, b.m, None, &mut y, &mut ws)?;
+        layers[0].run(stream, &x, b.m, &mut y, &mut ws)?;
         let out: Vec<f32> = dev.download(&y)?.iter().map(|v| v.to_f32()).collect();
         check_finite("cuda output", &out)?;
-        let lowbit_us = gpu_median_us(dev, ops.len(), |i| ops[i].run(stream, &x, b.m, None, &mut y, &mut ws))?;
+        let lowbit_us = gpu_median_us(dev, layers.len(), |i| layers[i].run(stream, &x, b.m, &mut y, &mut ws))?;
         let dense_us = gpu_median_us(dev, dense_w.len(), |i| blas.run(&dense_w[i], &x, b.m, &mut y))?;
-        print_row(b, &out, lowbit_us, dense_us);
+        print_row(b, &out, lowbit_us, dense_us, layers[0].kernel_for(b.m).name());
     }
     Ok(())
 }

@@ -1,6 +1,8 @@
 //! The W4A16 linear layer on a CUDA GPU for decode-sized batches (M = 1..64): `y[M, N] = x[M, K] · W^T (+ bias)`
 //! with f16 or bf16 activations, int4 weights (AWQ, GPTQ with or without act-order, compressed-tensors: anything
-//! that unpacks to a [`QuantMatrix`]) and fp32 accumulation on the tensor cores.
+//! that unpacks to a [`QuantMatrix`]) and fp32 accumulation on the tensor cores. Larger batches run as chunks of
+//! [`MAX_M`] rows, one launch each: the `mma.sync` tensor-core path for any M on GPUs without the Hopper GEMM
+//! ([`gemm`]).
 //!
 //! ```no_run
 //! # use lowbit::{DType, cuda::CudaDevice, ops::linear::cuda::LinearW4A16Cuda};
@@ -20,7 +22,7 @@
 //!   width with weights that dequantize to exactly 0, every 32-bit word holding one thread's mma A fragment in
 //!   the nibble order the lop3 conversion wants, and units of `N_CTA x 128` weights stored contiguously in the
 //!   order the CTAs stream them. [`RepackedW4::unpack`] inverts it exactly (tested).
-//! - One launch per call (two with act-order or unaligned x): a stream-K grid of one CTA per SM; tiles split
+//! - One launch per 64 rows (two with act-order or unaligned x): a stream-K grid of one CTA per SM; tiles split
 //!   between CTAs are summed in a fixed order by the last CTA to finish, so results are deterministic and the same
 //!   for every M (row 0 of a batch is bit-identical to the single-row call).
 //!
@@ -82,7 +84,7 @@ struct SmemLimits {
 
 /// Shared memory the system reserves per CTA (sm_80 and later).
 const SMEM_RESERVED_PER_CTA: usize = 1024;
-/// Largest batch the kernel takes (8 token tiles of 8).
+/// Largest batch one launch of the kernel takes (8 token tiles of 8); larger batches run as chunks of this many rows.
 pub const MAX_M: usize = 64;
 /// Largest batch of the decode kernel for a weight with offsets ([`DeviceW4::upload_with_offsets`]).
 pub const MAX_M_OFFSETS: usize = 16;
@@ -1126,8 +1128,8 @@ impl std::fmt::Debug for LinearW4A16Cuda {
 }
 
 impl LinearW4A16Cuda {
-    /// Validates and repacks `w`, uploads it, and loads the kernels for batches of up to `max_m` (1..=64) rows of
-    /// `act` (f16 or bf16) activations.
+    /// Validates and repacks `w`, uploads it, and loads the kernels for batches of up to `max_m` rows of `act` (f16
+    /// or bf16) activations (above [`MAX_M`], in chunks of [`MAX_M`] rows).
     pub fn new(device: &CudaDevice, w: &QuantMatrix, act: DType, max_m: usize) -> Result<Self> {
         Self::from_repacked(device, &repack(w, act)?, max_m, None)
     }
@@ -1160,8 +1162,8 @@ impl LinearW4A16Cuda {
 
     /// The operator for a weight already on the device (shared with other operators of the same layer).
     pub fn with_weight(device: &CudaDevice, weight: Arc<DeviceW4>, max_m: usize, tuning: Tuning) -> Result<Self> {
-        if !(1..=MAX_M).contains(&max_m) {
-            return Err(Error::invalid("max_m", max_m, format!("must be in 1..={MAX_M}")));
+        if max_m == 0 {
+            return Err(Error::invalid("max_m", max_m, "must be at least 1"));
         }
         if weight.offsets.is_some() && max_m > MAX_M_OFFSETS {
             return Err(Error::invalid(
@@ -1205,7 +1207,9 @@ impl LinearW4A16Cuda {
         let zeros = weight.zeros.is_some();
         let unit_groups = plan.group % K_TILE == 0;
         let mut kernels = Vec::new();
-        for mt in [1, 2, 4, 8].into_iter().filter(|&mt| mt == 1 || 8 * mt / 2 < max_m) {
+        // The largest launch: a chunk of MAX_M rows.
+        let launch_m = max_m.min(MAX_M);
+        for mt in [1, 2, 4, 8].into_iter().filter(|&mt| mt == 1 || 8 * mt / 2 < launch_m) {
             let mut variant = Variant::default_for(act, mt, zeros, unit_groups, plan.warps, ctas_per_sm);
             // M = 64 has no TMA variant (registers); nothing before sm_90 has.
             variant.tma = variant.tma && tma_supported && tuning.tma.unwrap_or(true);
@@ -1311,9 +1315,9 @@ impl LinearW4A16Cuda {
             .collect()
     }
 
-    /// Bytes of x staged in the workspace (act-order gather / realignment), 256-byte rounded.
+    /// Bytes of x staged in the workspace (act-order gather / realignment) for one launch's rows, 256-byte rounded.
     fn staged_x_bytes(&self) -> usize {
-        (self.max_m * self.plan.k_pad * 2).next_multiple_of(256)
+        (self.max_m.min(MAX_M) * self.plan.k_pad * 2).next_multiple_of(256)
     }
 
     /// Device scratch `run` needs for batches of up to `max_m` rows: split-tile partial sums and room to stage x.
@@ -1360,7 +1364,34 @@ impl LinearW4A16Cuda {
 
     /// Launches on buffers already checked (`call_buffers`'s rules, `m` in `1..=max_m`), every output clamped to
     /// `clamp`'s `[lo, hi]` after the bias when given (a NaN passes): the relu/relu6 of a convolution routed here.
+    ///
+    /// A batch of more than [`MAX_M`] rows runs as chunks of [`MAX_M`] rows in order on `stream`, as Marlin does:
+    /// each chunk reads the whole weight again, which the tensor work of 64 rows covers on the GPUs this path is for
+    /// (those without the Hopper GEMM). Each chunk is the 64-row call of its rows, so the bits are those of any
+    /// smaller batch (batch invariance). Chunks reuse the workspace and counters: a chunk's launch that starts
+    /// early as a dependent (DEPENDENT LAUNCH) waits for the previous one before it reads x or writes anything.
     pub(crate) fn launch(
+        &self,
+        stream: &CudaStream,
+        m: usize,
+        buffers: &CallBuffers,
+        strides: (usize, usize),
+        clamp: Option<(f32, f32)>,
+    ) -> Result<()> {
+        let bytes = self.act.size() as u64;
+        for first in (0..m).step_by(MAX_M) {
+            let chunk = CallBuffers {
+                x: buffers.x + first as u64 * strides.0 as u64 * bytes,
+                y: buffers.y + first as u64 * strides.1 as u64 * bytes,
+                ..*buffers
+            };
+            self.launch_rows(stream, MAX_M.min(m - first), &chunk, strides, clamp)?;
+        }
+        Ok(())
+    }
+
+    /// One launch for `m <= MAX_M` rows (see [`LinearW4A16Cuda::launch`]).
+    fn launch_rows(
         &self,
         stream: &CudaStream,
         m: usize,

@@ -5,14 +5,15 @@
 //!
 //! | kernel | what | where |
 //! |---|---|---|
-//! | [`LinearKernel::Decode`] | the fused W4A16 decode kernel (`mma.sync`, stream-K), M ≤ 64 | any GPU |
+//! | [`LinearKernel::Decode`] | the fused W4A16 decode kernel (`mma.sync`, stream-K), larger M in chunks of 64 rows | any GPU |
 //! | [`LinearKernel::Gemm`] | the W4A16 prefill GEMM (`wgmma`, TMA) | sm_90 |
 //! | [`LinearKernel::DequantCublas`] | dequantize into a dense scratch weight, then cuBLAS | any GPU |
 //! | [`LinearKernel::Cpu`] | [`LinearCpu`] | the host |
 //!
 //! The choice comes from a [`DispatchTable`] measured on the device (`bench/results/dispatch-*.json`, made by
 //! `lowbit bench --op linear --dispatch`; embedded for the GPUs it covers). On a GPU it does not cover, a fixed rule
-//! stands in: decode up to 16 rows, then the GEMM on sm_90; elsewhere decode up to 64, then dequantize + cuBLAS.
+//! stands in: decode up to 16 rows, then the GEMM on sm_90; elsewhere decode up to [`DECODE_BEFORE_DENSE`] rows,
+//! then dequantize + cuBLAS. A weight dequantize + cuBLAS cannot take (act-order) stays on the decode kernel.
 //!
 //! All GPU kernels of one layer read the same device weight ([`DeviceW4`]); the dense scratch weight of the
 //! dequantize path is allocated on first use only.
@@ -38,7 +39,7 @@ use std::sync::{Arc, Mutex};
 pub enum LinearKernel {
     /// [`LinearCpu`] on the host.
     Cpu,
-    /// The fused W4A16 decode kernel (M ≤ 64).
+    /// The fused W4A16 decode kernel (in chunks of 64 rows above 64).
     Decode,
     /// The Hopper W4A16 GEMM.
     Gemm,
@@ -150,13 +151,20 @@ fn dense_tile_bytes(n_cta: usize) -> usize {
     n_cta * (128 + 8) * 2
 }
 
-/// The rule for GPUs without measurements, from the H200's table: the decode kernel up to 16 rows, then the GEMM
-/// on sm_90; elsewhere the decode kernel up to its 64 rows, then dequantize + cuBLAS.
-fn fallback(m: usize, gemm: bool) -> LinearKernel {
-    match (m, gemm) {
-        (0..=16, _) => LinearKernel::Decode,
-        (_, true) => LinearKernel::Gemm,
-        (0..=MAX_M, false) => LinearKernel::Decode,
+/// Without the Hopper GEMM and a measured table, batches up to this many rows take the decode kernel (in chunks of
+/// [`MAX_M`]), larger ones dequantize + cuBLAS. H200 proxy, both forced (`w4a16-decode.md`, "Any M"): the chunked
+/// kernel led up to this M on every anchor layer. GPUs before Hopper have relatively faster `mma.sync` against
+/// their cuBLAS, so there the crossover is at least as high.
+pub const DECODE_BEFORE_DENSE: usize = MAX_M;
+
+/// The rule for GPUs without measurements: the decode kernel up to 16 rows (from the H200's table), then the GEMM
+/// on sm_90; elsewhere the decode kernel up to [`DECODE_BEFORE_DENSE`] rows, then dequantize + cuBLAS where it can
+/// run (`dense`: not for act-order weights), the decode kernel where it cannot.
+fn fallback(m: usize, gemm: bool, dense: bool) -> LinearKernel {
+    match m {
+        0..=16 => LinearKernel::Decode,
+        _ if gemm => LinearKernel::Gemm,
+        _ if m <= DECODE_BEFORE_DENSE || !dense => LinearKernel::Decode,
         _ => LinearKernel::DequantCublas,
     }
 }
@@ -309,10 +317,8 @@ impl QuantLinear {
         match &self.backend {
             Backend::Cpu { .. } => vec![LinearKernel::Cpu],
             Backend::Cuda(c) => {
-                let mut v = Vec::new();
-                if m <= MAX_M {
-                    v.push(LinearKernel::Decode);
-                }
+                let _ = m; // every GPU kernel takes every M
+                let mut v = vec![LinearKernel::Decode];
                 if c.gemm.is_some() {
                     v.push(LinearKernel::Gemm);
                 }
@@ -428,7 +434,7 @@ impl QuantLinear {
         match (c.kernel_for(m), &c.gemm) {
             (LinearKernel::Decode, _) => {
                 c.decode.run(stream, x, m, bias, y, workspace)?;
-                // The decode kernel fuses the bias only; the activation is one more pass over y (m <= 64 rows).
+                // The decode kernel fuses the bias only; the activation is one more pass over y.
                 c.epilogue(stream, y, m, false, self.activation)
             }
             (LinearKernel::Gemm, Some(g)) => {
@@ -443,7 +449,7 @@ impl CudaLinear {
     fn new(dev: &Arc<CudaDevice>, w: &QuantMatrix, bias: Option<&[f32]>, act: DType, max_m: usize) -> Result<Self> {
         let packed = repack_preferred(w, act)?;
         let weight = DeviceW4::upload(dev, &packed)?;
-        let decode = LinearW4A16Cuda::with_weight(dev, weight.clone(), max_m.min(MAX_M), Tuning::default())?;
+        let decode = LinearW4A16Cuda::with_weight(dev, weight.clone(), max_m, Tuning::default())?;
         let gemm = gemm::supported(dev, &weight)
             .then(|| LinearW4A16Gemm::with_weight(dev, weight.clone(), max_m, None))
             .transpose()?;
@@ -483,15 +489,15 @@ impl CudaLinear {
     }
 
     fn kernel_for(&self, m: usize) -> LinearKernel {
-        let gemm = self.gemm.is_some();
+        let (gemm, dense) = (self.gemm.is_some(), self.weight.dense_planes().is_some());
         let choice = self
             .forced
             .or_else(|| self.dispatch.choose(m))
-            .unwrap_or_else(|| fallback(m, gemm));
+            .unwrap_or_else(|| fallback(m, gemm, dense));
         match choice {
-            LinearKernel::Decode if m > MAX_M => fallback(m, gemm),
-            LinearKernel::Gemm if !gemm => fallback(m, gemm),
-            LinearKernel::Cpu => fallback(m, gemm),
+            LinearKernel::Gemm if !gemm => fallback(m, gemm, dense),
+            LinearKernel::DequantCublas if !dense => fallback(m, gemm, dense),
+            LinearKernel::Cpu => fallback(m, gemm, dense),
             c => c,
         }
     }
@@ -602,5 +608,27 @@ impl CudaLinear {
         // SAFETY: y holds m * N elements (the callers checked it), bias N.
         unsafe { b.launch(cfg) }.map_err(launch_error("w4a16_bias_activation"))?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The rule for unmeasured GPUs: the GEMM on sm_90 from 17 rows; elsewhere the decode kernel (in chunks above 64
+    /// rows) up to `DECODE_BEFORE_DENSE`, then dequantize + cuBLAS, except for weights it cannot take.
+    #[test]
+    fn fallback_rule() {
+        use LinearKernel::*;
+        for dense in [true, false] {
+            assert_eq!(fallback(1, true, dense), Decode);
+            assert_eq!(fallback(16, false, dense), Decode);
+            assert_eq!(fallback(17, true, dense), Gemm);
+            assert_eq!(fallback(4096, true, dense), Gemm);
+            assert_eq!(fallback(DECODE_BEFORE_DENSE, false, dense), Decode);
+        }
+        assert_eq!(fallback(DECODE_BEFORE_DENSE + 1, false, true), DequantCublas);
+        assert_eq!(fallback(DECODE_BEFORE_DENSE + 1, false, false), Decode);
+        assert_eq!(fallback(1 << 20, false, false), Decode);
     }
 }
