@@ -243,13 +243,14 @@ fn print_header(dense: &str) {
 /// One table row; `note` follows it on the same line (the GPU's kernel for this batch).
 fn print_row(b: &Batch, y: &[f32], lowbit_us: f64, dense_us: f64, note: &str) {
     println!(
-        "  {:>6}  {:>14.2e}  {:>14.2e}  {:>12}  {:>12}  {:>7.2}x  {note}",
+        "  {:>6}  {:>14.2e}  {:>14.2e}  {:>12}  {:>12}  {:>7.2}x{}{note}",
         b.m,
         mean_rel(y, &b.exact),
         mean_rel(y, &b.unquantized),
         fmt_time(lowbit_us),
         fmt_time(dense_us),
-        dense_us / lowbit_us
+        dense_us / lowbit_us,
+        if note.is_empty() { "" } else { "  " }
     );
 }
 

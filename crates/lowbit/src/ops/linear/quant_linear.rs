@@ -151,11 +151,11 @@ fn dense_tile_bytes(n_cta: usize) -> usize {
     n_cta * (128 + 8) * 2
 }
 
-/// Without the Hopper GEMM and a measured table, batches up to this many rows take the decode kernel (in chunks of
-/// [`MAX_M`]), larger ones dequantize + cuBLAS. H200 proxy, both forced (`w4a16-decode.md`, "Any M"): the chunked
-/// kernel led up to this M on every anchor layer. GPUs before Hopper have relatively faster `mma.sync` against
-/// their cuBLAS, so there the crossover is at least as high.
-pub const DECODE_BEFORE_DENSE: usize = MAX_M;
+/// Without the Hopper GEMM and a measured table, batches up to this many rows take the decode kernel (two 64-row
+/// chunks), larger ones dequantize + cuBLAS. Measured on the H200 with both forced (`w4a16-decode.md`, "Any M"):
+/// at M = 128 the chunked kernel was ahead on three anchor layers and 8% behind on 4096 x 4096; at M = 256 behind
+/// on all four. GPUs before Hopper, whose cuBLAS also runs `mma.sync`, should not move the crossover lower.
+pub const DECODE_BEFORE_DENSE: usize = 2 * MAX_M;
 
 /// The rule for GPUs without measurements: the decode kernel up to 16 rows (from the H200's table), then the GEMM
 /// on sm_90; elsewhere the decode kernel up to [`DECODE_BEFORE_DENSE`] rows, then dequantize + cuBLAS where it can
