@@ -18,7 +18,8 @@
 //!
 //! `LOWBIT_BENCH_VARIANTS=1` adds decode-kernel records with the grid forced to one (`lowbit_1sm`) or two
 //! (`lowbit_2sm`) CTAs per SM; `LOWBIT_BENCH_CTAS=66,88` with exactly that many CTAs (`lowbit_c66`, ...),
-//! `LOWBIT_BENCH_STAGES=3,4` with that pipeline depth (`lowbit_s3`, ...), `LOWBIT_BENCH_SPLITS=1,8` with cluster
+//! `LOWBIT_BENCH_STAGES=3,4` with that pipeline depth (`lowbit_s3`, ...), `LOWBIT_BENCH_TMA=0` with the cp.async
+//! pipeline instead of TMA (`lowbit_tma0`), `LOWBIT_BENCH_SPLITS=1,8` with cluster
 //! split-K forced to that split count, 1 being stream-K (`lowbit_k1`, ...); `LOWBIT_BENCH_NO_PDL=1` with the decode
 //! kernel launched without programmatic dependent launch (`lowbit_nopdl`). Each also gets a graph record (`_graph`).
 //! `LOWBIT_BENCH_NO_PDL=1` also times the GEMM without it (`lowbit_gemm_nopdl`, M >= 64 on sm_90), and
@@ -126,6 +127,14 @@ pub fn run(args: &BenchArgs, sink: &mut Sink) -> Result<()> {
             ..Tuning::default()
         };
         variants.push((format!("lowbit_wg{value}"), tuning));
+    }
+    // LOWBIT_BENCH_TMA=0: the decode kernel's cp.async pipeline (the one before Hopper) where a TMA variant exists.
+    for value in list_var("LOWBIT_BENCH_TMA")? {
+        let tuning = Tuning {
+            tma: Some(value != 0),
+            ..Tuning::default()
+        };
+        variants.push((format!("lowbit_tma{value}"), tuning));
     }
     for (var, prefix) in [
         ("LOWBIT_BENCH_CTAS", "c"),

@@ -1,0 +1,170 @@
+//! How fast can one pass read a weight-sized buffer, by load path? The decode kernel streams its weights with TMA
+//! bulk copies (16 KB units, 3 stages, two CTAs per SM) at ~3.8 TB/s, where cuBLAS's fp16 GEMV reads at ~4.4 TB/s.
+//! This times the two load paths alone, on the same bytes: plain 16-byte loads by every thread (`ldg`) and a
+//! producer warp's bulk copies into a ring of stages that consumer threads release (`tma`), each CTA on a contiguous
+//! range. Buffers rotate beyond 2x L2, so every pass reads device memory.
+//!
+//! ```text
+//! cargo run --release --example stream_probe -- [MB per buffer, default 122]
+//! ```
+
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+use lowbit::cuda::{CudaDevice, CudaSlice, DevicePtr, KernelSource, StreamTimer};
+
+const SOURCE: &str = r#"
+#include "common.cuh"
+using namespace lowbit;
+
+// CTA c reads 16-byte words [c n / ctas, (c + 1) n / ctas), UNROLL loads in flight per thread.
+template <int UNROLL>
+__device__ void ldg_stream(const uint4* __restrict__ src, long long n, int ctas, unsigned* out) {
+    const long long b = (long long)blockIdx.x * n / ctas, e = (long long)(blockIdx.x + 1) * n / ctas;
+    unsigned acc = 0;
+    for (long long i = b + threadIdx.x; i < e; i += (long long)blockDim.x * UNROLL) {
+        uint4 v[UNROLL];
+#pragma unroll
+        for (int j = 0; j < UNROLL; ++j) {
+            const long long k = i + (long long)j * blockDim.x;
+            if (k < e) {
+                asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                             : "=r"(v[j].x), "=r"(v[j].y), "=r"(v[j].z), "=r"(v[j].w) : "l"(src + k));
+            } else {
+                v[j] = make_uint4(0, 0, 0, 0);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < UNROLL; ++j) acc ^= v[j].x ^ v[j].y ^ v[j].z ^ v[j].w;
+    }
+    if (acc == 0x9e3779b9u) out[0] = acc;  // keeps the loads
+}
+extern "C" __global__ void ldg4(const uint4* src, long long n, int ctas, unsigned* out) { ldg_stream<4>(src, n, ctas, out); }
+extern "C" __global__ void ldg8(const uint4* src, long long n, int ctas, unsigned* out) { ldg_stream<8>(src, n, ctas, out); }
+
+// CTA c copies units [c units / ctas, ...) of `unit` bytes into a ring of `stages`; 256 consumer threads read one
+// word each and release the stage. Thread 256 issues the copies.
+extern "C" __global__ void tma(const char* src, long long units, int ctas, int unit, int stages, unsigned* out) {
+    extern __shared__ __align__(128) char smem[];
+    const u32 bars = smem_addr(smem + stages * unit);
+    const long long b = (long long)blockIdx.x * units / ctas, e = (long long)(blockIdx.x + 1) * units / ctas;
+    const int count = (int)(e - b);
+    if (threadIdx.x == 0) init_pipeline_barriers(bars, stages, 256);
+    __syncthreads();
+    if (threadIdx.x >= 256) {
+        if (threadIdx.x == 256) {
+            for (int i = 0, buf = 0; i < count; ++i) {
+                if (i >= stages) mbar_wait(bars + (stages + buf) * 8, ((i / stages) - 1) & 1);
+                mbar_arrive_expect_tx(bars + buf * 8, unit);
+                bulk_copy(smem + buf * unit, src + (b + i) * unit, unit, bars + buf * 8);
+                if (++buf == stages) buf = 0;
+            }
+        }
+        return;
+    }
+    unsigned acc = 0;
+    for (int i = 0, buf = 0; i < count; ++i) {
+        mbar_wait(bars + buf * 8, (i / stages) & 1);
+        acc ^= reinterpret_cast<const unsigned*>(smem + buf * unit)[threadIdx.x];
+        mbar_arrive(bars + (stages + buf) * 8);
+        if (++buf == stages) buf = 0;
+    }
+    if (acc == 0x9e3779b9u) out[0] = acc;
+}
+"#;
+
+const PROBE: KernelSource = KernelSource {
+    name: "stream_probe",
+    source: SOURCE,
+};
+
+fn main() -> lowbit::Result<()> {
+    let mb: usize = std::env::args().nth(1).and_then(|v| v.parse().ok()).unwrap_or(122);
+    let dev = CudaDevice::new(0)?;
+    let stream = dev.stream().clone();
+    let sms = dev.info().sm_count as usize;
+    let bytes = mb << 20;
+    let copies = (2 * dev.info().l2_bytes / bytes + 2).max(3);
+    let bufs: Vec<CudaSlice<u8>> = (0..copies)
+        .map(|_| dev.alloc_zeros::<u8>(bytes))
+        .collect::<lowbit::Result<_>>()?;
+    let out = dev.alloc_zeros::<u32>(1)?;
+    let out_ptr = out.device_ptr(&stream).0;
+    let timer = StreamTimer::new(&dev)?;
+    println!(
+        "{} ({sms} SMs), {mb} MiB per pass, {copies} buffers rotated",
+        dev.info().name
+    );
+
+    let time = |label: &str, launch: &dyn Fn(u64) -> lowbit::Result<()>| -> lowbit::Result<()> {
+        let ptrs: Vec<u64> = bufs.iter().map(|b| b.device_ptr(&stream).0).collect();
+        for &p in &ptrs {
+            launch(p)?; // warm-up
+        }
+        let mut runs = Vec::new();
+        for _ in 0..5 {
+            let reps = 10 * copies;
+            timer.start(&stream)?;
+            for p in ptrs.iter().cycle().take(reps) {
+                launch(*p)?;
+            }
+            runs.push(timer.stop_ms(&stream)? * 1e3 / reps as f64);
+        }
+        runs.sort_by(f64::total_cmp);
+        let us = runs[2];
+        println!("{label:<28} {us:8.2} us  {:6.3} TB/s", bytes as f64 / us / 1e6);
+        Ok(())
+    };
+
+    for (name, per_sm, threads) in [
+        ("ldg4", 1, 1024),
+        ("ldg4", 2, 512),
+        ("ldg8", 2, 256),
+        ("ldg8", 4, 256),
+        ("ldg4", 8, 256),
+    ] {
+        let f = dev.function(&PROBE, name)?;
+        let ctas = (per_sm * sms) as i32;
+        let n = (bytes / 16) as i64;
+        time(&format!("{name} {per_sm}/SM x {threads}"), &|p| {
+            let mut b = stream.launch_builder(&f);
+            b.arg(&p).arg(&n).arg(&ctas).arg(&out_ptr);
+            let cfg = LaunchConfig {
+                grid_dim: (ctas as u32, 1, 1),
+                block_dim: (threads, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: the kernel reads n 16-byte words of p (a live buffer of `bytes`) and may write out[0].
+            unsafe { b.launch(cfg) }.map(|_| ()).map_err(|e| lowbit::Error::Cuda {
+                context: "probe".into(),
+                message: format!("{e:?}"),
+            })
+        })?;
+    }
+    for (per_sm, unit_kb, stages) in [(2, 16, 3), (2, 16, 4), (1, 16, 6), (2, 32, 3), (3, 16, 3), (4, 8, 4)] {
+        let unit = unit_kb << 10;
+        let smem = stages * unit + 16 * stages;
+        let f = dev.function_with_shared_memory(&PROBE, "tma", smem)?;
+        let ctas = (per_sm * sms) as i32;
+        let units = (bytes / unit) as i64;
+        let (unit_i, stages_i) = (unit as i32, stages as i32);
+        time(&format!("tma {per_sm}/SM {unit_kb} KB x {stages}"), &|p| {
+            let mut b = stream.launch_builder(&f);
+            b.arg(&p)
+                .arg(&units)
+                .arg(&ctas)
+                .arg(&unit_i)
+                .arg(&stages_i)
+                .arg(&out_ptr);
+            let cfg = LaunchConfig {
+                grid_dim: (ctas as u32, 1, 1),
+                block_dim: (288, 1, 1),
+                shared_mem_bytes: smem as u32,
+            };
+            // SAFETY: the kernel copies units * unit bytes of p (a live buffer of `bytes`) and may write out[0].
+            unsafe { b.launch(cfg) }.map(|_| ()).map_err(|e| lowbit::Error::Cuda {
+                context: "probe".into(),
+                message: format!("{e:?}"),
+            })
+        })?;
+    }
+    Ok(())
+}
