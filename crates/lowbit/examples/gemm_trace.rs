@@ -2,12 +2,13 @@
 //! traced launch and summarises its timeline (the kernel's `Trace` events, %globaltimer) over the CTAs.
 //!
 //! ```text
-//! cargo run --release --example gemm_trace -- 256x4096x4096 64x4096x4096 [--splits 1] [--small-batch 0] [--tokens 64|128] [--look64 2|3] [--stream on|off] [--stages N] [--decode-splits 1|2|4|8] [--wgmma on|off]
+//! cargo run --release --example gemm_trace -- 256x4096x4096 64x4096x4096 [--rotate-io] [--splits 1] [--small-batch 0] [--tokens 64|128] [--look64 2|3] [--stream on|off] [--stages N] [--decode-splits 1|2|4|8] [--wgmma on|off]
 //! ```
 //! Each shape is `MxKxN` (f16, group 128, zero points), `decode:MxKxN` for the decode kernel (the same weight; the
 //! stream-K fix-up's partials and counter show as `partials_seen`), or `conv:BxCxHxWxRxCo` for the convolution's
 //! Hopper path (int4 blocks of 128 channels, stride 1, padding R / 2; the timeline covers the GEMM, the timing also
 //! the pack).
+//! `--rotate-io` gives each weight copy its own x and y (as `lowbit bench` does); by default all launches share them.
 //! Output: one summary block per shape; with `LOWBIT_TRACE_CSV=dir` also the raw per-CTA timeline as
 //! `dir/<shape>.csv`.
 
@@ -49,12 +50,14 @@ fn main() -> lowbit::Result<()> {
     let mut decode_splits = None;
     let mut wgmma = None;
     let mut stream_k = false;
+    let mut rotate_io = false;
     let mut stages = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--splits" => splits = args.next().and_then(|v| v.parse().ok()),
             "--small-batch" => small_batch = args.next().and_then(|v| v.parse().ok()),
+            "--rotate-io" => rotate_io = true,
             "--tokens" => tokens = args.next().and_then(|v| v.parse().ok()),
             "--look64" => look64 = args.next().and_then(|v| v.parse().ok()),
             "--decode-splits" => decode_splits = args.next().and_then(|v| v.parse().ok()),
@@ -75,7 +78,7 @@ fn main() -> lowbit::Result<()> {
     }
     let dev = CudaDevice::new(0)?;
     for (m, k, n) in shapes {
-        let (mut ops, x, mut y) = linear_problem(&dev, m, k, n, |weight| {
+        let (mut ops, x, y) = linear_problem(&dev, m, k, n, |weight| {
             let mut op = LinearW4A16Gemm::with_weight(&dev, weight, m, splits)?;
             if let Some(rows) = small_batch {
                 op.set_small_batch(rows);
@@ -95,7 +98,21 @@ fn main() -> lowbit::Result<()> {
         let copies = ops.len();
         let mut ws = dev.alloc_zeros::<u8>(ops[0].workspace_bytes().max(1))?;
         let stream = dev.stream().clone();
-        let launch = |op: &LinearW4A16Gemm| op.run(&stream, &x, m, None, &mut y, &mut ws);
+        // --rotate-io: each weight copy with x and y of its own, as `lowbit bench` times it.
+        let (xs, mut ys) = if rotate_io {
+            let host = dev.download(&x)?;
+            let xs = (0..copies).map(|_| dev.upload(&host)).collect::<lowbit::Result<Vec<_>>>()?;
+            let ys = (0..copies).map(|_| dev.alloc_zeros::<f16>(m * n)).collect::<lowbit::Result<Vec<_>>>()?;
+            (xs, ys)
+        } else {
+            (vec![x], vec![y])
+        };
+        let mut call = 0usize;
+        let launch = |op: &LinearW4A16Gemm| {
+            let j = call % xs.len();
+            call += 1;
+            op.run(&stream, &xs[j], m, None, &mut ys[j], &mut ws)
+        };
         let (us, t) = time_and_trace(&dev, &mut ops, launch, LinearW4A16Gemm::set_trace)?;
 
         let v = ops[0].variant(m);
