@@ -696,13 +696,6 @@ __device__ __forceinline__ u32 atomic_add_acq_rel_gpu(u32* counter, u32 value) {
     asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;\n" : "=r"(old) : "l"(counter), "r"(value) : "memory");
     return old;
 }
-// The same with release semantics only: the caller acquires later (fence_acq_rel_gpu) if the value says it must.
-__device__ __forceinline__ u32 atomic_add_release_gpu(u32* counter, u32 value) {
-    u32 old;
-    asm volatile("atom.release.gpu.global.add.u32 %0, [%1], %2;\n" : "=r"(old) : "l"(counter), "r"(value) : "memory");
-    return old;
-}
-__device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); }
 
 // Programmatic dependent launch (sm_90; no-ops before, and when the launch did not ask for it). The first kernel
 // lets its dependent start early; the dependent waits, before its first read of the first kernel's output, until
@@ -740,29 +733,24 @@ __device__ __forceinline__ int stream_cta_of(long long u, long long units, long 
 // caller's numbering) at (warp F4 + j) 32 + lane of the slot's slot_floats floats, so a warp's stores cover 512
 // contiguous bytes. The functions are taken by reference: copying their closures cost the 64-token GEMM 8 bytes of
 // spills, and the counter's address is formed where it is used, so it is not live across the stores and loads.
-// warp_fixup's steps, also used apart (the decode kernel's EARLY PUBLISH). Slot layout: float4 j of lane `lane` of
-// warp `warp` (the caller's numbering) at (warp F4 + j) 32 + lane of the slot's slot_floats floats, so a warp's
-// stores cover 512 contiguous bytes.
-template <int F4>
-__device__ __forceinline__ float4* fixup_slot(float* partials, long long slot_floats, int slot, int warp, int lane,
-                                              int j) {
-    return reinterpret_cast<float4*>(partials + slot * slot_floats) + (warp * F4 + j) * 32 + lane;
-}
-// The warp's partial `acc` (F4 float4) into slot `mine`.
-template <int F4>
-__device__ __forceinline__ void warp_publish(float* partials, long long slot_floats, int mine, int warp, int lane,
-                                             const float* acc) {
+template <int F4, int BATCH, class CounterOf, class SlotOf, class Counted>
+__device__ __forceinline__ bool warp_fixup(float* partials, long long slot_floats, int mine,
+                                           const CounterOf& counter_of, int pieces, const SlotOf& slot_of,
+                                           const Counted& counted, int warp, int lane, float* acc) {
+    auto slot_ptr = [&](int slot, int j) {
+        return reinterpret_cast<float4*>(partials + slot * slot_floats) + (warp * F4 + j) * 32 + lane;
+    };
 #pragma unroll
     for (int j = 0; j < F4; ++j)
-        __stcg(fixup_slot<F4>(partials, slot_floats, mine, warp, lane, j),
-               make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]));
-}
-// The tile's `pieces` partials summed in piece order (lowest k first) into `acc`, BATCH pieces' loads in flight at
-// once; then the counter is reset for the next launch (graph replays included). Call once every piece is counted
-// and their stores are visible to this warp (an acquire on the counter).
-template <int F4, int BATCH, class CounterOf, class SlotOf>
-__device__ __forceinline__ void warp_sum(float* partials, long long slot_floats, const CounterOf& counter_of,
-                                         int pieces, const SlotOf& slot_of, int warp, int lane, float* acc) {
+        __stcg(slot_ptr(mine, j), make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]));
+    // bar.warp.sync orders the lanes' stores before lane 0's release; the acq_rel add both publishes them and, for
+    // the last arriver, acquires every other piece's.
+    __syncwarp();
+    u32 arrived = 0;
+    if (lane == 0) arrived = atomic_add_acq_rel_gpu(counter_of(), 1u);
+    arrived = __shfl_sync(0xFFFFFFFFu, arrived, 0);
+    counted();
+    if (arrived != (u32)(pieces - 1)) return false;
     __syncwarp();
     for (int p0 = 0; p0 < pieces; p0 += BATCH) {
         float4 q[BATCH][F4];
@@ -771,7 +759,7 @@ __device__ __forceinline__ void warp_sum(float* partials, long long slot_floats,
             const int slot = slot_of(p0 + b);
             if (p0 + b < pieces) {
 #pragma unroll
-                for (int j = 0; j < F4; ++j) q[b][j] = __ldcg(fixup_slot<F4>(partials, slot_floats, slot, warp, lane, j));
+                for (int j = 0; j < F4; ++j) q[b][j] = __ldcg(slot_ptr(slot, j));
             }
         }
 #pragma unroll
@@ -788,34 +776,7 @@ __device__ __forceinline__ void warp_sum(float* partials, long long slot_floats,
             }
         }
     }
-    if (lane == 0) *counter_of() = 0;  // every piece has arrived: ready for the next launch
-}
-
-// The fix-up of a tile whose k range is split between CTAs (STREAM-K in the decode kernel and the GEMM), for one
-// warp: its accumulators are its own columns, so no CTA barrier is needed, and `acc` is its F4 float4 (4 * F4
-// floats, contiguous). The warp publishes them to slot `mine` and counts itself on counter_of(); the warp that
-// arrives last among the tile's `pieces` sums every piece's slot, its own included, in piece order (lowest k first)
-// into `acc`, resets the counter for the next launch and returns true; the others return false. The order does not
-// depend on who arrives last, so repeated runs are bit-identical. `slot_of(p)` is piece p's slot (also called, its
-// result unused, for p up to BATCH - 1 past the last piece: it must not read memory); `counted()` runs
-// once the warp is counted (a trace stamp). BATCH pieces' loads are in flight at once (an L2 round trip each
-// otherwise), as many as the caller's registers allow. The functions are taken by reference: copying their closures
-// cost the 64-token GEMM 8 bytes of spills, and the counter's address is formed where it is used, so it is not live
-// across the stores and loads.
-template <int F4, int BATCH, class CounterOf, class SlotOf, class Counted>
-__device__ __forceinline__ bool warp_fixup(float* partials, long long slot_floats, int mine,
-                                           const CounterOf& counter_of, int pieces, const SlotOf& slot_of,
-                                           const Counted& counted, int warp, int lane, float* acc) {
-    warp_publish<F4>(partials, slot_floats, mine, warp, lane, acc);
-    // bar.warp.sync orders the lanes' stores before lane 0's release; the acq_rel add both publishes them and, for
-    // the last arriver, acquires every other piece's.
-    __syncwarp();
-    u32 arrived = 0;
-    if (lane == 0) arrived = atomic_add_acq_rel_gpu(counter_of(), 1u);
-    arrived = __shfl_sync(0xFFFFFFFFu, arrived, 0);
-    counted();
-    if (arrived != (u32)(pieces - 1)) return false;
-    warp_sum<F4, BATCH>(partials, slot_floats, counter_of, pieces, slot_of, warp, lane, acc);
+    if (lane == 0) *counter_of() = 0;  // every piece has arrived: ready for the next launch (graph replays included)
     return true;
 }
 

@@ -518,46 +518,13 @@ struct Linear {
         auto counted = [&] {
             if (first_segment) trace_stamp(a.trace, TRACE_PARTIALS_SEEN);  // warp 0's partial counted
         };
+        // Four slots' loads in flight at M <= 8 (8 float4 per lane), one above, what the two-CTA variants' 96
+        // registers leave (the main loop's state stays live across the fix-up).
+        constexpr int SLOT_BATCH = MT == 1 && !WGMMA ? 4 : 1;
         auto counter_of = [&] { return a.counters + nt * WARPS + warp; };
         if (warp_fixup<2 * MT, SLOT_BATCH>(a.partials, SLOT_FLOATS, first_segment ? 2 * c : 2 * c + 1, counter_of,
                                            c_last - c_first + 1, slot_of, counted, warp, lane, &acc[0][0][0]))
             store_output(a, s, nt, warp, lane, acc);
-    }
-    // Four slots' loads in flight at M <= 8 (8 float4 per lane), one above, what the two-CTA variants' 96 registers
-    // leave (the main loop's state stays live across the fix-up).
-    static constexpr int SLOT_BATCH = MT == 1 && !WGMMA ? 4 : 1;
-
-    // EARLY PUBLISH (stream-K). A CTA whose range crosses a tile boundary ends its first segment (the last k piece
-    // of a tile that earlier CTAs began) mid-range. warp_fixup there stalled the warp for the stores' release and
-    // the counter's round trip, and with it the CTA's pipeline; those CTAs exited ~3 us after the others
-    // (w4a16-decode.md, "Where the tail comes from"). Instead the warp stores its partial at once, counts itself
-    // after the next unit with a release-only add (`count_early`: the stores have drained by then), and looks at the
-    // count only when its range ends (`finish_early`): in the rare case it was the tile's last arrival, it then
-    // acquires and sums the tile as warp_fixup would. Same slots, same order of the sum: the same bits. The state is
-    // one register: EARLY_NONE, EARLY_PUBLISHED, or EARLY_COUNTED plus lane 0's arrival index (the tile is always the
-    // CTA's first one). The offset-form variant (OFFSETS, M <= 16 at 96 registers) and the wgmma ones (at M = 9..16
-    // 76 bytes) spilled with it: they keep warp_fixup.
-    static constexpr bool EARLY_PUBLISH = !OFFSETS && !WGMMA;
-    static constexpr u32 EARLY_NONE = 0, EARLY_PUBLISHED = 1, EARLY_COUNTED = 2;
-    __device__ static u32 count_early(const Args& a, int nt, int warp, int lane) {
-        __syncwarp();  // the lanes' stores before lane 0's release
-        return EARLY_COUNTED + (lane == 0 ? atomic_add_release_gpu(a.counters + nt * WARPS + warp, 1u) : 0u);
-    }
-    __device__ static void finish_early(const Args& a, const Shape& s, u32 early, int warp, int lane,
-                                        float (&acc)[2][MT][4]) {
-        const u32 arrival = __shfl_sync(0xFFFFFFFFu, early, 0) - EARLY_COUNTED;
-        const int units = s.NT * s.KT, nt = unit_begin(blockIdx.x, units, s.ctas) / s.KT;
-        const int c_first = cta_of(nt * s.KT, units, s.ctas), c_last = cta_of(nt * s.KT + s.KT - 1, units, s.ctas);
-        if (arrival != (u32)(c_last - c_first)) return;
-        fence_acq_rel_gpu();  // the last arrival: acquire every other piece's partial
-        auto slot_of = [&](int piece) {
-            const int cc = c_first + piece;
-            return unit_begin(cc, units, s.ctas) / s.KT == nt ? 2 * cc : 2 * cc + 1;
-        };
-        auto counter_of = [&] { return a.counters + nt * WARPS + warp; };
-        warp_sum<2 * MT, SLOT_BATCH>(a.partials, SLOT_FLOATS, counter_of, c_last - c_first + 1, slot_of, warp, lane,
-                                     &acc[0][0][0]);
-        store_output(a, s, nt, warp, lane, acc);
     }
 
     // CLUSTER SPLIT-K's reduction (every consumer thread; the producer warp takes part in both barriers). The
@@ -743,7 +710,6 @@ struct Linear {
                 for (int i = 0; i < 4; ++i) acc[t][mt][i] = 0.0f;
 
         int seg_start = kt;  // k tile where the current segment starts; -1: a later segment (starts at 0)
-        u32 early = EARLY_NONE;  // EARLY PUBLISH's state
         int buf = 0, ld_buf = STAGES - 1;
         u32 phase = 0;  // parity of the current use of stage `buf` (TMA)
 #pragma unroll 1
@@ -773,9 +739,6 @@ struct Linear {
                                    warp, lane, tid, acc);
                 } else if (seg_start <= 0 && kt == s.KT - 1) {
                     store_output(a, s, nt, warp, lane, acc);
-                } else if (EARLY_PUBLISH && seg_start > 0 && left > 1) {
-                    warp_publish<2 * MT>(a.partials, SLOT_FLOATS, 2 * blockIdx.x, warp, lane, &acc[0][0][0]);
-                    early = EARLY_PUBLISHED;
                 } else {
                     fixup(a, s, nt, seg_start >= 0, warp, lane, acc);
                 }
@@ -788,11 +751,8 @@ struct Linear {
                         for (int j = 0; j < 4; ++j) acc[t][mt][j] = 0.0f;
                 seg_start = -1;
             }
-            // The unit after the published segment (which ended at the tile's last k tile) is the next tile's first.
-            if (EARLY_PUBLISH && early == EARLY_PUBLISHED && kt == 0) early = count_early(a, nt - 1, warp, lane);
             if (++kt == s.KT) kt = 0, ++nt;
         }
-        if (EARLY_PUBLISH && early >= EARLY_COUNTED) finish_early(a, s, early, warp, lane, acc);
         if constexpr (!TMA) cp_async_wait<0>();
         trace_exit(a.trace, count);
     }
