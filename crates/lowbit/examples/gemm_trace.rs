@@ -101,8 +101,12 @@ fn main() -> lowbit::Result<()> {
         // --rotate-io: each weight copy with x and y of its own, as `lowbit bench` times it.
         let (xs, mut ys) = if rotate_io {
             let host = dev.download(&x)?;
-            let xs = (0..copies).map(|_| dev.upload(&host)).collect::<lowbit::Result<Vec<_>>>()?;
-            let ys = (0..copies).map(|_| dev.alloc_zeros::<f16>(m * n)).collect::<lowbit::Result<Vec<_>>>()?;
+            let xs = (0..copies)
+                .map(|_| dev.upload(&host))
+                .collect::<lowbit::Result<Vec<_>>>()?;
+            let ys = (0..copies)
+                .map(|_| dev.alloc_zeros::<f16>(m * n))
+                .collect::<lowbit::Result<Vec<_>>>()?;
             (xs, ys)
         } else {
             (vec![x], vec![y])

@@ -57,6 +57,28 @@ struct Case {
     wgmma: Option<bool>,
 }
 
+impl Case {
+    /// An `n x k` case with groups of `group`: zero points, random data, no bias, no act-order, every launch
+    /// setting at its default.
+    fn new(n: usize, k: usize, group: usize, act: DType) -> Case {
+        Case {
+            n,
+            k,
+            group,
+            act,
+            zeros: true,
+            act_order: false,
+            bias: false,
+            data: Data::Random { x_scale: 1.0 },
+            ctas_per_sm: None,
+            stages: None,
+            ctas: None,
+            splits: None,
+            wgmma: None,
+        }
+    }
+}
+
 /// A random weight of `bits`-bit codes (and zeros) for case `c`.
 fn quant(rng: &mut Rng, c: &Case, bits: u8) -> QuantMatrix {
     let groups = c.k / c.group;
@@ -212,6 +234,42 @@ fn error(got: &[f32], want: &[f64], label: &str) -> (f64, f64, usize) {
     (diff / refs.max(f64::MIN_POSITIVE), max_abs, worst)
 }
 
+/// `op.run_strided` on the `m` rows of `x` (K values each) laid `x_stride` apart (the gaps hold 7.0), into y rows
+/// `y_stride` apart (poisoned with NaN first): returns the `m` rows of y, after checking that the gaps between them
+/// are untouched.
+#[allow(clippy::too_many_arguments)]
+fn run_strided_f16(
+    dev: &CudaDevice,
+    op: &LinearW4A16Cuda,
+    x: &[f32],
+    m: usize,
+    x_stride: usize,
+    y_stride: usize,
+    bias: Option<&CudaSlice<f16>>,
+) -> Vec<f32> {
+    let (n, k) = (op.plan().n, op.plan().k);
+    let mut xs = vec![f16::from_f32(7.0); m * x_stride];
+    for r in 0..m {
+        for i in 0..k {
+            xs[r * x_stride + i] = f16::from_f32(x[r * k + i]);
+        }
+    }
+    let x_dev = dev.upload(&xs).unwrap();
+    let mut y = dev.upload(&vec![f16::from_f32(f32::NAN); m * y_stride]).unwrap();
+    let mut ws = dev.alloc_zeros::<u8>(op.workspace_bytes()).unwrap();
+    let bias = bias.map(|b| b as &dyn DevicePtr<f16>);
+    op.run_strided(dev.stream(), &x_dev, x_stride, m, bias, &mut y, y_stride, &mut ws)
+        .unwrap();
+    let host = dev.download(&y).unwrap();
+    for r in 0..m - 1 {
+        let gap = &host[r * y_stride + n..(r + 1) * y_stride];
+        assert!(gap.iter().all(|v| v.is_nan()), "gap after y row {r} written");
+    }
+    (0..m)
+        .flat_map(|r| host[r * y_stride..r * y_stride + n].iter().map(|v| v.to_f32()))
+        .collect()
+}
+
 /// All batch sizes of one weight: accuracy per M, batch invariance against the 64-row call, determinism.
 fn check_case<T: Float + DeviceRepr>(dev: &CudaDevice, rng: &mut Rng, c: &Case) {
     check_case_bits::<T>(dev, rng, c, 4)
@@ -360,19 +418,11 @@ fn exact_integer_mode_is_bit_exact() {
         (64, 4096, 32, DType::Bf16, false, true),
     ] {
         let case = Case {
-            n,
-            k,
-            group,
-            act,
             zeros,
             act_order,
-            bias: false,
             data: Data::ExactInteger,
             ctas_per_sm: (n == 4096).then_some(2),
-            stages: None,
-            ctas: None,
-            splits: None,
-            wgmma: None,
+            ..Case::new(n, k, group, act)
         };
         dispatch(&dev, &mut rng, &case);
     }
@@ -393,19 +443,11 @@ fn groups_not_aligned_to_units() {
         (128, 960, 320, DType::Bf16, false, Data::ExactInteger),
     ] {
         let case = Case {
-            n,
-            k,
-            group,
-            act,
-            zeros: true,
             act_order,
             bias: n % 3 == 0,
             data,
             ctas_per_sm: (n == 192).then_some(2),
-            stages: None,
-            ctas: None,
-            splits: None,
-            wgmma: None,
+            ..Case::new(n, k, group, act)
         };
         dispatch(&dev, &mut rng, &case);
     }
@@ -423,19 +465,10 @@ fn pipeline_depths() {
             (2048, 3072, 64, DType::Bf16, None),
         ] {
             let case = Case {
-                n,
-                k,
-                group,
-                act,
-                zeros: true,
-                act_order: false,
-                bias: false,
-                data: Data::Random { x_scale: 1.0 },
                 ctas_per_sm,
                 stages: Some(stages),
                 ctas: Some(7),
-                splits: None,
-                wgmma: None,
+                ..Case::new(n, k, group, act)
             };
             dispatch(&dev, &mut rng, &case);
         }
@@ -527,19 +560,12 @@ fn cluster_split_k() {
         ),
     ] {
         let case = Case {
-            n,
-            k,
-            group,
-            act,
             zeros,
             act_order,
             bias,
             data,
-            ctas_per_sm: None,
-            stages: None,
-            ctas: None,
             splits,
-            wgmma: None,
+            ..Case::new(n, k, group, act)
         };
         dispatch(&dev, &mut rng, &case);
     }
@@ -553,21 +579,7 @@ fn cluster_split_k() {
 fn back_to_back_launches_see_each_others_writes() {
     let Some(dev) = device() else { return };
     let mut rng = Rng(0xb2b);
-    let case = |n, k| Case {
-        n,
-        k,
-        group: 128,
-        act: DType::F16,
-        zeros: true,
-        act_order: false,
-        bias: false,
-        data: Data::Random { x_scale: 1.0 },
-        ctas_per_sm: None,
-        stages: None,
-        ctas: None,
-        splits: None,
-        wgmma: None,
-    };
+    let case = |n, k| Case::new(n, k, 128, DType::F16);
     // A: 2048 -> 4096 (cluster split-K on an H200), B: 4096 -> 2048 (stream-K with the global fix-up).
     let (a, b) = (case(4096, 2048), case(2048, 4096));
     let ops = [&a, &b].map(|c| LinearW4A16Cuda::new(&dev, &quant(&mut rng, c, 4), DType::F16, 16).unwrap());
@@ -588,19 +600,8 @@ fn strided_and_unaligned_activation_rows() {
     let Some(dev) = device() else { return };
     let mut rng = Rng(5);
     let c = Case {
-        n: 576,
-        k: 384,
-        group: 64,
-        act: DType::F16,
-        zeros: true,
-        act_order: false,
         bias: true,
-        data: Data::Random { x_scale: 1.0 },
-        ctas_per_sm: None,
-        stages: None,
-        ctas: None,
-        splits: None,
-        wgmma: None,
+        ..Case::new(576, 384, 64, DType::F16)
     };
     let w = quant(&mut rng, &c, 4);
     let op = LinearW4A16Cuda::new(&dev, &w, DType::F16, 16).unwrap();
@@ -613,37 +614,9 @@ fn strided_and_unaligned_activation_rows() {
         .unwrap();
     // x_stride K + 8 (aligned, read in place) and K + 3 (unaligned rows, staged); y_stride N + 5.
     for x_stride in [c.k + 8, c.k + 3] {
-        let mut xs = vec![f16::from_f32(7.0); m * x_stride];
-        for r in 0..m {
-            for i in 0..c.k {
-                xs[r * x_stride + i] = f16::from_f32(x[r * c.k + i]);
-            }
-        }
-        let x_dev = dev.upload(&xs).unwrap();
-        let y_stride = c.n + 5;
-        let mut y = dev.upload(&vec![f16::from_f32(f32::NAN); m * y_stride]).unwrap();
-        let mut ws = dev.alloc_zeros::<u8>(op.workspace_bytes()).unwrap();
-        op.run_strided(
-            dev.stream(),
-            &x_dev,
-            x_stride,
-            m,
-            Some(&b_dev),
-            &mut y,
-            y_stride,
-            &mut ws,
-        )
-        .unwrap();
-        let host = dev.download(&y).unwrap();
-        let got: Vec<f32> = (0..m)
-            .flat_map(|r| host[r * y_stride..r * y_stride + c.n].iter().map(|v| v.to_f32()))
-            .collect();
+        let got = run_strided_f16(&dev, &op, &x, m, x_stride, c.n + 5, Some(&b_dev));
         let (rel, _, _) = error(&got, &want, "strided");
         assert!(rel <= 1e-3, "x_stride {x_stride}: mean rel error {rel:.2e}");
-        // The gaps between y rows are untouched.
-        for r in 0..m - 1 {
-            assert!(host[r * y_stride + c.n..(r + 1) * y_stride].iter().all(|v| v.is_nan()));
-        }
     }
 }
 
@@ -652,19 +625,7 @@ fn bad_inputs_give_typed_errors() {
     // Host-side rules (no GPU needed).
     let mut rng = Rng(9);
     let c = Case {
-        n: 64,
-        k: 128,
-        group: 32,
-        act: DType::F16,
-        zeros: true,
-        act_order: false,
-        bias: false,
-        data: Data::Random { x_scale: 1.0 },
-        ctas_per_sm: None,
-        stages: None,
-        ctas: None,
-        splits: None,
-        wgmma: None,
+        ..Case::new(64, 128, 32, DType::F16)
     };
     let mut w = quant(&mut rng, &c, 4);
     assert!(matches!(repack(&w, DType::F32), Err(Error::Invalid { .. })));
@@ -723,41 +684,18 @@ fn bad_inputs_give_typed_errors() {
 fn batches_above_64_rows_run_in_chunks() {
     let Some(dev) = device() else { return };
     let mut rng = Rng(0xc4_0a_4e);
-    let base = Case {
-        n: 576,
-        k: 4160,
-        group: 64,
-        act: DType::Bf16,
-        zeros: true,
-        act_order: true,
-        bias: true,
-        data: Data::Random { x_scale: 1.0 },
-        ctas_per_sm: None,
-        stages: None,
-        ctas: None,
-        splits: None,
-        wgmma: None,
-    };
     let cases = [
-        base,
-        // 16 tiles of 256 columns: cluster split-K on an H200.
         Case {
-            n: 4096,
-            k: 4096,
-            group: 128,
-            act: DType::F16,
-            act_order: false,
-            bias: false,
-            ..base
+            act_order: true,
+            bias: true,
+            ..Case::new(576, 4160, 64, DType::Bf16)
         },
+        // 16 tiles of 256 columns: cluster split-K on an H200.
+        Case::new(4096, 4096, 128, DType::F16),
         Case {
-            n: 256,
-            k: 1024,
-            group: 128,
-            act: DType::F16,
-            act_order: false,
+            bias: true,
             data: Data::ExactInteger,
-            ..base
+            ..Case::new(256, 1024, 128, DType::F16)
         },
     ];
     const M: usize = 200;
@@ -831,32 +769,12 @@ fn batches_above_64_rows_run_in_chunks() {
     let c = &cases[2];
     let w = quant(&mut rng, c, 4);
     let op = LinearW4A16Cuda::new(&dev, &w, DType::F16, M).unwrap();
-    let (m, x_stride, y_stride) = (150, c.k + 3, c.n + 5);
+    let m = 150;
     let x = activations(&mut rng, m * c.k, c.act, c.data);
     let want = reference::linear(&x, m, &w, None);
-    let mut xs = vec![f16::from_f32(7.0); m * x_stride];
-    for r in 0..m {
-        for i in 0..c.k {
-            xs[r * x_stride + i] = f16::from_f32(x[r * c.k + i]);
-        }
-    }
-    let x_dev = dev.upload(&xs).unwrap();
-    let mut y = dev.upload(&vec![f16::from_f32(f32::NAN); m * y_stride]).unwrap();
-    let mut ws = dev.alloc_zeros::<u8>(op.workspace_bytes()).unwrap();
-    op.run_strided(dev.stream(), &x_dev, x_stride, m, None, &mut y, y_stride, &mut ws)
-        .unwrap();
-    let host = dev.download(&y).unwrap();
-    for r in 0..m {
-        for i in 0..c.n {
-            let (g, want) = (host[r * y_stride + i].to_f32(), rounded(c.act, want[r * c.n + i]));
-            assert_eq!(g.to_bits(), want.to_bits(), "strided: row {r} column {i}");
-        }
-        if r + 1 < m {
-            assert!(
-                host[r * y_stride + c.n..(r + 1) * y_stride].iter().all(|v| v.is_nan()),
-                "gap after row {r}"
-            );
-        }
+    let got = run_strided_f16(&dev, &op, &x, m, c.k + 3, c.n + 5, None);
+    for (i, (&g, &r)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g.to_bits(), rounded(c.act, r).to_bits(), "strided chunks: element {i}");
     }
 }
 
@@ -878,19 +796,12 @@ fn int8_layout() {
         (27136, 512, 128, true, false, Data::ExactInteger, None),
     ] {
         let case = Case {
-            n,
-            k,
-            group,
-            act: DType::F16,
             zeros,
             act_order,
             bias: true,
             data,
-            ctas_per_sm: None,
-            stages: None,
-            ctas: None,
             splits,
-            wgmma: None,
+            ..Case::new(n, k, group, DType::F16)
         };
         check_case_bits::<f16>(&dev, &mut rng, &case, 8);
     }
@@ -972,19 +883,14 @@ fn wgmma_and_mma_sync_agree() {
             ),
         ] {
             let case = Case {
-                n,
-                k,
-                group,
-                act,
-                zeros: true,
                 act_order,
                 bias: n % 3 == 1,
                 data,
                 ctas_per_sm,
                 stages,
                 ctas,
-                splits: None,
                 wgmma: Some(wgmma),
+                ..Case::new(n, k, group, act)
             };
             match act {
                 DType::Bf16 => check_case_bits::<bf16>(&dev, &mut rng, &case, bits),
