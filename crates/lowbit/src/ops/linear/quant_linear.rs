@@ -433,8 +433,9 @@ impl QuantLinear {
             .map(|b| b as &dyn DevicePtr<T>);
         match (c.kernel_for(m), &c.gemm) {
             (LinearKernel::Decode, _) => {
-                c.decode
-                    .run_with_activation(stream, x, m, bias, self.activation, y, workspace)
+                c.decode.run(stream, x, m, bias, y, workspace)?;
+                // The decode kernel fuses the bias only; the activation is one more pass over y.
+                c.epilogue(stream, y, m, false, self.activation)
             }
             (LinearKernel::Gemm, Some(g)) => {
                 g.run_strided(stream, x, self.k, m, bias, self.activation, y, self.n, workspace)

@@ -61,7 +61,6 @@ impl GemvConv {
         }
         let clamp = (activation != Activation::None).then(|| activation.bounds());
         let buffers = CallBuffers { x, y, bias, workspace };
-        self.linear
-            .launch(stream, batch, &buffers, (ci, geo.output[1]), clamp, Activation::None)
+        self.linear.launch(stream, batch, &buffers, (ci, geo.output[1]), clamp)
     }
 }
