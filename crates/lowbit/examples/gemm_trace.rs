@@ -8,7 +8,8 @@
 //! stream-K fix-up's partials and counter show as `partials_seen`), or `conv:BxCxHxWxRxCo` for the convolution's
 //! Hopper path (int4 blocks of 128 channels, stride 1, padding R / 2; the timeline covers the GEMM, the timing also
 //! the pack).
-//! `--rotate-io` gives each weight copy its own x and y (as `lowbit bench` does); by default all launches share them.
+//! `--rotate-io` rotates as many x and y buffers as weight copies (as `lowbit bench` does); by default all launches
+//! share one x and one y.
 //! Output: one summary block per shape; with `LOWBIT_TRACE_CSV=dir` also the raw per-CTA timeline as
 //! `dir/<shape>.csv`.
 
@@ -98,7 +99,7 @@ fn main() -> lowbit::Result<()> {
         let copies = ops.len();
         let mut ws = dev.alloc_zeros::<u8>(ops[0].workspace_bytes().max(1))?;
         let stream = dev.stream().clone();
-        // --rotate-io: each weight copy with x and y of its own, as `lowbit bench` times it.
+        // --rotate-io: as many x and y buffers as weight copies, rotated with them, as `lowbit bench` times it.
         let (xs, mut ys) = if rotate_io {
             let host = dev.download(&x)?;
             let xs = (0..copies)

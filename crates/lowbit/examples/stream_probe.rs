@@ -71,6 +71,14 @@ extern "C" __global__ void tma(const char* src, long long units, int ctas, int u
 }
 "#;
 
+/// A launch's result as the crate's error.
+fn launched<T>(result: Result<T, cudarc::driver::DriverError>) -> lowbit::Result<()> {
+    result.map(|_| ()).map_err(|e| lowbit::Error::Cuda {
+        context: "stream_probe".into(),
+        message: format!("{e:?}"),
+    })
+}
+
 const PROBE: KernelSource = KernelSource {
     name: "stream_probe",
     source: SOURCE,
@@ -133,10 +141,7 @@ fn main() -> lowbit::Result<()> {
                 shared_mem_bytes: 0,
             };
             // SAFETY: the kernel reads n 16-byte words of p (a live buffer of `bytes`) and may write out[0].
-            unsafe { b.launch(cfg) }.map(|_| ()).map_err(|e| lowbit::Error::Cuda {
-                context: "probe".into(),
-                message: format!("{e:?}"),
-            })
+            launched(unsafe { b.launch(cfg) })
         })?;
     }
     for (per_sm, unit_kb, stages) in [(2, 16, 3), (2, 16, 4), (1, 16, 6), (2, 32, 3), (3, 16, 3), (4, 8, 4)] {
@@ -160,10 +165,7 @@ fn main() -> lowbit::Result<()> {
                 shared_mem_bytes: smem as u32,
             };
             // SAFETY: the kernel copies units * unit bytes of p (a live buffer of `bytes`) and may write out[0].
-            unsafe { b.launch(cfg) }.map(|_| ()).map_err(|e| lowbit::Error::Cuda {
-                context: "probe".into(),
-                message: format!("{e:?}"),
-            })
+            launched(unsafe { b.launch(cfg) })
         })?;
     }
     Ok(())

@@ -386,11 +386,10 @@ fn cuda_linear(dev: &Arc<CudaDevice>, q: &QuantMatrix, weight: &[f32], batches: 
     let max_m = batches.iter().map(|b| b.m).max().unwrap_or(1);
     let device = Device::Cuda(dev.clone());
     let layer = || QuantLinear::new(&device, q, None, Activation::None, DType::F16, max_m);
-    let first = layer()?;
-    let copies = rotation(dev, first.weight_bytes());
-    let layers: Vec<QuantLinear> = std::iter::once(Ok(first))
-        .chain((1..copies).map(|_| layer()))
-        .collect::<Result<_>>()?;
+    let mut layers = vec![layer()?];
+    for _ in 1..rotation(dev, layers[0].weight_bytes()) {
+        layers.push(layer()?);
+    }
     let dense: Vec<f16> = weight.iter().map(|&w| f16::from_f32(w)).collect();
     let dense_w: Vec<CudaSlice<f16>> = (0..rotation(dev, dense.len() * 2))
         .map(|_| dev.upload(&dense))
