@@ -124,12 +124,20 @@ struct Shape {
     long long y_stride;  // elements between rows of y
     int clamp;           // 1: outputs are clamped to [lo, hi] after the bias (relu, relu6 of a convolution)
     float lo, hi;
+    int act;             // an Activation (common.cuh) applied after the bias and clamp: QuantLinear's epilogue
 };
 
-// The stored value of an output: fp32 sum + bias, clamped when asked. Written out (not fminf/fmaxf) so that a NaN
-// passes through, as in the reference.
+// The stored value of an output: fp32 sum + bias, clamped when asked, then the activation when the variant has one
+// (ACTIVATION); one rounding follows. The clamp is written out (not fminf/fmaxf) so that a NaN passes through, as in
+// the convolution's reference.
+// The activation is a call, not inlined: inlined at every unrolled store element (erff and expf included) it
+// pushed NVRTC's compile time of the decode variants from 47 to 123 s.
+__device__ __noinline__ float activation_call(float v, int act) { return apply_activation(v, act); }
+template <bool ACTIVATION>
 __device__ __forceinline__ float finish(const Shape& s, float v) {
-    return s.clamp ? (v < s.lo ? s.lo : (v > s.hi ? s.hi : v)) : v;
+    v = s.clamp ? (v < s.lo ? s.lo : (v > s.hi ? s.hi : v)) : v;
+    if constexpr (ACTIVATION) v = s.act != ACT_NONE ? activation_call(v, s.act) : v;
+    return v;
 }
 
 // UNIT_GROUPS: the group size is a multiple of 128 (g128, per channel, ...), so each unit lies in one group: a
@@ -165,6 +173,10 @@ struct Linear {
     static_assert(W_BYTES % STAGE_ALIGN == 0, "the x rows of a stage must stay aligned");
     // fp32 partial sums of one split tile, in accumulator-fragment order (see write_partial).
     static constexpr int SLOT_FLOATS = N_CTA * M_ROWS;
+    // Shape::act is applied in the stores (QuantLinear's epilogue). Not in the offset-form variant (a convolution's,
+    // which clamps instead) nor in the wgmma ones of M <= 16 (off by default): at 96 registers both spilled 8 bytes
+    // with it. The host refuses an activation for them (cuda.rs, Variant::fuses_activation).
+    static constexpr bool ACTIVATION = !OFFSETS && !(WGMMA && MT <= 2);
     // Stages, then (TMA) one full and one empty mbarrier per stage, then (RECEIVE) cluster_reduce's area.
     static constexpr int RECEIVE_OFFSET = STAGES * STAGE_BYTES + (TMA ? STAGES * 16 : 0);
     // WGMMA: + 1 KB of slack to align the stages' base to 1024 bytes.
@@ -492,7 +504,7 @@ struct Linear {
 #pragma unroll
                     for (int h = 0; h < 2; ++h)
                         if (m < s.M && n0 + t * 16 + h * 8 < s.N)
-                            row[t * 16 + h * 8] = FragmentOps<T>::from_f32(finish(s, v[t][mt][h * 2 + e] + b[t][h]));
+                            row[t * 16 + h * 8] = FragmentOps<T>::from_f32(finish<ACTIVATION>(s, v[t][mt][h * 2 + e] + b[t][h]));
             }
             // Keep the compiler from hoisting every row's address math above the first stores (register spills).
             asm volatile("" ::: "memory");
@@ -565,7 +577,7 @@ struct Linear {
                 const int m = mt * 8 + (l & 3) * 2 + (e & 1), col = n + 8 * (e >> 1);
                 if (m < s.M && col < s.N) {
                     const float b = a.bias ? FragmentOps<T>::to_f32(a.bias[col]) : 0.0f;
-                    a.y[(size_t)m * s.y_stride + col] = FragmentOps<T>::from_f32(finish(s, v[e] + b));
+                    a.y[(size_t)m * s.y_stride + col] = FragmentOps<T>::from_f32(finish<ACTIVATION>(s, v[e] + b));
                 }
             }
         }

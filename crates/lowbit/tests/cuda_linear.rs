@@ -20,7 +20,7 @@ mod common;
 use half::{bf16, f16};
 use lowbit::cuda::{CudaDevice, CudaSlice, DevicePtr, DeviceRepr};
 use lowbit::ops::linear::cuda::{repack, repack_int8, LinearW4A16Cuda, Tuning};
-use lowbit::ops::linear::reference;
+use lowbit::ops::linear::{reference, Activation};
 use lowbit::testing::SplitMix64 as Rng;
 use lowbit::{DType, Error, Float, QuantMatrix};
 // One device for the whole test binary (kernels compile once), or a printed reason to skip.
@@ -674,6 +674,23 @@ fn bad_inputs_give_typed_errors() {
         ),
         "max_m"
     );
+    // The wgmma variants of M <= 16 (forced; sm_90) do not fuse an activation: refused, not dropped.
+    if dev.info().compute_capability.0 == 9 {
+        let big = quant(&mut rng, &Case::new(256, 256, 128, DType::F16), 4);
+        let tuning = Tuning {
+            wgmma: Some(true),
+            ..Tuning::default()
+        };
+        let op = LinearW4A16Cuda::with_tuning(&dev, &repack(&big, DType::F16).unwrap(), 16, tuning).unwrap();
+        let x = dev.alloc_zeros::<f16>(16 * 256).unwrap();
+        let mut y = dev.alloc_zeros::<f16>(16 * 256).unwrap();
+        let mut ws = dev.alloc_zeros::<u8>(op.workspace_bytes()).unwrap();
+        let run = op.run_with_activation(s, &x, 12, None, Activation::Silu, &mut y, &mut ws);
+        assert!(
+            matches!(run, Err(Error::Unsupported(_))),
+            "activation on a forced wgmma variant: {run:?}"
+        );
+    }
 }
 
 /// Batches above 64 rows run as 64-row chunks (the `mma.sync` path for any M where the Hopper GEMM is absent): every

@@ -28,6 +28,7 @@
 //! (`lowbit_gemm_s3`, ...), `LOWBIT_BENCH_GEMM_RAMP=0,1` with at most that many stages in flight while its
 //! pipeline first fills, 0 being all of them, on every tile (`lowbit_gemm_ramp0`, ...), `LOWBIT_BENCH_GEMM_LAG=0,1`
 //! with the 64- and 128-token tiles' second consumer warpgroup that many k tiles behind (`lowbit_gemm_lag0`, ...).
+//! `LOWBIT_BENCH_ACTIVATION=silu` builds QuantLinear's layers with that fused epilogue (records `lowbit_silu`, ...).
 
 use super::{graph_replay_us, median_of_batches, BenchArgs, BenchRecord, Rounds, Shape, Sink};
 use half::{bf16, f16};
@@ -253,8 +254,18 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
     let copies = |bytes: usize| (2 * l2 / bytes.max(1) + 1).max(2);
     let sets = copies(packed.weight_bytes());
     let device = Device::Cuda(dev.clone());
+    // LOWBIT_BENCH_ACTIVATION=silu (relu, relu6, gelu): QuantLinear's layers with that fused epilogue, their records
+    // named with it (`lowbit_silu`, `lowbit_decode_silu`, `lowbit_graph_silu`, ...).
+    let activation = match std::env::var("LOWBIT_BENCH_ACTIVATION") {
+        Ok(name) => Activation::parse(&name)?,
+        Err(_) => Activation::None,
+    };
+    let suffix = match activation {
+        Activation::None => String::new(),
+        a => format!("_{}", a.name()),
+    };
     let mut layers: Vec<QuantLinear> = (0..sets)
-        .map(|_| QuantLinear::new(&device, &w, None, Activation::None, dtype, max_m))
+        .map(|_| QuantLinear::new(&device, &w, None, activation, dtype, max_m))
         .collect::<Result<_>>()?;
     // The GEMM launched without programmatic dependent launch (LOWBIT_BENCH_NO_PDL=1), with STREAM-K forced
     // (LOWBIT_BENCH_STREAM=1), with its pipeline's first fill at that many stages in flight (LOWBIT_BENCH_GEMM_RAMP)
@@ -413,7 +424,9 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
                     layers[i].force_kernel(forced);
                     layers[i].run(stream, &xs[i], m, &mut ys_c.borrow_mut()[i], &mut **ws_c.borrow_mut())
                 });
-                let name = forced.map_or("lowbit".to_string(), |kernel| format!("lowbit_{}", kernel.name()));
+                let name = forced.map_or(format!("lowbit{suffix}"), |kernel| {
+                    format!("lowbit_{}{suffix}", kernel.name())
+                });
                 timed.push((name, quant_bytes));
             }
             if !planes.is_empty() && m <= MAX_DECODE_M {
@@ -476,7 +489,7 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
             let replay = graph_replay_us(dev, &stream, sets, GRAPH_CALLS, |i| {
                 layers[i].run(&stream, &xs[i], m, &mut ys[i], &mut ws)
             })?;
-            sink.push(record("lowbit_graph", quant_bytes, replay))?;
+            sink.push(record(&format!("lowbit_graph{suffix}"), quant_bytes, replay))?;
         }
 
         for (label, v) in variant_ops.iter().filter(|_| m <= MAX_DECODE_M) {

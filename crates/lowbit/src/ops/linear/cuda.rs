@@ -39,6 +39,7 @@ use crate::cuda::{tensor_map_2d, KernelSource, LaunchConfig, MapElement, TensorM
 use crate::dtype::{DType, Float};
 use crate::error::{Error, Result};
 use crate::formats::QuantMatrix;
+use crate::ops::activation::Activation;
 use cudarc::driver::PushKernelArg;
 use half::{bf16, f16};
 use rayon::prelude::*;
@@ -704,6 +705,12 @@ impl Variant {
         }
     }
 
+    /// Whether the kernel applies `Shape::act` (the kernel's ACTIVATION): not the offset-form variant nor the wgmma
+    /// variants of M <= 16, which spill with it.
+    fn fuses_activation(&self) -> bool {
+        !(self.offsets || self.wgmma && self.mt <= 2)
+    }
+
     /// This variant reading offsets instead of zero points. At M <= 16 its x sums take 12 more registers, which
     /// the 96 of two CTAs per SM cannot spare: that variant is capped for one CTA per SM.
     fn with_offsets(self) -> Variant {
@@ -833,7 +840,8 @@ struct KernelArgs {
     trace: u64,
 }
 
-/// `lowbit::w4a16::Shape` in the kernel, in field order (11 ints, padding, 2 int64, the clamp flag and bounds).
+/// `lowbit::w4a16::Shape` in the kernel, in field order (11 ints, padding, 2 int64, the clamp flag and bounds, the
+/// activation).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 struct KernelShape {
@@ -853,6 +861,7 @@ struct KernelShape {
     clamp: i32,
     lo: f32,
     hi: f32,
+    act: i32,
 }
 
 // SAFETY: plain-old-data `#[repr(C)]` structs laid out like their CUDA counterparts (u64 pointers, i32, i64).
@@ -1357,13 +1366,35 @@ impl LinearW4A16Cuda {
         let p = &self.plan;
         let call = (self.act, self.max_m, self.workspace_bytes());
         match call_buffers(p, call, stream, (x, x_stride), m, bias, (y, y_stride), workspace)? {
-            Some(buffers) => self.launch(stream, m, &buffers, (x_stride, y_stride), None),
+            Some(buffers) => self.launch(stream, m, &buffers, (x_stride, y_stride), None, Activation::None),
+            None => Ok(()),
+        }
+    }
+
+    /// As [`LinearW4A16Cuda::run`], with `activation` applied to every output after the bias, in fp32 before the one
+    /// rounding to the activation type (the epilogue [`crate::ops::linear::QuantLinear`] fuses).
+    #[allow(clippy::too_many_arguments)]
+    pub fn run_with_activation<T: Float + DeviceRepr>(
+        &self,
+        stream: &CudaStream,
+        x: &dyn DevicePtr<T>,
+        m: usize,
+        bias: Option<&dyn DevicePtr<T>>,
+        activation: Activation,
+        y: &mut dyn DevicePtrMut<T>,
+        workspace: &mut dyn DevicePtrMut<u8>,
+    ) -> Result<()> {
+        let (p, strides) = (&self.plan, (self.plan.input_k, self.plan.n));
+        let call = (self.act, self.max_m, self.workspace_bytes());
+        match call_buffers(p, call, stream, (x, strides.0), m, bias, (y, strides.1), workspace)? {
+            Some(buffers) => self.launch(stream, m, &buffers, strides, None, activation),
             None => Ok(()),
         }
     }
 
     /// Launches on buffers already checked (`call_buffers`'s rules, `m` in `1..=max_m`), every output clamped to
-    /// `clamp`'s `[lo, hi]` after the bias when given (a NaN passes): the relu/relu6 of a convolution routed here.
+    /// `clamp`'s `[lo, hi]` after the bias when given (a NaN passes: the relu/relu6 of a convolution routed here),
+    /// then put through `activation` (QuantLinear's epilogue).
     ///
     /// A batch of more than [`MAX_M`] rows runs as chunks of [`MAX_M`] rows in order on `stream`, as Marlin does:
     /// each chunk reads the whole weight again, which the tensor work of 64 rows covers on the GPUs this path is for
@@ -1377,6 +1408,7 @@ impl LinearW4A16Cuda {
         buffers: &CallBuffers,
         strides: (usize, usize),
         clamp: Option<(f32, f32)>,
+        activation: Activation,
     ) -> Result<()> {
         let bytes = self.act.size() as u64;
         for first in (0..m).step_by(MAX_M) {
@@ -1385,7 +1417,7 @@ impl LinearW4A16Cuda {
                 y: buffers.y + first as u64 * strides.1 as u64 * bytes,
                 ..*buffers
             };
-            self.launch_rows(stream, MAX_M.min(m - first), &chunk, strides, clamp)?;
+            self.launch_rows(stream, MAX_M.min(m - first), &chunk, strides, clamp, activation)?;
         }
         Ok(())
     }
@@ -1398,6 +1430,7 @@ impl LinearW4A16Cuda {
         buffers: &CallBuffers,
         (x_stride, y_stride): (usize, usize),
         clamp: Option<(f32, f32)>,
+        activation: Activation,
     ) -> Result<()> {
         let p = &self.plan;
         let CallBuffers {
@@ -1413,6 +1446,12 @@ impl LinearW4A16Cuda {
             .iter()
             .find(|(v, _, _)| v.mt == mt)
             .ok_or_else(|| Error::invalid("x", format!("{m} rows"), "exceeds the operator's max_m"))?;
+        if activation != Activation::None && !variant.fuses_activation() {
+            return Err(Error::Unsupported(format!(
+                "the {activation:?} epilogue in the decode kernel's offset-form or forced-wgmma variant ({})",
+                variant.name()
+            )));
+        }
 
         // x goes through the workspace when the kernel cannot read it in place: act-order gather, or rows that are
         // not 16-byte aligned (the kernel's 16-byte cp.async).
@@ -1475,6 +1514,7 @@ impl LinearW4A16Cuda {
             clamp: i32::from(clamp.is_some()),
             lo: clamp.map_or(0.0, |c| c.0),
             hi: clamp.map_or(0.0, |c| c.1),
+            act: activation.code(),
         };
         // Cluster split-K and the kernel's DEPENDENT LAUNCH, each when this operator uses it.
         let launch = crate::cuda::Launch {

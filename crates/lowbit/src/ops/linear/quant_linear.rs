@@ -433,9 +433,8 @@ impl QuantLinear {
             .map(|b| b as &dyn DevicePtr<T>);
         match (c.kernel_for(m), &c.gemm) {
             (LinearKernel::Decode, _) => {
-                c.decode.run(stream, x, m, bias, y, workspace)?;
-                // The decode kernel fuses the bias only; the activation is one more pass over y.
-                c.epilogue(stream, y, m, false, self.activation)
+                c.decode
+                    .run_with_activation(stream, x, m, bias, self.activation, y, workspace)
             }
             (LinearKernel::Gemm, Some(g)) => {
                 g.run_strided(stream, x, self.k, m, bias, self.activation, y, self.n, workspace)

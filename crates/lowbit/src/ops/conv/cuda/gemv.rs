@@ -61,6 +61,7 @@ impl GemvConv {
         }
         let clamp = (activation != Activation::None).then(|| activation.bounds());
         let buffers = CallBuffers { x, y, bias, workspace };
-        self.linear.launch(stream, batch, &buffers, (ci, geo.output[1]), clamp)
+        self.linear
+            .launch(stream, batch, &buffers, (ci, geo.output[1]), clamp, Activation::None)
     }
 }
