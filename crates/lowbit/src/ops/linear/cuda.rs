@@ -1311,6 +1311,12 @@ impl LinearW4A16Cuda {
         self.splits
     }
 
+    /// Whether [`LinearW4A16Cuda::run_with_activation`] takes an activation at every M: not with the offset-form
+    /// variant nor with forced wgmma at M <= 16 (see [`Variant`]).
+    pub fn fuses_activation(&self) -> bool {
+        self.kernels.iter().all(|(v, _, _)| v.fuses_activation())
+    }
+
     /// Diagnostics: per loaded kernel variant, its name and how many clusters of 2, 4 and 8 CTAs the GPU keeps
     /// resident at once (cluster split-K needs one per tile).
     #[doc(hidden)]

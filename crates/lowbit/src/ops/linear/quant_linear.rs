@@ -432,9 +432,14 @@ impl QuantLinear {
             .and_then(|b| b.downcast_ref::<CudaSlice<T>>())
             .map(|b| b as &dyn DevicePtr<T>);
         match (c.kernel_for(m), &c.gemm) {
-            (LinearKernel::Decode, _) => {
+            (LinearKernel::Decode, _) if c.decode.fuses_activation() => {
                 c.decode
                     .run_with_activation(stream, x, m, bias, self.activation, y, workspace)
+            }
+            (LinearKernel::Decode, _) => {
+                // A tuning whose variants cannot fuse it: the activation is one more pass over y.
+                c.decode.run(stream, x, m, bias, y, workspace)?;
+                c.epilogue(stream, y, m, false, self.activation)
             }
             (LinearKernel::Gemm, Some(g)) => {
                 g.run_strided(stream, x, self.k, m, bias, self.activation, y, self.n, workspace)
