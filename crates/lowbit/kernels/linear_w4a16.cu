@@ -173,10 +173,12 @@ struct Linear {
     static_assert(W_BYTES % STAGE_ALIGN == 0, "the x rows of a stage must stay aligned");
     // fp32 partial sums of one split tile, in accumulator-fragment order (see write_partial).
     static constexpr int SLOT_FLOATS = N_CTA * M_ROWS;
-    // Shape::act is applied in the stores (QuantLinear's epilogue). Not in the offset-form variant (a convolution's,
-    // which clamps instead) nor in the wgmma ones of M <= 16 (off by default): at 96 registers both spilled 8 bytes
-    // with it. The host refuses an activation for them (cuda.rs, Variant::fuses_activation).
-    static constexpr bool ACTIVATION = !OFFSETS && !(WGMMA && MT <= 2);
+    // Shape::act is applied in the stores (QuantLinear's epilogue), in the mma.sync variants of M <= 16 only. Above
+    // 16 rows the per-element call cost more than the separate pass it saves (H200, 4096² at M = 64: 19.7 -> 27.9 µs
+    // with silu); the offset-form variant (a convolution's, which clamps instead) and the wgmma ones of M <= 16 (off
+    // by default) spilled 8 bytes with it at 96 registers. The host runs the separate pass for the others
+    // (cuda.rs, Variant::fuses_activation).
+    static constexpr bool ACTIVATION = !OFFSETS && !WGMMA && MT <= 2;
     // Stages, then (TMA) one full and one empty mbarrier per stage, then (RECEIVE) cluster_reduce's area.
     static constexpr int RECEIVE_OFFSET = STAGES * STAGE_BYTES + (TMA ? STAGES * 16 : 0);
     // WGMMA: + 1 KB of slack to align the stages' base to 1024 bytes.

@@ -432,12 +432,12 @@ impl QuantLinear {
             .and_then(|b| b.downcast_ref::<CudaSlice<T>>())
             .map(|b| b as &dyn DevicePtr<T>);
         match (c.kernel_for(m), &c.gemm) {
-            (LinearKernel::Decode, _) if c.decode.fuses_activation() => {
+            (LinearKernel::Decode, _) if c.decode.fuses_activation(m) => {
                 c.decode
                     .run_with_activation(stream, x, m, bias, self.activation, y, workspace)
             }
             (LinearKernel::Decode, _) => {
-                // A tuning whose variants cannot fuse it: the activation is one more pass over y.
+                // Above 16 rows (or a tuning whose variant cannot fuse it) the activation is one more pass over y.
                 c.decode.run(stream, x, m, bias, y, workspace)?;
                 c.epilogue(stream, y, m, false, self.activation)
             }
