@@ -86,8 +86,8 @@
 //   noise of each other or mma.sync is faster (compute_stage_wgmma). Same products, same sums, same bits.
 //
 // The host prepends the #defines selecting one variant (LB_DTYPE, LB_MT, LB_ZEROS, LB_OFFSETS, LB_WARPS, LB_STAGES,
-// LB_TMA, LB_MIN_BLOCKS, LB_UNIT_GROUPS, LB_RECEIVE, LB_WBITS, LB_WGMMA) and launches the extern "C" kernels at the
-// bottom.
+// LB_TMA, LB_MIN_BLOCKS, LB_UNIT_GROUPS, LB_RECEIVE, LB_WBITS, LB_WGMMA, LB_ACTIVATION) and launches the extern "C"
+// kernels at the bottom.
 #include "common.cuh"
 
 namespace lowbit {
@@ -146,10 +146,15 @@ __device__ __forceinline__ float finish(const Shape& s, float v) {
 // OFFSETS: each weight is (q - midpoint)·s + o with a real per-group offset o (a convolution's per-block weights,
 // routed here at batch 1: see OFFSETS below); the zero rows of a stage then hold the offsets, in T like the scales.
 template <class T, int MT, bool HAS_ZEROS, bool OFFSETS, int WARPS, int STAGES, bool TMA, bool UNIT_GROUPS,
-          bool RECEIVE, int WBITS, bool WGMMA>
+          bool RECEIVE, int WBITS, bool WGMMA, bool ACTIVATION>
 struct Linear {
     static_assert(WBITS == 4 || (WBITS == 8 && T::MAGIC == F16::MAGIC), "int8 codes: fp16 activations only");
     static_assert(!OFFSETS || (!HAS_ZEROS && MT <= 2), "offsets: symmetric codes, M <= 16");
+    // ACTIVATION: Shape::act is applied in the stores (QuantLinear's epilogue), in the mma.sync variants of M <= 16
+    // only. Above 16 rows the per-element call cost more than the separate pass it saves (H200, 4096² at M = 64:
+    // 19.7 -> 27.9 µs with silu); the offset-form variant (a convolution's, which clamps instead) and the wgmma ones
+    // of M <= 16 spilled 8 bytes with it at 96 registers. A variant of its own, so that the others pay nothing.
+    static_assert(!ACTIVATION || (!OFFSETS && !WGMMA && MT <= 2), "activation: mma.sync variants of M <= 16");
     static_assert(!WGMMA || (TMA && !OFFSETS && MT <= 4 && WARPS % 4 == 0),
                   "wgmma: the TMA pipeline, no offsets, M <= 32, whole warpgroups");
     static constexpr int THREADS = WARPS * 32;           // consumer (mma) threads
@@ -173,12 +178,6 @@ struct Linear {
     static_assert(W_BYTES % STAGE_ALIGN == 0, "the x rows of a stage must stay aligned");
     // fp32 partial sums of one split tile, in accumulator-fragment order (see write_partial).
     static constexpr int SLOT_FLOATS = N_CTA * M_ROWS;
-    // Shape::act is applied in the stores (QuantLinear's epilogue), in the mma.sync variants of M <= 16 only. Above
-    // 16 rows the per-element call cost more than the separate pass it saves (H200, 4096² at M = 64: 19.7 -> 27.9 µs
-    // with silu); the offset-form variant (a convolution's, which clamps instead) and the wgmma ones of M <= 16 (off
-    // by default) spilled 8 bytes with it at 96 registers. The host runs the separate pass for the others
-    // (cuda.rs, Variant::fuses_activation).
-    static constexpr bool ACTIVATION = !OFFSETS && !WGMMA && MT <= 2;
     // Stages, then (TMA) one full and one empty mbarrier per stage, then (RECEIVE) cluster_reduce's area.
     static constexpr int RECEIVE_OFFSET = STAGES * STAGE_BYTES + (TMA ? STAGES * 16 : 0);
     // WGMMA: + 1 KB of slack to align the stages' base to 1024 bytes.
@@ -798,12 +797,16 @@ struct Linear {
 #ifndef LB_WGMMA
 #define LB_WGMMA 0
 #endif
+#ifndef LB_ACTIVATION
+#define LB_ACTIVATION 0
+#endif
 #if LB_TMA && __CUDA_ARCH__ < 900
 #error "the TMA pipeline (LB_TMA) needs sm_90: select LB_TMA 0 for older GPUs"
 #endif
 
 typedef lowbit::w4a16::Linear<lowbit::LB_DTYPE, LB_MT, LB_ZEROS != 0, LB_OFFSETS != 0, LB_WARPS, LB_STAGES,
-                              LB_TMA != 0, LB_UNIT_GROUPS != 0, LB_RECEIVE != 0, LB_WBITS, LB_WGMMA != 0>
+                              LB_TMA != 0, LB_UNIT_GROUPS != 0, LB_RECEIVE != 0, LB_WBITS, LB_WGMMA != 0,
+                              LB_ACTIVATION != 0>
     LinearVariant;
 
 extern "C" __global__ void __launch_bounds__(LinearVariant::BLOCK, LB_MIN_BLOCKS)

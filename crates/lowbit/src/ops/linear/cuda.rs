@@ -666,6 +666,8 @@ pub struct Variant {
     /// The mma warps multiply with wgmma (`m64n{8 mt}k16`, x read from shared memory in the 128-byte swizzle)
     /// instead of mma.sync (sm_90a, TMA variants without offsets, `mt` <= 4, warps a multiple of 4).
     pub wgmma: bool,
+    /// The stores apply `Shape::act`, QuantLinear's activation (see `Variant::can_fuse_activation`).
+    pub activation: bool,
 }
 
 impl Variant {
@@ -702,13 +704,14 @@ impl Variant {
             receive: false,
             wbits: 4,
             wgmma: false,
+            activation: false,
         }
     }
 
-    /// Whether the kernel applies `Shape::act` (the kernel's ACTIVATION): only the `mma.sync` variants of M <= 16
-    /// without offsets. Above 16 rows the per-element call cost more than the separate pass it saves (H200: 4096²
-    /// at M = 64 19.7 -> 27.9 µs with silu); the forced wgmma variants of M <= 16 spilled with it.
-    fn fuses_activation(&self) -> bool {
+    /// Whether this variant has an `activation` twin: the `mma.sync` variants of M <= 16 without offsets. Above 16
+    /// rows the per-element call cost more than the separate pass it saves (H200: 4096² at M = 64 19.7 -> 27.9 µs
+    /// with silu); the forced wgmma variants of M <= 16 spilled with it.
+    fn can_fuse_activation(&self) -> bool {
         !self.offsets && !self.wgmma && self.mt <= 2
     }
 
@@ -772,7 +775,7 @@ impl Variant {
 
     fn name(&self) -> String {
         format!(
-            "linear_w4a16_{}_b{}_m{}_z{}{}_g{}_w{}_s{}_{}{}{}{}",
+            "linear_w4a16_{}_b{}_m{}_z{}{}_g{}_w{}_s{}_{}{}{}{}{}",
             self.act.name(),
             self.wbits,
             self.mt,
@@ -784,7 +787,8 @@ impl Variant {
             if self.tma { "tma" } else { "cpasync" },
             self.min_blocks,
             if self.receive { "_recv" } else { "" },
-            if self.wgmma { "_wgmma" } else { "" }
+            if self.wgmma { "_wgmma" } else { "" },
+            if self.activation { "_act" } else { "" }
         )
     }
 
@@ -796,7 +800,7 @@ impl Variant {
                 format!(
                 "#define LB_DTYPE {}\n#define LB_MT {}\n#define LB_ZEROS {}\n#define LB_WARPS {}\n#define LB_STAGES {}\n\
                  #define LB_TMA {}\n#define LB_MIN_BLOCKS {}\n#define LB_UNIT_GROUPS {}\n#define LB_RECEIVE {}\n\
-                 #define LB_WBITS {}\n#define LB_OFFSETS {}\n#define LB_WGMMA {}\n",
+                 #define LB_WBITS {}\n#define LB_OFFSETS {}\n#define LB_WGMMA {}\n#define LB_ACTIVATION {}\n",
                 if self.act == DType::Bf16 { "BF16" } else { "F16" },
                 self.mt,
                 u8::from(self.zeros),
@@ -808,7 +812,8 @@ impl Variant {
                 u8::from(self.receive),
                 self.wbits,
                 u8::from(self.offsets),
-                u8::from(self.wgmma)
+                u8::from(self.wgmma),
+                u8::from(self.activation)
             )
             },
             SOURCE,
@@ -1312,11 +1317,36 @@ impl LinearW4A16Cuda {
         self.splits
     }
 
-    /// Whether [`LinearW4A16Cuda::run_with_activation`] takes an activation for a batch of `m` rows: up to 16 rows
-    /// on the `mma.sync` variants (see `Variant::fuses_activation`).
+    /// The operator with, next to each variant that can take it, a twin that applies an activation in its stores
+    /// ([`LinearW4A16Cuda::run_with_activation`]): the `mma.sync` variants of M <= 16. A separate build, so that
+    /// operators without an activation neither compile nor run the per-element call.
+    pub fn with_fused_activation(mut self, device: &CudaDevice) -> Result<Self> {
+        let twins: Vec<Variant> = self
+            .kernels
+            .iter()
+            .filter(|(v, _, _)| v.can_fuse_activation())
+            .map(|(v, _, _)| Variant { activation: true, ..*v })
+            .collect();
+        for variant in twins {
+            let function =
+                device.function_with_shared_memory(variant.source(), "w4a16_linear", variant.smem_bytes())?;
+            let cluster = self.splits > 1
+                && crate::cuda::resident_cluster_count(
+                    &function,
+                    variant.block_threads() as u32,
+                    variant.smem_bytes(),
+                    self.splits,
+                ) >= self.plan.n_tiles();
+            self.kernels.push((variant, function, cluster));
+        }
+        Ok(self)
+    }
+
+    /// Whether [`LinearW4A16Cuda::run_with_activation`] takes an activation for a batch of `m` rows: built
+    /// [`LinearW4A16Cuda::with_fused_activation`], up to 16 rows on the `mma.sync` variants.
     pub fn fuses_activation(&self, m: usize) -> bool {
         let mt = token_tiles(m.min(MAX_M));
-        self.kernels.iter().any(|(v, _, _)| v.mt == mt && v.fuses_activation())
+        self.kernels.iter().any(|(v, _, _)| v.mt == mt && v.activation)
     }
 
     /// Diagnostics: per loaded kernel variant, its name and how many clusters of 2, 4 and 8 CTAs the GPU keeps
@@ -1339,7 +1369,7 @@ impl LinearW4A16Cuda {
 
     /// Device scratch `run` needs for batches of up to `max_m` rows: split-tile partial sums and room to stage x.
     pub fn workspace_bytes(&self) -> usize {
-        let widest = self.kernels.last().map_or(0, |(v, _, _)| v.slot_floats());
+        let widest = self.kernels.iter().map(|(v, _, _)| v.slot_floats()).max().unwrap_or(0);
         self.staged_x_bytes() + 2 * self.ctas * widest * 4
     }
 
@@ -1449,17 +1479,18 @@ impl LinearW4A16Cuda {
         } = *buffers;
 
         let mt = token_tiles(m);
+        let fused = activation != Activation::None;
         let (variant, function, cluster) = self
             .kernels
             .iter()
-            .find(|(v, _, _)| v.mt == mt)
-            .ok_or_else(|| Error::invalid("x", format!("{m} rows"), "exceeds the operator's max_m"))?;
-        if activation != Activation::None && !variant.fuses_activation() {
-            return Err(Error::Unsupported(format!(
-                "the {activation:?} epilogue in the decode kernel's variant {} (fused up to 16 rows on mma.sync only)",
-                variant.name()
-            )));
-        }
+            .find(|(v, _, _)| v.mt == mt && v.activation == fused)
+            .ok_or_else(|| match fused {
+                true => Error::Unsupported(format!(
+                    "the {activation:?} epilogue in the decode kernel at {m} rows: fused only up to 16 rows on \
+                     mma.sync, by an operator built with_fused_activation"
+                )),
+                false => Error::invalid("x", format!("{m} rows"), "exceeds the operator's max_m"),
+            })?;
 
         // x goes through the workspace when the kernel cannot read it in place: act-order gather, or rows that are
         // not 16-byte aligned (the kernel's 16-byte cp.async).
@@ -2037,9 +2068,27 @@ mod tests {
                             cases.push((Variant { receive: true, ..vo }, "sm_90a"));
                         }
                     }
+                    if v.can_fuse_activation() {
+                        // The activation twins (with_fused_activation), and the cluster split-K one.
+                        cases.push((Variant { activation: true, ..v }, "sm_90a"));
+                        if v.tma {
+                            cases.push((
+                                Variant {
+                                    activation: true,
+                                    receive: true,
+                                    ..v
+                                },
+                                "sm_90a",
+                            ));
+                        }
+                    }
                     if mt == 1 || mt == 8 {
                         for arch in ["sm_80", "sm_89"] {
-                            cases.push((Variant { tma: false, ..v }, arch));
+                            let vc = Variant { tma: false, ..v };
+                            cases.push((vc, arch));
+                            if vc.can_fuse_activation() {
+                                cases.push((Variant { activation: true, ..vc }, arch));
+                            }
                         }
                     }
                 }

@@ -249,7 +249,7 @@ impl QuantLinear {
                 op: LinearCpu::new(w)?,
                 bias: bias.map(<[f32]>::to_vec),
             },
-            Device::Cuda(dev) => Backend::Cuda(Box::new(CudaLinear::new(dev, w, bias, act, max_m)?)),
+            Device::Cuda(dev) => Backend::Cuda(Box::new(CudaLinear::new(dev, w, bias, activation, act, max_m)?)),
         };
         Ok(QuantLinear {
             n: w.n,
@@ -437,7 +437,7 @@ impl QuantLinear {
                     .run_with_activation(stream, x, m, bias, self.activation, y, workspace)
             }
             (LinearKernel::Decode, _) => {
-                // Above 16 rows (or a tuning whose variant cannot fuse it) the activation is one more pass over y.
+                // Above 16 rows the activation is one more pass over y (faster there than the fused stores).
                 c.decode.run(stream, x, m, bias, y, workspace)?;
                 c.epilogue(stream, y, m, false, self.activation)
             }
@@ -450,10 +450,22 @@ impl QuantLinear {
 }
 
 impl CudaLinear {
-    fn new(dev: &Arc<CudaDevice>, w: &QuantMatrix, bias: Option<&[f32]>, act: DType, max_m: usize) -> Result<Self> {
+    fn new(
+        dev: &Arc<CudaDevice>,
+        w: &QuantMatrix,
+        bias: Option<&[f32]>,
+        activation: Activation,
+        act: DType,
+        max_m: usize,
+    ) -> Result<Self> {
         let packed = repack_preferred(w, act)?;
         let weight = DeviceW4::upload(dev, &packed)?;
         let decode = LinearW4A16Cuda::with_weight(dev, weight.clone(), max_m, Tuning::default())?;
+        // The decode kernel applies the activation in its stores up to 16 rows: one launch fewer per call.
+        let decode = match activation {
+            Activation::None => decode,
+            _ => decode.with_fused_activation(dev)?,
+        };
         let gemm = gemm::supported(dev, &weight)
             .then(|| LinearW4A16Gemm::with_weight(dev, weight.clone(), max_m, None))
             .transpose()?;
