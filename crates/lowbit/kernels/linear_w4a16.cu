@@ -150,12 +150,11 @@ template <class T, int MT, bool HAS_ZEROS, bool OFFSETS, int WARPS, int STAGES, 
 struct Linear {
     static_assert(WBITS == 4 || (WBITS == 8 && T::MAGIC == F16::MAGIC), "int8 codes: fp16 activations only");
     static_assert(!OFFSETS || (!HAS_ZEROS && MT <= 2), "offsets: symmetric codes, M <= 16");
-    // ACTIVATION: Shape::act is applied in the stores (QuantLinear's epilogue), in the mma.sync variant of M <= 8
-    // only. Above 8 rows the per-element call cost more than the separate pass it saves on large layers (H200, silu:
-    // 8192 x 28672 at M = 16 +3.6 µs, 4096² at M = 64 +9.6 µs; the pass costs ~2); the offset-form variant (a
-    // convolution's, which clamps instead) and the wgmma ones spilled with it at 96 registers. A variant of its own,
-    // so that the others pay nothing.
-    static_assert(!ACTIVATION || (!OFFSETS && !WGMMA && MT == 1), "activation: the mma.sync variant of M <= 8");
+    // ACTIVATION: Shape::act is applied in the stores (QuantLinear's epilogue), in the mma.sync variants of M <= 16
+    // only. Above 16 rows the per-element call cost more than the separate pass it saves (H200, 4096² at M = 64:
+    // 19.7 -> 27.9 µs with silu); the offset-form variant (a convolution's, which clamps instead) and the wgmma ones
+    // of M <= 16 spilled 8 bytes with it at 96 registers. A variant of its own, so that the others pay nothing.
+    static_assert(!ACTIVATION || (!OFFSETS && !WGMMA && MT <= 2), "activation: mma.sync variants of M <= 16");
     static_assert(!WGMMA || (TMA && !OFFSETS && MT <= 4 && WARPS % 4 == 0),
                   "wgmma: the TMA pipeline, no offsets, M <= 32, whole warpgroups");
     static constexpr int THREADS = WARPS * 32;           // consumer (mma) threads

@@ -674,8 +674,8 @@ fn bad_inputs_give_typed_errors() {
         ),
         "max_m"
     );
-    // An activation runs fused only where a twin was built (with_fused_activation: mma.sync, M <= 8); elsewhere
-    // it is refused, not dropped: an operator built without it, more than 8 rows, forced wgmma (sm_90).
+    // An activation runs fused only where a twin was built (with_fused_activation: mma.sync, M <= 16); elsewhere
+    // it is refused, not dropped: an operator built without it, more than 16 rows, forced wgmma (sm_90).
     let big = quant(&mut rng, &Case::new(256, 256, 128, DType::F16), 4);
     let packed = repack(&big, DType::F16).unwrap();
     let x = dev.alloc_zeros::<f16>(64 * 256).unwrap();
@@ -688,7 +688,7 @@ fn bad_inputs_give_typed_errors() {
     let fused = LinearW4A16Cuda::new(&dev, &big, DType::F16, 64)
         .and_then(|op| op.with_fused_activation(&dev))
         .unwrap();
-    for (label, op, m) in [("plain", &plain, 5), ("fused", &fused, 12)] {
+    for (label, op, m) in [("plain", &plain, 12), ("fused", &fused, 40)] {
         let mut ws = dev.alloc_zeros::<u8>(op.workspace_bytes()).unwrap();
         let run = op.run_with_activation(s, &x, m, None, Activation::Silu, &mut y, &mut ws);
         assert!(
@@ -697,13 +697,13 @@ fn bad_inputs_give_typed_errors() {
         );
         assert!(!op.fuses_activation(m), "{label} at {m} rows");
     }
-    assert!(fused.fuses_activation(8));
+    assert!(fused.fuses_activation(12));
     if dev.info().compute_capability.0 == 9 {
         let op = LinearW4A16Cuda::with_tuning(&dev, &packed, 16, wgmma)
             .and_then(|op| op.with_fused_activation(&dev))
             .unwrap();
         let mut ws = dev.alloc_zeros::<u8>(op.workspace_bytes()).unwrap();
-        let run = op.run_with_activation(s, &x, 5, None, Activation::Silu, &mut y, &mut ws);
+        let run = op.run_with_activation(s, &x, 12, None, Activation::Silu, &mut y, &mut ws);
         assert!(matches!(run, Err(Error::Unsupported(_))), "forced wgmma: {run:?}");
     }
 }

@@ -708,12 +708,11 @@ impl Variant {
         }
     }
 
-    /// Whether this variant has an `activation` twin: the `mma.sync` variants of M <= 8 without offsets. Above 8
-    /// rows the stores' per-element call cost more than the separate pass it saves on the large layer (H200, silu:
-    /// 8192 x 28672 at M = 16 +3.6 µs against ~+2, 4096² at M = 64 +9.6 µs); at M <= 8 it costs 0.1-0.7 µs
-    /// against the pass's 1.5-2.5 (`bench/results/2026-11-27-h200-decode-activation-ab.jsonl`).
+    /// Whether this variant has an `activation` twin: the `mma.sync` variants of M <= 16 without offsets. Above 16
+    /// rows the per-element call cost more than the separate pass it saves (H200: 4096² at M = 64 19.7 -> 27.9 µs
+    /// with silu); the forced wgmma variants of M <= 16 spilled with it.
     fn can_fuse_activation(&self) -> bool {
-        !self.offsets && !self.wgmma && self.mt == 1
+        !self.offsets && !self.wgmma && self.mt <= 2
     }
 
     /// This variant reading offsets instead of zero points. At M <= 16 its x sums take 12 more registers, which
@@ -1319,7 +1318,7 @@ impl LinearW4A16Cuda {
     }
 
     /// The operator with, next to each variant that can take it, a twin that applies an activation in its stores
-    /// ([`LinearW4A16Cuda::run_with_activation`]): the `mma.sync` variant of M <= 8. A separate build, so that
+    /// ([`LinearW4A16Cuda::run_with_activation`]): the `mma.sync` variants of M <= 16. A separate build, so that
     /// operators without an activation neither compile nor run the per-element call.
     pub fn with_fused_activation(mut self, device: &CudaDevice) -> Result<Self> {
         let twins: Vec<Variant> = self
@@ -1344,7 +1343,7 @@ impl LinearW4A16Cuda {
     }
 
     /// Whether [`LinearW4A16Cuda::run_with_activation`] takes an activation for a batch of `m` rows: built
-    /// [`LinearW4A16Cuda::with_fused_activation`], up to 8 rows on the `mma.sync` variant.
+    /// [`LinearW4A16Cuda::with_fused_activation`], up to 16 rows on the `mma.sync` variants.
     pub fn fuses_activation(&self, m: usize) -> bool {
         let mt = token_tiles(m.min(MAX_M));
         self.kernels.iter().any(|(v, _, _)| v.mt == mt && v.activation)
@@ -1487,7 +1486,7 @@ impl LinearW4A16Cuda {
             .find(|(v, _, _)| v.mt == mt && v.activation == fused)
             .ok_or_else(|| match fused {
                 true => Error::Unsupported(format!(
-                    "the {activation:?} epilogue in the decode kernel at {m} rows: fused only up to 8 rows on \
+                    "the {activation:?} epilogue in the decode kernel at {m} rows: fused only up to 16 rows on \
                      mma.sync, by an operator built with_fused_activation"
                 )),
                 false => Error::invalid("x", format!("{m} rows"), "exceeds the operator's max_m"),

@@ -437,7 +437,7 @@ impl QuantLinear {
                     .run_with_activation(stream, x, m, bias, self.activation, y, workspace)
             }
             (LinearKernel::Decode, _) => {
-                // Above 8 rows the activation is one more pass over y (faster there than the fused stores).
+                // Above 16 rows the activation is one more pass over y (faster there than the fused stores).
                 c.decode.run(stream, x, m, bias, y, workspace)?;
                 c.epilogue(stream, y, m, false, self.activation)
             }
@@ -461,7 +461,7 @@ impl CudaLinear {
         let packed = repack_preferred(w, act)?;
         let weight = DeviceW4::upload(dev, &packed)?;
         let decode = LinearW4A16Cuda::with_weight(dev, weight.clone(), max_m, Tuning::default())?;
-        // The decode kernel applies the activation in its stores up to 8 rows: one launch fewer per call.
+        // The decode kernel applies the activation in its stores up to 16 rows: one launch fewer per call.
         let decode = match activation {
             Activation::None => decode,
             _ => decode.with_fused_activation(dev)?,
