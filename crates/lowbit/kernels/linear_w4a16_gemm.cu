@@ -1105,18 +1105,23 @@ LB_DEQUANTIZE_REPACKED(w4a16_dequantize_repacked_f16, lowbit::F16)
 LB_DEQUANTIZE_REPACKED(w4a16_dequantize_repacked_bf16, lowbit::BF16)
 #undef LB_DEQUANTIZE_REPACKED
 
-// y[m][n] = act(y[m][n] + bias[n]) in fp32, one rounding (after a dense GEMM that wrote y without them).
+// y[m][n] = act(y[m][n] + bias[n]) in fp32, one rounding: after a dense GEMM that wrote y without them, or after the
+// decode kernel above the rows its stores fuse the activation for. Rows along y, columns along x (no division).
+// DEPENDENT LAUNCH (sm_90, when the host asks for it): its CTAs may be resident while the kernel that writes y still
+// runs, and wait for it before the first read; they let the next kernel launch at once, so the next layer's decode
+// kernel issues its first weight copies under this pass, as it does after another decode launch.
 template <class T>
 __device__ __forceinline__ void bias_activation(unsigned short* y, long long y_stride, const unsigned short* bias, int M,
                                                 int N, int activation) {
     typedef lowbit::FragmentOps<T> Ops;
-    const long long total = (long long)M * N;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
-         i += (long long)gridDim.x * blockDim.x) {
-        const int m = (int)(i / N), n = (int)(i - (long long)m * N);
-        unsigned short* p = y + m * y_stride + n;
-        const float b = bias ? Ops::to_f32(bias[n]) : 0.0f;
-        *p = Ops::from_f32(lowbit::apply_activation(Ops::to_f32(*p) + b, activation));
+    lowbit::wait_for_prerequisite_grids();
+    lowbit::allow_dependent_launch();
+    for (int m = blockIdx.y; m < M; m += gridDim.y) {
+        unsigned short* row = y + m * y_stride;
+        for (int n = blockIdx.x * blockDim.x + threadIdx.x; n < N; n += gridDim.x * blockDim.x) {
+            const float b = bias ? Ops::to_f32(bias[n]) : 0.0f;
+            row[n] = Ops::from_f32(lowbit::apply_activation(Ops::to_f32(row[n]) + b, activation));
+        }
     }
 }
 extern "C" __global__ void w4a16_bias_activation_f16(unsigned short* y, long long y_stride, const unsigned short* bias,

@@ -8,7 +8,7 @@ use cudarc::driver::{sys, CudaFunction, CudaStream};
 /// dynamic shared memory per CTA, the GPU keeps resident at once; 0 when it cannot schedule that size at all.
 pub(crate) fn resident_cluster_count(function: &CudaFunction, block: u32, smem: usize, ctas: usize) -> usize {
     let mut cluster = [cluster_attribute(ctas)];
-    let config = launch_config(ctas as u32, block, smem, std::ptr::null_mut(), &mut cluster);
+    let config = launch_config((ctas as u32, 1), block, smem, std::ptr::null_mut(), &mut cluster);
     let mut count = 0i32;
     // SAFETY: `config` and `cluster` are live locals; `count` receives one int. A size the GPU cannot schedule is
     // an error or 0: either way no cluster of that size.
@@ -20,12 +20,13 @@ pub(crate) fn resident_cluster_count(function: &CudaFunction, block: u32, smem: 
     }
 }
 
-/// A one-dimensional launch: `grid` CTAs of `block` threads with `smem` bytes of dynamic shared memory, in
-/// thread-block clusters of `cluster` CTAs along x if given, and as the programmatic dependent of the stream's
-/// previous kernel if `dependent` (the kernel then waits itself where it reads that kernel's output).
+/// A launch of `grid` x `grid_y` CTAs of `block` threads with `smem` bytes of dynamic shared memory, in thread-block
+/// clusters of `cluster` CTAs along x if given, and as the programmatic dependent of the stream's previous kernel if
+/// `dependent` (the kernel then waits itself where it reads that kernel's output).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Launch {
     pub grid: u32,
+    pub grid_y: u32,
     pub block: u32,
     pub smem: usize,
     pub cluster: Option<usize>,
@@ -55,7 +56,7 @@ pub(crate) unsafe fn launch_ex(
         used += 1;
     }
     let config = launch_config(
-        launch.grid,
+        (launch.grid, launch.grid_y),
         launch.block,
         launch.smem,
         stream.cu_stream(),
@@ -76,18 +77,18 @@ pub(crate) unsafe fn launch_ex(
     }
 }
 
-/// A one-dimensional launch of `grid` CTAs of `block` threads with `smem` bytes of dynamic shared memory on
+/// A launch of `grid` (x, y) CTAs of `block` threads with `smem` bytes of dynamic shared memory on
 /// `stream` (null: none, for occupancy queries), with `attributes`, which must outlive its use.
 fn launch_config(
-    grid: u32,
+    grid: (u32, u32),
     block: u32,
     smem: usize,
     stream: sys::CUstream,
     attributes: &mut [sys::CUlaunchAttribute],
 ) -> sys::CUlaunchConfig {
     sys::CUlaunchConfig {
-        gridDimX: grid,
-        gridDimY: 1,
+        gridDimX: grid.0,
+        gridDimY: grid.1,
         gridDimZ: 1,
         blockDimX: block,
         blockDimY: 1,

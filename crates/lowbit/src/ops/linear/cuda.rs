@@ -1558,6 +1558,7 @@ impl LinearW4A16Cuda {
         // Cluster split-K and the kernel's DEPENDENT LAUNCH, each when this operator uses it.
         let launch = crate::cuda::Launch {
             grid: self.ctas as u32,
+            grid_y: 1,
             block: variant.block_threads() as u32,
             smem: variant.smem_bytes(),
             cluster: cluster.then_some(self.splits),

@@ -204,6 +204,8 @@ struct CudaLinear {
 struct DensePath {
     dequantize: CudaFunction,
     bias_activation: CudaFunction,
+    /// The bias + activation pass launches as the dependent of the kernel before it (sm_90).
+    dependent_launch: bool,
     blas: CublasLinear,
     /// `CudaSlice<T>` of N * K elements, T the layer's dtype.
     scratch: Mutex<Option<Box<dyn Any + Send + Sync>>>,
@@ -478,6 +480,7 @@ impl CudaLinear {
                 dense_tile_bytes(256),
             )?,
             bias_activation: dev.function(source, &format!("w4a16_bias_activation_{suffix}"))?,
+            dependent_launch: dev.info().compute_capability.0 >= 9,
             blas: CublasLinear::new(dev.stream().clone(), w.n, w.k)?,
             scratch: Mutex::new(None),
         };
@@ -614,16 +617,32 @@ impl CudaLinear {
         let y_ptr = y.device_ptr_mut(stream).0;
         let bias_ptr = bias.map_or(0, |b| b.device_ptr(stream).0);
         let (ys, mi, ni, code) = (n as i64, m as i32, n as i32, activation.code());
-        let mut b = stream.launch_builder(&self.dense.bias_activation);
-        b.arg(&y_ptr).arg(&ys).arg(&bias_ptr).arg(&mi).arg(&ni).arg(&code);
-        let cfg = LaunchConfig {
-            grid_dim: ((m * n).div_ceil(256).min(65_535) as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
+        // A CTA per 256 columns of a row (rows beyond 65535 loop), as the dependent of the kernel that wrote y on
+        // sm_90: the next kernel then launches under this pass (the kernel's DEPENDENT LAUNCH).
+        let launch = crate::cuda::Launch {
+            grid: n.div_ceil(256).min(65_535) as u32,
+            grid_y: m.min(65_535) as u32,
+            block: 256,
+            smem: 0,
+            cluster: None,
+            dependent: self.dense.dependent_launch,
         };
-        // SAFETY: y holds m * N elements (the callers checked it), bias N.
-        unsafe { b.launch(cfg) }.map_err(launch_error("w4a16_bias_activation"))?;
-        Ok(())
+        let mut params: [*mut std::ffi::c_void; 6] = [
+            &y_ptr as *const u64 as *mut _,
+            &ys as *const i64 as *mut _,
+            &bias_ptr as *const u64 as *mut _,
+            &mi as *const i32 as *mut _,
+            &ni as *const i32 as *mut _,
+            &code as *const i32 as *mut _,
+        ];
+        // SAFETY: y holds m * N elements (the callers checked it), bias N; `params` points at the kernel's six
+        // parameters, in order.
+        unsafe { crate::cuda::launch_ex(&self.dense.bias_activation, stream, launch, &mut params) }.map_err(|rc| {
+            Error::Cuda {
+                context: "launching w4a16_bias_activation".into(),
+                message: format!("{rc:?}"),
+            }
+        })
     }
 }
 

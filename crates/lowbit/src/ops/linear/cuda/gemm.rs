@@ -1046,6 +1046,7 @@ impl LinearW4A16Gemm {
         };
         let launch = Launch {
             grid: grid as u32,
+            grid_y: 1,
             block: BLOCK,
             smem: kernel.variant.smem_bytes(),
             cluster: (splits > 1).then_some(split.cluster),
