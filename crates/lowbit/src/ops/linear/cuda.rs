@@ -1401,12 +1401,8 @@ impl LinearW4A16Cuda {
         y_stride: usize,
         workspace: &mut dyn DevicePtrMut<u8>,
     ) -> Result<()> {
-        let p = &self.plan;
-        let call = (self.act, self.max_m, self.workspace_bytes());
-        match call_buffers(p, call, stream, (x, x_stride), m, bias, (y, y_stride), workspace)? {
-            Some(buffers) => self.launch(stream, m, &buffers, (x_stride, y_stride), None, Activation::None),
-            None => Ok(()),
-        }
+        let (x, y) = ((x, x_stride), (y, y_stride));
+        self.run_checked(stream, x, m, bias, y, workspace, Activation::None)
     }
 
     /// As [`LinearW4A16Cuda::run`], with `activation` applied to every output after the bias, in fp32 before the one
@@ -1422,10 +1418,34 @@ impl LinearW4A16Cuda {
         y: &mut dyn DevicePtrMut<T>,
         workspace: &mut dyn DevicePtrMut<u8>,
     ) -> Result<()> {
-        let (p, strides) = (&self.plan, (self.plan.input_k, self.plan.n));
+        let (x, y) = ((x, self.plan.input_k), (y, self.plan.n));
+        self.run_checked(stream, x, m, bias, y, workspace, activation)
+    }
+
+    /// `call_buffers`'s checks, then the launch.
+    #[allow(clippy::too_many_arguments)]
+    fn run_checked<T: Float + DeviceRepr>(
+        &self,
+        stream: &CudaStream,
+        (x, x_stride): (&dyn DevicePtr<T>, usize),
+        m: usize,
+        bias: Option<&dyn DevicePtr<T>>,
+        (y, y_stride): (&mut dyn DevicePtrMut<T>, usize),
+        workspace: &mut dyn DevicePtrMut<u8>,
+        activation: Activation,
+    ) -> Result<()> {
         let call = (self.act, self.max_m, self.workspace_bytes());
-        match call_buffers(p, call, stream, (x, strides.0), m, bias, (y, strides.1), workspace)? {
-            Some(buffers) => self.launch(stream, m, &buffers, strides, None, activation),
+        match call_buffers(
+            &self.plan,
+            call,
+            stream,
+            (x, x_stride),
+            m,
+            bias,
+            (y, y_stride),
+            workspace,
+        )? {
+            Some(buffers) => self.launch(stream, m, &buffers, (x_stride, y_stride), None, activation),
             None => Ok(()),
         }
     }
