@@ -700,3 +700,76 @@ fn assert_chain_matches_synchronised(
         ops[i].run(dev.stream(), x, m, None, y, ws).unwrap()
     });
 }
+
+/// More than 2^31 output elements (32-bit index overflow is a known bug class): N = 4096 and one row more than
+/// 2^31 / N, plus 71, in exact integers. x's rows cycle through 8 patterns, so each row of y must equal its
+/// pattern's reference row bit for bit; the first rows and every row from 40 before element 2^31 to the last are
+/// checked. y (4.3 GB) starts zeroed, and every pattern row has non-zero outputs, so a row left unwritten fails.
+/// Needs ~5 GiB of GPU memory.
+#[test]
+fn more_than_2_pow_31_outputs() {
+    let Some(dev) = hopper() else { return };
+    if dev.info().total_memory < (16usize << 30) {
+        println!("skipped: needs a GPU with 16 GiB");
+        return;
+    }
+    let c = Case {
+        n: 4096,
+        k: 128,
+        exact: true,
+        ..BASE
+    };
+    let boundary = (1usize << 31) / c.n; // the row holding output element 2^31
+    let m = boundary + 72;
+    assert!(m * c.n > 1 << 31);
+    let mut rng = Rng(31);
+    let w = quant(&mut rng, &c);
+    const PATTERNS: usize = 8;
+    let patterns = values(&mut rng, PATTERNS * c.k, &c);
+    let want: Vec<f16> = reference::linear(&patterns, PATTERNS, &w, None)
+        .iter()
+        .map(|&r| f16::from_f32(r as f32))
+        .collect();
+    for row in want.chunks(c.n) {
+        assert!(
+            row.iter().any(|v| v.to_f32() != 0.0),
+            "a pattern row of zeros proves nothing"
+        );
+    }
+    let x: Vec<f16> = (0..m)
+        .flat_map(|r| {
+            patterns[(r % PATTERNS) * c.k..][..c.k]
+                .iter()
+                .map(|&v| f16::from_f32(v))
+        })
+        .collect();
+    let weight = DeviceW4::upload(&dev, &repack(&w, c.act).unwrap()).unwrap();
+    let op = LinearW4A16Gemm::with_weight(&dev, weight, m, None).unwrap();
+    let x_dev = dev.upload(&x).unwrap();
+    let mut y = dev.alloc_zeros::<f16>(m * c.n).unwrap();
+    let mut ws = dev.alloc_zeros::<u8>(op.workspace_bytes()).unwrap();
+    op.run_strided(
+        dev.stream(),
+        &x_dev,
+        c.k,
+        m,
+        None,
+        Activation::None,
+        &mut y,
+        c.n,
+        &mut ws,
+    )
+    .unwrap();
+    dev.synchronize().unwrap();
+    for first in [0, boundary - 40] {
+        let last = if first == 0 { 16 } else { m };
+        let got = dev.download(&y.slice(first * c.n..last * c.n)).unwrap();
+        for (i, row) in got.chunks(c.n).enumerate() {
+            let r = first + i;
+            let expect = &want[(r % PATTERNS) * c.n..][..c.n];
+            for (col, (g, e)) in row.iter().zip(expect).enumerate() {
+                assert_eq!(g.to_bits(), e.to_bits(), "row {r} col {col}: {g} vs {e}");
+            }
+        }
+    }
+}
