@@ -1406,7 +1406,9 @@ impl LinearW4A16Cuda {
     }
 
     /// As [`LinearW4A16Cuda::run`], with `activation` applied to every output after the bias, in fp32 before the one
-    /// rounding to the activation type (the epilogue [`crate::ops::linear::QuantLinear`] fuses).
+    /// rounding to the activation type (the epilogue [`crate::ops::linear::QuantLinear`] fuses). An activation other
+    /// than none is [`Error::Unsupported`] unless [`LinearW4A16Cuda::fuses_activation`] says yes for `m`: an operator
+    /// built [`LinearW4A16Cuda::with_fused_activation`], up to 16 rows.
     #[allow(clippy::too_many_arguments)]
     pub fn run_with_activation<T: Float + DeviceRepr>(
         &self,
