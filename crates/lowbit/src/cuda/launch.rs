@@ -2,6 +2,7 @@
 //! are launch attributes, so these go through `cuLaunchKernelEx` (the W4A16 decode kernel and the Hopper GEMM), and
 //! the occupancy query for clusters that sizes their split-K plans.
 
+use crate::error::{Error, Result};
 use cudarc::driver::{sys, CudaFunction, CudaStream};
 
 /// How many clusters of `ctas` CTAs (along x) of `function`, launched with `block` threads and `smem` bytes of
@@ -35,6 +36,7 @@ pub(crate) struct Launch {
 
 /// Launches `function` as `launch` says. Clusters and dependent launch are launch attributes, which cudarc's launch
 /// builder does not express, hence cuLaunchKernelEx. The driver copies the attributes and the parameters at launch.
+/// A refused launch is [`Error::Cuda`] with `context()` ("launching ...") and the driver's code.
 ///
 /// # Safety
 /// `params` must point at the kernel's parameters, in order, each valid for everything the kernel does with it.
@@ -43,7 +45,8 @@ pub(crate) unsafe fn launch_ex(
     stream: &CudaStream,
     launch: Launch,
     params: &mut [*mut std::ffi::c_void],
-) -> std::result::Result<(), sys::CUresult> {
+    context: impl FnOnce() -> String,
+) -> Result<()> {
     // A fixed array, not a Vec: a launch allocates nothing. Slots past `used` are never read.
     let mut attributes = [dependent_launch_attribute(); 2];
     let mut used = 0;
@@ -73,7 +76,10 @@ pub(crate) unsafe fn launch_ex(
     };
     match rc {
         sys::CUresult::CUDA_SUCCESS => Ok(()),
-        rc => Err(rc),
+        rc => Err(Error::Cuda {
+            context: context(),
+            message: format!("{rc:?}"),
+        }),
     }
 }
 

@@ -821,6 +821,14 @@ impl Variant {
     }
 }
 
+/// Whether `variant`, loaded as `function`, runs cluster split-K's `splits` CTAs per tile as thread-block clusters:
+/// when all `n_tiles` tiles' clusters fit on the GPU at once. The others (on an H200, the one-CTA-per-SM variants of
+/// M > 16) reduce the same splits in the same order through global memory.
+fn runs_as_clusters(variant: &Variant, function: &CudaFunction, splits: usize, n_tiles: usize) -> bool {
+    let (block, smem) = (variant.block_threads() as u32, variant.smem_bytes());
+    splits > 1 && crate::cuda::resident_cluster_count(function, block, smem, splits) >= n_tiles
+}
+
 /// Token tiles for a batch of `m` rows.
 fn token_tiles(m: usize) -> usize {
     match m {
@@ -1248,12 +1256,8 @@ impl LinearW4A16Cuda {
                 device.function_with_shared_memory(variant.source(), "w4a16_linear", variant.smem_bytes())?;
             kernels.push((variant, function, false));
         }
-        // A variant runs as clusters when all the tiles' clusters fit on the GPU at once; the others (on an H200,
-        // the one-CTA-per-SM variants of M > 16) reduce the same splits in the same order through global memory.
         for (v, f, cluster) in &mut kernels {
-            *cluster = splits > 1
-                && crate::cuda::resident_cluster_count(f, v.block_threads() as u32, v.smem_bytes(), splits)
-                    >= plan.n_tiles();
+            *cluster = runs_as_clusters(v, f, splits, plan.n_tiles());
         }
         let ctas = match splits {
             1 => tuning.ctas.unwrap_or(ctas_per_sm * sms).clamp(1, units),
@@ -1330,13 +1334,7 @@ impl LinearW4A16Cuda {
         for variant in twins {
             let function =
                 device.function_with_shared_memory(variant.source(), "w4a16_linear", variant.smem_bytes())?;
-            let cluster = self.splits > 1
-                && crate::cuda::resident_cluster_count(
-                    &function,
-                    variant.block_threads() as u32,
-                    variant.smem_bytes(),
-                    self.splits,
-                ) >= self.plan.n_tiles();
+            let cluster = runs_as_clusters(&variant, &function, self.splits, self.plan.n_tiles());
             self.kernels.push((variant, function, cluster));
         }
         Ok(self)
@@ -1595,14 +1593,12 @@ impl LinearW4A16Cuda {
             &args as *const KernelArgs as *mut _,
             &shape as *const KernelShape as *mut _,
         ];
-        unsafe { crate::cuda::launch_ex(function, stream, launch, &mut params) }.map_err(|rc| Error::Cuda {
-            context: format!(
-                "launching w4a16_linear (clusters of {})",
-                if *cluster { self.splits } else { 1 }
-            ),
-            message: format!("{rc:?}"),
-        })?;
-        Ok(())
+        let cluster_ctas = if *cluster { self.splits } else { 1 };
+        unsafe {
+            crate::cuda::launch_ex(function, stream, launch, &mut params, || {
+                format!("launching w4a16_linear (clusters of {cluster_ctas})")
+            })
+        }
     }
 }
 

@@ -637,12 +637,11 @@ impl CudaLinear {
         ];
         // SAFETY: y holds m * N elements (the callers checked it), bias N; `params` points at the kernel's six
         // parameters, in order.
-        unsafe { crate::cuda::launch_ex(&self.dense.bias_activation, stream, launch, &mut params) }.map_err(|rc| {
-            Error::Cuda {
-                context: "launching w4a16_bias_activation".into(),
-                message: format!("{rc:?}"),
-            }
-        })
+        unsafe {
+            crate::cuda::launch_ex(&self.dense.bias_activation, stream, launch, &mut params, || {
+                "launching w4a16_bias_activation".into()
+            })
+        }
     }
 }
 

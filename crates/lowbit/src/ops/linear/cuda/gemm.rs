@@ -1060,11 +1060,11 @@ impl LinearW4A16Gemm {
         // SAFETY: x is read through the tensor map (zeros outside its bounds); y, bias and (conv) offsets were
         // checked by the caller for this m; the weight buffers are the operator's own. `params` points at the three
         // kernel parameters, in order.
-        unsafe { launch_ex(&kernel.function, stream, launch, &mut params) }.map_err(|rc| Error::Cuda {
-            context: format!("launching w4a16_gemm (splits {splits}, convolution {})", conv.taps > 0),
-            message: format!("{rc:?}"),
-        })?;
-        Ok(())
+        unsafe {
+            launch_ex(&kernel.function, stream, launch, &mut params, || {
+                format!("launching w4a16_gemm (splits {splits}, convolution {})", conv.taps > 0)
+            })
+        }
     }
 }
 
