@@ -14,6 +14,8 @@
 //       Bit-exact with the CPU quantizer: every step is an IEEE-rounded f32 operation.
 //   w8a8_gemm_<t>_s<stages>  the mma.sync GEMM (sm_80+), applying each block's correction in registers.
 //   w8a8_wgmma_<t>_s<stages>  the Hopper GEMM (sm_90a): warp-specialised, TMA, wgmma; see its section below.
+//   w8a8_wgmma_channel_<t>_s<stages>  the same for a symmetric per-channel weight: per block out += sA*dot, and
+//       sB once in the epilogue (the host prepares the weight records with sB = 1, oB = 0).
 //
 // GEMM design (mma.sync m16n8k32 s8, runs on sm_80 and later):
 // - CTA tile 128 (M) x 128 (N), 8 warps as 2 x 4, warp tile 64 x 32: per k step of 32, 4 A fragments
@@ -48,6 +50,7 @@ struct GemmParams {
     const signed char* w;      // [n_pad, k_pad] weight codes
     const float4* w_params;    // [blocks][n_pad] {sB, oB, sB*sumB + bs*oB, 0}
     const float* bias;         // [N] or null
+    const float* channel_scales;  // [N]: a symmetric per-channel weight's sB (the `_channel` kernels), else null
     void* out;                 // [M, ldo] f16/bf16
     u32 m, n, n_pad, k_pad, ldo;
     u32 blocks;       // K blocks
@@ -510,15 +513,16 @@ __device__ __forceinline__ void load_stage(const GemmParams& p, u32 stage, u32 k
     }
 }
 
-// Bias of output columns n, n + 1 (0 past N or without bias).
-__device__ __forceinline__ float2 load_bias_pair(const GemmParams& p, u32 n) {
+// Entries n, n + 1 of a per-column vector `v` [N] (0 past N or without one): the bias, the channel scales.
+__device__ __forceinline__ float2 load_column_pair(const GemmParams& p, const float* v, u32 n) {
     float2 b = make_float2(0.0f, 0.0f);
-    if (p.bias) {
-        if (n < p.n) b.x = __ldg(p.bias + n);
-        if (n + 1 < p.n) b.y = __ldg(p.bias + n + 1);
+    if (v) {
+        if (n < p.n) b.x = __ldg(v + n);
+        if (n + 1 < p.n) b.y = __ldg(v + n + 1);
     }
     return b;
 }
+__device__ __forceinline__ float2 load_bias_pair(const GemmParams& p, u32 n) { return load_column_pair(p, p.bias, n); }
 
 // Rounds (lo, hi) once to T and writes the pair at (row, col) of the output tile staged at shared address `base`.
 template <class T>
@@ -749,6 +753,8 @@ struct BlockWalk {
 // out += (sA*sB)*dot for this warp's rows of the warpgroup tile (`row0`: the warp's first row in the CTA tile),
 // `a_params`: the rows' float4, `scales`: the columns' sB. Returns the rows' params. The dots are converted with
 // I2FP: on sm_90 it issues once and ran 10% faster than the two-instruction magic-number conversion (H200).
+// CHANNEL (a symmetric per-channel weight): out += sA*dot, sB is the epilogue's; no scale loads, no FMUL.
+template <bool CHANNEL>
 __device__ __forceinline__ void apply_scaled_dots(float (&out)[64], const int (&dot)[64], u32 a_params, u32 scales,
                                                   u32 row0, int lane, float4 (&rows)[2]) {
     const int g = lane >> 2, t = lane & 3;
@@ -756,13 +762,14 @@ __device__ __forceinline__ void apply_scaled_dots(float (&out)[64], const int (&
     for (int h = 0; h < 2; ++h) rows[h] = lds128f(a_params + (row0 + g + 8 * h) * 16);
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
-        const float2 sb = lds64f(scales + (j * 8 + 2 * t) * 4);
+        const float2 sb = CHANNEL ? make_float2(1.0f, 1.0f) : lds64f(scales + (j * 8 + 2 * t) * 4);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
                 const int e = 4 * j + 2 * h + c;
-                out[e] = fmaf(rows[h].x * (c ? sb.y : sb.x), __int2float_rn(dot[e]), out[e]);
+                const float scale = CHANNEL ? rows[h].x : rows[h].x * (c ? sb.y : sb.x);
+                out[e] = fmaf(scale, __int2float_rn(dot[e]), out[e]);
             }
         }
     }
@@ -822,7 +829,7 @@ __device__ __forceinline__ void produce(const TensorMap* a_map, const TensorMap*
 // A consumer warpgroup (`wg` 0 or 1, `tid` 0..255 over both): rows wg * 64 .. + 64 of every tile of this CTA.
 // The two warpgroups take turns issuing their wgmmas (wg 0 first, named barriers 4 and 5), so the tensor cores run
 // one warpgroup's block while the other applies its correction on the CUDA cores (ping-pong).
-template <class T, int STAGES>
+template <class T, int STAGES, bool CHANNEL>
 __device__ __forceinline__ void consume(const GemmParams& p, u32 base, u32 bars, u32 k_tiles, u32 tiles, int wg,
                                         int tid) {
     const int lane = tid % 32, warp = tid / 32;
@@ -863,7 +870,7 @@ __device__ __forceinline__ void consume(const GemmParams& p, u32 base, u32 bars,
                 wgmma_fence_operands(out);
                 const u32 params = stage + 2 * TILE_BYTES, w_offset = params + SLOT_BYTES;
                 float4 rows[2];
-                apply_scaled_dots(out, dot, params, w_offset + W_OFFSET_BYTES, row0, lane, rows);
+                apply_scaled_dots<CHANNEL>(out, dot, params, w_offset + W_OFFSET_BYTES, row0, lane, rows);
                 issue_offset_terms(out, rows, w_offset, lane);
             } else {  // the block goes on: keep one stage of wgmmas in flight
                 wgmma_wait<1>();
@@ -877,17 +884,20 @@ __device__ __forceinline__ void consume(const GemmParams& p, u32 base, u32 bars,
         wgmma_fence_operands(out);
         mbar_arrive(bars + (STAGES + held_buf) * 8);
 
-        // Epilogue: + bias, round once to T, stage this warpgroup's 64 rows, 16-byte row stores.
+        // Epilogue: (* sB for CHANNEL) + bias, round once to T, stage this warpgroup's 64 rows, 16-byte row stores.
         const int g = lane >> 2, t = lane & 3;
         named_barrier_sync(2 + wg, 128);  // this warpgroup's stores of the previous tile have read the staging
 #pragma unroll
         for (int j = 0; j < 16; ++j) {
             const u32 col = j * 8 + 2 * t;
             const float2 bias = load_bias_pair(p, n0 + col);
+            const float2 sb = CHANNEL ? load_column_pair(p, p.channel_scales, n0 + col) : make_float2(1.0f, 1.0f);
 #pragma unroll
-            for (int h = 0; h < 2; ++h)
-                stage_pair<T>(out_tile, row0 + g + 8 * h, col, out[4 * j + 2 * h] + bias.x,
-                              out[4 * j + 2 * h + 1] + bias.y);
+            for (int h = 0; h < 2; ++h) {
+                const float lo = out[4 * j + 2 * h], hi = out[4 * j + 2 * h + 1];
+                stage_pair<T>(out_tile, row0 + g + 8 * h, col, CHANNEL ? fmaf(lo, sb.x, bias.x) : lo + bias.x,
+                              CHANNEL ? fmaf(hi, sb.y, bias.y) : hi + bias.y);
+            }
         }
         named_barrier_sync(2 + wg, 128);
         store_rows<64, 128>(p, out_tile, m0, n0, wg_row, tid % 128);
@@ -895,7 +905,7 @@ __device__ __forceinline__ void consume(const GemmParams& p, u32 base, u32 bars,
     if (wg == 0 && !first_turn) named_barrier_sync(my_turn, HOPPER_CONSUMERS);  // wg 1's last hand-over
 }
 
-template <class T, int STAGES>
+template <class T, int STAGES, bool CHANNEL>
 __device__ __forceinline__ void gemm_hopper(const TensorMap* a_map, const TensorMap* w_map, const TensorMap* ap_map,
                                             const GemmParams& p) {
     extern __shared__ __align__(16) unsigned char smem[];
@@ -911,7 +921,7 @@ __device__ __forceinline__ void gemm_hopper(const TensorMap* a_map, const Tensor
         return;
     }
     setmaxnreg_inc<240>();
-    consume<T, STAGES>(p, base, bars, k_tiles, tiles, wg, tid);
+    consume<T, STAGES, CHANNEL>(p, base, bars, k_tiles, tiles, wg, tid);
 }
 #endif  // sm_90
 
@@ -978,17 +988,22 @@ GEMM_KERNEL(w8a8_gemm_bf16_s4, __nv_bfloat16, 4)
 
 // The Hopper kernels exist on every architecture (one module for all) but only do work on sm_90a.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define WGMMA_BODY(T, STAGES) gemm_hopper<T, STAGES>(&a_map, &w_map, &ap_map, p);
+#define WGMMA_BODY(T, STAGES, CHANNEL) gemm_hopper<T, STAGES, CHANNEL>(&a_map, &w_map, &ap_map, p);
 #else
-#define WGMMA_BODY(T, STAGES) __trap();
+#define WGMMA_BODY(T, STAGES, CHANNEL) __trap();
 #endif
-#define WGMMA_KERNEL(NAME, T, STAGES)                                                                 \
+#define WGMMA_KERNEL(NAME, T, STAGES, CHANNEL)                                                        \
     extern "C" __global__ void __launch_bounds__(384, 1)                                              \
         NAME(const __grid_constant__ TensorMap a_map, const __grid_constant__ TensorMap w_map,        \
              const __grid_constant__ TensorMap ap_map, const GemmParams p) {                          \
-        WGMMA_BODY(T, STAGES)                                                                         \
+        WGMMA_BODY(T, STAGES, CHANNEL)                                                                \
     }
-WGMMA_KERNEL(w8a8_wgmma_f16_s3, __half, 3)
-WGMMA_KERNEL(w8a8_wgmma_f16_s4, __half, 4)
-WGMMA_KERNEL(w8a8_wgmma_bf16_s3, __nv_bfloat16, 3)
-WGMMA_KERNEL(w8a8_wgmma_bf16_s4, __nv_bfloat16, 4)
+WGMMA_KERNEL(w8a8_wgmma_f16_s3, __half, 3, false)
+WGMMA_KERNEL(w8a8_wgmma_f16_s4, __half, 4, false)
+WGMMA_KERNEL(w8a8_wgmma_bf16_s3, __nv_bfloat16, 3, false)
+WGMMA_KERNEL(w8a8_wgmma_bf16_s4, __nv_bfloat16, 4, false)
+// `_channel`: a symmetric per-channel weight, its scales applied once in the epilogue.
+WGMMA_KERNEL(w8a8_wgmma_channel_f16_s3, __half, 3, true)
+WGMMA_KERNEL(w8a8_wgmma_channel_f16_s4, __half, 4, true)
+WGMMA_KERNEL(w8a8_wgmma_channel_bf16_s3, __nv_bfloat16, 3, true)
+WGMMA_KERNEL(w8a8_wgmma_channel_bf16_s4, __nv_bfloat16, 4, true)

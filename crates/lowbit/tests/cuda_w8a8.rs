@@ -260,6 +260,76 @@ fn smoothquant_matches_reference() {
     }
 }
 
+/// Per-channel weights (symmetric: the Hopper `_channel` kernels on sm_90a; offset form: expanded per block) with
+/// per-block activations, through `run`, against the f64 reference on the GPU's operands and, bit for bit, against
+/// the same kernel of the weight written out per block where that is the kernel that runs.
+#[test]
+fn channel_weight_matches_reference() {
+    let Some(dev) = cuda_device() else { return };
+    let mut rng = SplitMix64(0xC8A8_000A);
+    for (m, n, k, block) in [
+        (1, 128, 256, 64),
+        (7, 576, 3884, 128),
+        (33, 200, 1000, 32),
+        (222, 128, 4096, 128),
+        (13, 7168, 1280, 256),
+        (5, 64, 384, 384),
+    ] {
+        let x = activations(&mut rng, m, k);
+        let dense = rng.vec(n * k, -0.1, 0.1);
+        let bias = rng.vec(n, -1.0, 1.0);
+        for symmetric in [true, false] {
+            let weight = match symmetric {
+                true => BlockQuantWeight::quantize_per_channel_symmetric(&dense, n, k).unwrap(),
+                false => BlockQuantWeight::quantize(&dense, BlockShape::linear(n, k, k), BlockBits::Int8).unwrap(),
+            };
+            for dtype in [DType::F16, DType::Bf16] {
+                for kernel in kernels(&dev, k, block) {
+                    let scheme = W8a8Scheme::ChannelWeight {
+                        mode: ActivationQuant::Asymmetric,
+                        block_size: block,
+                    };
+                    let op = W8a8LinearCuda::with_kernel(&dev, &weight, Some(&bias), scheme, dtype, kernel).unwrap();
+                    let fast = kernel == GemmKernel::Wgmma && symmetric;
+                    assert_eq!(op.kernel_name().contains("channel"), fast, "{}", op.kernel_name());
+                    let (got, a) = match dtype {
+                        DType::F16 => run_fused::<f16>(&dev, &op, &x, m),
+                        _ => run_fused::<bf16>(&dev, &op, &x, m),
+                    };
+                    let want = reference::block_w8a8(&a, &weight, Some(&bias)).unwrap();
+                    let what = format!("channel {kernel:?} {dtype} m {m} n {n} k {k} block {block} sym {symmetric}");
+                    assert_close(&what, &got, &want, tolerance(dtype));
+                }
+            }
+        }
+    }
+    // The default kernel on this GPU, and the typed refusals.
+    let (n, k) = (64, 512);
+    let w = BlockQuantWeight::quantize_per_channel_symmetric(&rng.vec(n * k, -0.1, 0.1), n, k).unwrap();
+    let asym = ActivationQuant::Asymmetric;
+    let op = W8a8LinearCuda::channel_weight(&dev, &w, None, 128, asym, DType::F16).unwrap();
+    assert_eq!(op.block_size(), 128);
+    if dev.info().arch == "sm_90a" {
+        assert!(
+            op.kernel_name().starts_with("w8a8_wgmma_channel_"),
+            "{}",
+            op.kernel_name()
+        );
+    }
+    let per_block = BlockQuantWeight::quantize(
+        &rng.vec(n * k, -0.1, 0.1),
+        BlockShape::linear(n, k, 128),
+        BlockBits::Int8,
+    )
+    .unwrap();
+    let r = W8a8LinearCuda::channel_weight(&dev, &per_block, None, 128, asym, DType::F16);
+    assert_eq!(invalid_tensor(r), "weight");
+    for bad in [0, 96, k + 1] {
+        let r = W8a8LinearCuda::channel_weight(&dev, &w, None, bad, asym, DType::F16);
+        assert_eq!(invalid_tensor(r), "block_size", "block {bad}");
+    }
+}
+
 /// Small codes, power-of-two scales and dyadic offsets: every f32 step of the combination is exact, so each output
 /// must be the single rounding of the exact f64 result (uploaded activations: the GEMM alone).
 #[test]
@@ -295,19 +365,41 @@ fn exact_integer_mode_is_bit_exact() {
             (0..n * blocks).map(|_| dyadic(&mut rng)).collect(),
         )
         .unwrap();
+        // And a symmetric per-channel weight of the same codes (the `_channel` kernels on sm_90a).
+        let channel = BlockQuantWeight::from_parts(
+            BlockShape::linear(n, k, k),
+            BlockBits::Int8,
+            weight.codes().to_vec(),
+            (0..n).map(|_| pow2(&mut rng)).collect(),
+            vec![0.0; n],
+        )
+        .unwrap();
         let bias: Vec<f32> = (0..n).map(|_| dyadic(&mut rng)).collect();
-        let want = reference::block_w8a8(&a, &weight, Some(&bias)).unwrap();
         let ad = QuantizedActivationsCuda::upload(&dev, &a).unwrap();
-        for dtype in [DType::F16, DType::Bf16] {
-            for kernel in kernels(&dev, k, block) {
-                let scheme = W8a8Scheme::Block(ActivationQuant::Asymmetric);
-                let op = W8a8LinearCuda::with_kernel(&dev, &weight, Some(&bias), scheme, dtype, kernel).unwrap();
-                let got = run_uploaded(&dev, &op, &ad, m, dtype);
-                let rounded = round_all(&want, dtype);
-                assert_eq!(
-                    got, rounded,
-                    "exact mode {kernel:?} {dtype} m {m} n {n} k {k} block {block}"
-                );
+        let schemes = [
+            (&weight, W8a8Scheme::Block(ActivationQuant::Asymmetric)),
+            (
+                &channel,
+                W8a8Scheme::ChannelWeight {
+                    mode: ActivationQuant::Asymmetric,
+                    block_size: block,
+                },
+            ),
+        ];
+        for (weight, scheme) in schemes {
+            let want = reference::block_w8a8(&a, weight, Some(&bias)).unwrap();
+            for dtype in [DType::F16, DType::Bf16] {
+                for kernel in kernels(&dev, k, block) {
+                    let op = W8a8LinearCuda::with_kernel(&dev, weight, Some(&bias), scheme, dtype, kernel).unwrap();
+                    let got = run_uploaded(&dev, &op, &ad, m, dtype);
+                    let rounded = round_all(&want, dtype);
+                    assert_eq!(
+                        got,
+                        rounded,
+                        "exact mode {} {dtype} m {m} n {n} k {k} block {block}",
+                        op.kernel_name()
+                    );
+                }
             }
         }
     }

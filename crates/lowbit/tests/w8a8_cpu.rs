@@ -154,6 +154,83 @@ fn block_w8a8_matches_reference() {
     check_block_case::<bf16>(&mut rng, 33, 128, 256, 64, ActivationQuant::Symmetric);
 }
 
+/// A per-channel weight (one block per row: symmetric, or offset form) with activations in blocks of `block`.
+fn check_channel_case(rng: &mut SplitMix64, m: usize, n: usize, k: usize, block: usize, symmetric: bool) {
+    let x = activations(rng, m, k);
+    let a = quantize_activations(&x, m, k, block, ActivationQuant::Asymmetric).unwrap();
+    let dense = rng.vec(n * k, -0.1, 0.1);
+    let weight = match symmetric {
+        true => BlockQuantWeight::quantize_per_channel_symmetric(&dense, n, k).unwrap(),
+        false => BlockQuantWeight::quantize(&dense, BlockShape::linear(n, k, k), BlockBits::Int8).unwrap(),
+    };
+    assert_eq!(weight.is_symmetric(), symmetric);
+    let bias = rng.vec(n, -1.0, 1.0);
+    let want = reference::block_w8a8(&a, &weight, Some(&bias)).unwrap();
+    let got = BlockW8a8Cpu::channel_weight(&weight, Some(&bias), block)
+        .unwrap()
+        .forward::<f32>(&a)
+        .unwrap();
+    let what = format!("m {m} n {n} k {k} block {block} symmetric {symmetric}");
+    assert_close(&what, &got, &want, Tolerance::floored(2e-6, 2e-6));
+    // The same weight written out per activation block is the same layer.
+    let blocks = k.div_ceil(block);
+    let repeat = |v: &[f32]| {
+        v.iter()
+            .flat_map(|&p| std::iter::repeat(p).take(blocks))
+            .collect::<Vec<_>>()
+    };
+    let expanded = BlockQuantWeight::from_parts(
+        BlockShape::linear(n, k, block),
+        BlockBits::Int8,
+        weight.codes().to_vec(),
+        repeat(weight.scales()),
+        repeat(weight.offsets()),
+    )
+    .unwrap();
+    let per_block = BlockW8a8Cpu::new(&expanded, Some(&bias))
+        .unwrap()
+        .forward::<f32>(&a)
+        .unwrap();
+    assert!(
+        got.iter().zip(&per_block).all(|(a, b)| a.to_bits() == b.to_bits()),
+        "{what}: per block"
+    );
+}
+
+#[test]
+fn channel_weight_matches_reference() {
+    let mut rng = SplitMix64(0xA8A8_000C);
+    for (m, n, k, block) in [
+        (1, 128, 256, 64),
+        (7, 576, 3884, 64),
+        (33, 40, 1000, 128),
+        (5, 24, 300, 32),
+    ] {
+        for symmetric in [true, false] {
+            check_channel_case(&mut rng, m, n, k, block, symmetric);
+        }
+    }
+    // A per-block weight is not a per-channel one.
+    let w = BlockQuantWeight::quantize(
+        &rng.vec(8 * 256, -1.0, 1.0),
+        BlockShape::linear(8, 256, 64),
+        BlockBits::Int8,
+    )
+    .unwrap();
+    assert_eq!(invalid_tensor(BlockW8a8Cpu::channel_weight(&w, None, 64)), "weight");
+    let w = BlockQuantWeight::quantize_per_channel_symmetric(&rng.vec(8 * 256, -1.0, 1.0), 8, 256).unwrap();
+    assert_eq!(invalid_tensor(BlockW8a8Cpu::channel_weight(&w, None, 0)), "block_size");
+    assert_eq!(
+        invalid_tensor(BlockW8a8Cpu::channel_weight(&w, None, 257)),
+        "block_size"
+    );
+    // Activations in other blocks than the layer's.
+    let x = activations(&mut rng, 2, 256);
+    let a32 = quantize_activations(&x, 2, 256, 32, ActivationQuant::Asymmetric).unwrap();
+    let layer = BlockW8a8Cpu::channel_weight(&w, None, 64).unwrap();
+    assert_eq!(invalid_tensor(layer.forward::<f32>(&a32)), "block_size");
+}
+
 #[test]
 fn all_zero_activation_blocks_give_finite_output() {
     let mut rng = SplitMix64(0xA8A8_0004);

@@ -8,6 +8,8 @@
 //! - `lowbit_gemm`: the same GEMM on activations quantized beforehand (`run_quantized`: q/k/v reuse), for the
 //!   quantizer's share.
 //! - `lowbit_mma`: `lowbit` with the mma.sync kernel forced, where the default is the wgmma one.
+//! - `lowbit_channel`: `lowbit` with a symmetric per-channel weight ([`W8a8LinearCuda::channel_weight`]; the
+//!   activations still per K block of `--group`), quantization included: sB leaves the per-block correction.
 //! - `lowbit_smoothquant`: SmoothQuant (per-token quantization included, per-channel weights).
 //! - `lowbit_quantize` / `lowbit_smoothquant_quantize`: the activation quantizer alone, per K block / per token
 //!   (`bytes`: x read and the codes written).
@@ -36,7 +38,7 @@ const SHAPES: [(usize, usize); 4] = [(4096, 4096), (4096, 14336), (14336, 4096),
 /// Batch sizes timed per shape (prefill).
 const MS: [usize; 2] = [1024, 4096];
 /// Records per (shape, M, dtype), besides `lowbit_mma`.
-const IMPLS: usize = 5;
+const IMPLS: usize = 8;
 
 /// Benchmarks the CUDA W8A8 kernels on the GPU `args.device` names.
 pub fn run(args: &BenchArgs, sink: &mut Sink) -> Result<()> {
@@ -92,6 +94,9 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
         .map(|_| W8a8LinearCuda::with_kernel(dev, &block_weight, None, scheme, dtype, GemmKernel::MmaSync))
         .collect::<Result<_>>()?;
     sink.expect(ms.len() * usize::from(wgmma_default));
+    let channel: Vec<W8a8LinearCuda> = (0..sets)
+        .map(|_| W8a8LinearCuda::channel_weight(dev, &channel_weight, None, block, ActivationQuant::Asymmetric, dtype))
+        .collect::<Result<_>>()?;
     let smooth: Vec<W8a8LinearCuda> = (0..sets)
         .map(|_| W8a8LinearCuda::smoothquant(dev, &channel_weight, None, dtype))
         .collect::<Result<_>>()?;
@@ -155,6 +160,10 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
             });
             timed.push(("lowbit_mma", int8_bytes, group));
         }
+        rounds.add(sets, |i| {
+            channel[i].run(stream, &xs[i], m, &mut ys.borrow_mut()[i], &mut **ws.borrow_mut())
+        });
+        timed.push(("lowbit_channel", int8_bytes, group));
         rounds.add(sets, |i| {
             smooth[i].run(stream, &xs[i], m, &mut ys.borrow_mut()[i], &mut ws_smooth)
         });

@@ -9,8 +9,9 @@
 //! hands every `MR × NR` micro-tile of block dots to the scheme's combination.
 
 use super::{
-    check_activation_input, check_linear, check_smoothquant_activations, check_smoothquant_weight, quantize_row,
-    ActivationQuant, QuantizedActivations, QuantizedRow, MAX_EXACT_BLOCK,
+    check_activation_input, check_channel_weight, check_linear, check_smoothquant_activations,
+    check_smoothquant_weight, quantize_row, weight_blocks, ActivationQuant, QuantizedActivations, QuantizedRow,
+    MAX_EXACT_BLOCK,
 };
 use crate::dtype::Float;
 use crate::error::{ensure, Result};
@@ -59,11 +60,11 @@ pub fn quantize_activations<T: Float>(
 }
 
 /// Per-block W8A8 prepared for the CPU: int8 (or int4) offset-form weights `[N, K]` with the activations' K
-/// blocks, packed into panels, with the per-(column, block) code sums folded into `offset_terms`.
+/// blocks, or per channel, packed into panels, with the per-(column, block) code sums folded into `offset_terms`.
 #[derive(Debug, Clone)]
 pub struct BlockW8a8Cpu {
     linear: PackedLinear,
-    /// `[panels][blocks][NR]` (zero for padding columns).
+    /// `[panels][blocks][NR]` (zero for padding columns), per activation block.
     scales: Vec<f32>,
     /// `[panels][blocks][NR]`.
     offsets: Vec<f32>,
@@ -72,27 +73,41 @@ pub struct BlockW8a8Cpu {
 }
 
 impl BlockW8a8Cpu {
-    /// Prepares a linear weight (`[N, K]`, blocks of at most [`MAX_EXACT_BLOCK`] along K) and optional bias `[N]`.
+    /// Prepares a linear weight (`[N, K]`, blocks of at most [`MAX_EXACT_BLOCK`] along K) and optional bias `[N]`,
+    /// for activations quantized in the weight's K blocks.
     pub fn new(weight: &BlockQuantWeight, bias: Option<&[f32]>) -> Result<Self> {
-        let shape = *weight.shape();
+        Self::prepare(weight, bias, weight.shape().block_channels)
+    }
+
+    /// Prepares a per-channel weight (`[N, K]`, one block per row, any offsets) and optional bias `[N]` for
+    /// activations quantized in K blocks of `block_size` (at most [`MAX_EXACT_BLOCK`]).
+    pub fn channel_weight(weight: &BlockQuantWeight, bias: Option<&[f32]>, block_size: usize) -> Result<Self> {
+        check_channel_weight(weight)?;
+        Self::prepare(weight, bias, block_size)
+    }
+
+    fn prepare(weight: &BlockQuantWeight, bias: Option<&[f32]>, block: usize) -> Result<Self> {
+        let k = weight.shape().channels;
         ensure(
-            shape.block_channels <= MAX_EXACT_BLOCK,
+            block <= MAX_EXACT_BLOCK,
             "block_size",
-            shape.block_channels,
+            block,
             "blocks longer than 65536 could overflow the int32 block dot",
         )?;
-        let linear = PackedLinear::new(weight, bias, "per-block W8A8", shape.block_channels)?;
-        let (k, block, blocks) = (shape.channels, shape.block_channels, shape.blocks());
+        ensure(
+            block > 0 && block <= k,
+            "block_size",
+            block,
+            &format!("activation block size must be in 1..=K (K = {k})"),
+        )?;
+        let linear = PackedLinear::new(weight, bias, "per-block W8A8", block)?;
+        let blocks = k.div_ceil(block);
         let params = linear.weight.panels * blocks * NR;
         let (mut scales, mut offsets, mut offset_terms) = (vec![0f32; params], vec![0f32; params], vec![0f32; params]);
-        for (c, row) in weight.codes().chunks_exact(k).enumerate() {
-            for (b, block_codes) in row.chunks(block).enumerate() {
-                let (src, dst) = (c * blocks + b, (c / NR * blocks + b) * NR + c % NR);
-                let code_sum: i32 = block_codes.iter().map(|&q| q as i32).sum();
-                let (scale, offset) = (weight.scales()[src], weight.offsets()[src]);
-                (scales[dst], offsets[dst]) = (scale, offset);
-                offset_terms[dst] = scale * code_sum as f32 + block_codes.len() as f32 * offset;
-            }
+        for wb in weight_blocks(weight, block) {
+            let (c, b) = (wb.column, wb.block);
+            let dst = (c / NR * blocks + b) * NR + c % NR;
+            (scales[dst], offsets[dst], offset_terms[dst]) = (wb.scale, wb.offset, wb.offset_term());
         }
         Ok(Self {
             linear,
@@ -118,8 +133,8 @@ impl BlockW8a8Cpu {
         ensure(
             a.block_size == w.block,
             "block_size",
-            format!("activations {} vs weight {}", a.block_size, w.block),
-            "weight and activation K blocks must be equal",
+            format!("activations {} vs layer {}", a.block_size, w.block),
+            "activations must be quantized in the layer's K blocks",
         )?;
         let blocks = w.blocks;
         w.gemm(
@@ -213,7 +228,7 @@ impl PackedLinear {
     /// of `pack_block` (the span of one int32 dot).
     fn new(weight: &BlockQuantWeight, bias: Option<&[f32]>, scheme: &str, pack_block: usize) -> Result<Self> {
         let shape = weight.shape();
-        check_linear(weight, bias, shape.channels, shape.block_channels, scheme)?;
+        check_linear(weight, bias, shape.channels, pack_block, scheme)?;
         Ok(Self {
             weight: PackedWeight::new(weight.codes(), shape.rows, shape.channels, pack_block),
             bias: bias.map(<[f32]>::to_vec),

@@ -20,8 +20,9 @@
 //!   [`QuantizedActivationsCuda`], bit for bit as [`crate::ops::w8a8::quantize_activations`] does on the CPU; run
 //!   it once and hand the result to several GEMMs ([`W8a8LinearCuda::run_quantized`]: q, k, v).
 //! - [`W8a8LinearCuda::block`] prepares a per-block weight ([`BlockQuantWeight`], offset form, the activations'
-//!   K blocks: 32, 64, a multiple of 128, or one block per row); [`W8a8LinearCuda::smoothquant`] a per-channel
-//!   symmetric weight for per-token symmetric activations. Both compute `y = Σ_blocks (...) + bias` in f32 and round
+//!   K blocks: 32, 64, a multiple of 128, or one block per row); [`W8a8LinearCuda::channel_weight`] a per-channel
+//!   weight for activations in such blocks; [`W8a8LinearCuda::smoothquant`] a per-channel symmetric weight for
+//!   per-token symmetric activations. Both compute `y = Σ_blocks (...) + bias` in f32 and round
 //!   once to the output type.
 //! - [`CublasLtInt8`]: cuBLASLt's int8 × int8 → int32 GEMM, the int8 speed ceiling `lowbit bench` compares with.
 //!
@@ -36,8 +37,8 @@
 //! cannot report them; the CPU quantizer does.
 
 use super::{
-    check_activation_input, check_linear, check_smoothquant_weight, ActivationQuant, QuantizedActivations,
-    MAX_EXACT_BLOCK,
+    check_activation_input, check_channel_weight, check_linear, check_smoothquant_weight, weight_blocks,
+    ActivationQuant, QuantizedActivations, MAX_EXACT_BLOCK,
 };
 use crate::cuda::checked_buffer as buffer;
 use crate::cuda::{launch_error, CudaDevice, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
@@ -152,6 +153,7 @@ struct GemmParams {
     w: u64,
     w_params: u64,
     bias: u64,
+    channel_scales: u64,
     out: u64,
     m: u32,
     n: u32,
@@ -480,8 +482,28 @@ pub enum GemmKernel {
 pub enum W8a8Scheme {
     /// Per-block W8A8: activations quantized per row and K block (the weight's blocks) in this mode.
     Block(ActivationQuant),
+    /// Per-block W8A8 with a per-channel weight (one block per row, any offsets): activations quantized in K blocks
+    /// of `block_size` in `mode`.
+    ChannelWeight { mode: ActivationQuant, block_size: usize },
     /// SmoothQuant: per-token symmetric activations, per-channel symmetric weights.
     SmoothQuant,
+}
+
+/// The host checks of a weight (and bias) for `scheme`, before anything is uploaded.
+fn check_scheme(weight: &BlockQuantWeight, bias: Option<&[f32]>, scheme: W8a8Scheme) -> Result<()> {
+    let k = weight.shape().channels;
+    match scheme {
+        W8a8Scheme::Block(_) => check_linear(weight, bias, k, weight.shape().block_channels, "per-block W8A8"),
+        W8a8Scheme::ChannelWeight { block_size, .. } => {
+            check_channel_weight(weight)?;
+            ActivationLayout::new(1, k, block_size)?;
+            check_linear(weight, bias, k, block_size, "per-block W8A8")
+        }
+        W8a8Scheme::SmoothQuant => {
+            check_smoothquant_weight(weight)?;
+            check_linear(weight, bias, k, k, "SmoothQuant")
+        }
+    }
 }
 
 /// A W8A8 linear layer prepared on the GPU: `y[M, N] = x[M, K] · W^T (+ bias)` with int8 tensor-core products.
@@ -499,6 +521,8 @@ pub struct W8a8LinearCuda {
     /// ([`hopper_weight_params`]).
     params: CudaSlice<f32>,
     bias: Option<CudaSlice<f32>>,
+    /// `[N]`: a symmetric per-channel weight's scales, applied in the `_channel` kernels' epilogue.
+    channel_scales: Option<CudaSlice<f32>>,
     quantize: QuantizeActivationsCuda,
     kernel: String,
     gemm: CudaFunction,
@@ -523,9 +547,26 @@ impl W8a8LinearCuda {
         mode: ActivationQuant,
         dtype: DType,
     ) -> Result<Self> {
-        let shape = weight.shape();
-        check_linear(weight, bias, shape.channels, shape.block_channels, "per-block W8A8")?;
-        Self::new(device, weight, bias, W8a8Scheme::Block(mode), dtype, None)
+        let scheme = W8a8Scheme::Block(mode);
+        check_scheme(weight, bias, scheme)?;
+        Self::new(device, weight, bias, scheme, dtype, None)
+    }
+
+    /// Prepares per-block W8A8 with a per-channel weight: `weight` `[N, K]` in offset form with one block per row,
+    /// `bias` `[N]`, activations quantized in `mode` in K blocks of `block_size` (32, 64 or a multiple of 128, at
+    /// most 65536), `dtype` f16 or bf16. With zero offsets (a symmetric weight) the Hopper kernel leaves the
+    /// weight's scale to the epilogue: one FFMA per element and block instead of a scaled dot.
+    pub fn channel_weight(
+        device: &CudaDevice,
+        weight: &BlockQuantWeight,
+        bias: Option<&[f32]>,
+        block_size: usize,
+        mode: ActivationQuant,
+        dtype: DType,
+    ) -> Result<Self> {
+        let scheme = W8a8Scheme::ChannelWeight { mode, block_size };
+        check_scheme(weight, bias, scheme)?;
+        Self::new(device, weight, bias, scheme, dtype, None)
     }
 
     /// Prepares SmoothQuant: `weight` `[N, K]` with one symmetric scale per output channel (e.g.
@@ -537,13 +578,12 @@ impl W8a8LinearCuda {
         bias: Option<&[f32]>,
         dtype: DType,
     ) -> Result<Self> {
-        check_smoothquant_weight(weight)?;
-        let k = weight.shape().channels;
-        check_linear(weight, bias, k, k, "SmoothQuant")?;
+        check_scheme(weight, bias, W8a8Scheme::SmoothQuant)?;
         Self::new(device, weight, bias, W8a8Scheme::SmoothQuant, dtype, None)
     }
 
-    /// As [`W8a8LinearCuda::block`] / [`W8a8LinearCuda::smoothquant`] with the GEMM kernel forced instead of the
+    /// As [`W8a8LinearCuda::block`] / [`W8a8LinearCuda::channel_weight`] / [`W8a8LinearCuda::smoothquant`] with the
+    /// GEMM kernel forced instead of the
     /// default (wgmma where it applies, mma.sync elsewhere). For tests and benchmarks.
     #[doc(hidden)]
     pub fn with_kernel(
@@ -554,14 +594,7 @@ impl W8a8LinearCuda {
         dtype: DType,
         kernel: GemmKernel,
     ) -> Result<Self> {
-        let shape = weight.shape();
-        match scheme {
-            W8a8Scheme::Block(_) => check_linear(weight, bias, shape.channels, shape.block_channels, "per-block W8A8")?,
-            W8a8Scheme::SmoothQuant => {
-                check_smoothquant_weight(weight)?;
-                check_linear(weight, bias, shape.channels, shape.channels, "SmoothQuant")?
-            }
-        }
+        check_scheme(weight, bias, scheme)?;
         Self::new(device, weight, bias, scheme, dtype, Some(kernel))
     }
 
@@ -575,8 +608,15 @@ impl W8a8LinearCuda {
     ) -> Result<Self> {
         check_dtype(dtype)?;
         let shape = *weight.shape();
-        let (n, k, block) = (shape.rows, shape.channels, shape.block_channels);
-        let blocks = shape.blocks();
+        let (n, k) = (shape.rows, shape.channels);
+        // The activations' K blocks: the GEMM's blocks, whatever the weight's.
+        let block = match scheme {
+            W8a8Scheme::Block(_) => shape.block_channels,
+            W8a8Scheme::ChannelWeight { block_size, .. } => block_size,
+            W8a8Scheme::SmoothQuant => k,
+        };
+        ActivationLayout::new(1, k, block)?;
+        let blocks = k.div_ceil(block);
         ensure(
             block <= MAX_EXACT_BLOCK,
             "block_size",
@@ -596,25 +636,9 @@ impl W8a8LinearCuda {
             "N must fit in 32 bits",
         )?;
         let (n_pad, k_pad) = (n.next_multiple_of(TILE), k.next_multiple_of(TILE_K));
-        ActivationLayout::new(1, k, block)?;
-
-        // Codes padded with zeros; per (block, column) {sB, oB, sB·Σb_q + bs·oB, 0} (zeros for padding columns).
-        let mut codes = vec![0i8; n_pad * k_pad];
-        let mut params = vec![0f32; blocks * n_pad * PARAM];
-        for (c, row) in weight.codes().chunks_exact(k).enumerate() {
-            codes[c * k_pad..c * k_pad + k].copy_from_slice(row);
-            for (b, block_codes) in row.chunks(block).enumerate() {
-                let src = c * blocks + b;
-                let code_sum: i32 = block_codes.iter().map(|&q| q as i32).sum();
-                let (scale, offset) = (weight.scales()[src], weight.offsets()[src]);
-                let offset_term = scale * code_sum as f32 + block_codes.len() as f32 * offset;
-                let dst = (b * n_pad + c) * PARAM;
-                params[dst..dst + 3].copy_from_slice(&[scale, offset, offset_term]);
-            }
-        }
 
         let mode = match scheme {
-            W8a8Scheme::Block(mode) => mode,
+            W8a8Scheme::Block(mode) | W8a8Scheme::ChannelWeight { mode, .. } => mode,
             W8a8Scheme::SmoothQuant => ActivationQuant::Symmetric,
         };
         let quantize = QuantizeActivationsCuda::new(device, k, block, mode, dtype)?;
@@ -642,10 +666,16 @@ impl W8a8LinearCuda {
             .context()
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
             .map_err(crate::cuda::driver_error("cuDeviceGetAttribute"))? as usize;
+        // A symmetric per-channel weight on the Hopper kernel: the blocks' dots are scaled by sA alone and sB joins
+        // once, in the epilogue (the `_channel` kernels), which drops an FMUL and a shared load per element and
+        // block. Every other weight is prepared per (column, block), a per-channel one repeating its parameters.
+        let channel_epilogue =
+            matches!(scheme, W8a8Scheme::ChannelWeight { .. }) && weight.is_symmetric() && choice == GemmKernel::Wgmma;
         // The deepest pipeline that fits (wgmma keeps one stage more in flight: it refills a stage only after the
         // wgmmas that read it have completed).
         let (depths, prefix): (&[usize], &str) = match choice {
             GemmKernel::MmaSync => (&[4, 3, 2], "gemm"),
+            GemmKernel::Wgmma if channel_epilogue => (&[4, 3], "wgmma_channel"),
             GemmKernel::Wgmma => (&[4, 3], "wgmma"),
         };
         let smem_for = |stages: usize| match choice {
@@ -662,6 +692,26 @@ impl W8a8LinearCuda {
         let smem = smem_for(stages);
         let kernel = format!("w8a8_{prefix}_{}_s{stages}", dtype.name());
         let gemm = device.function_with_shared_memory(&KERNEL, &kernel, smem)?;
+
+        // Codes padded with zeros; per (block, column) {sB, oB, sB·Σb_q + bs·oB, 0} (zeros for padding columns), or
+        // for the `_channel` kernels {1, 0, Σb_q, 0} and the scales sB apart.
+        let mut codes = vec![0i8; n_pad * k_pad];
+        for (c, row) in weight.codes().chunks_exact(k).enumerate() {
+            codes[c * k_pad..c * k_pad + k].copy_from_slice(row);
+        }
+        let mut params = vec![0f32; blocks * n_pad * PARAM];
+        for wb in weight_blocks(weight, block) {
+            let record = match channel_epilogue {
+                true => [1.0, 0.0, wb.code_sum() as f32],
+                false => [wb.scale, wb.offset, wb.offset_term()],
+            };
+            let dst = (wb.block * n_pad + wb.column) * PARAM;
+            params[dst..dst + 3].copy_from_slice(&record);
+        }
+        let channel_scales = match channel_epilogue {
+            true => Some(device.upload(weight.scales())?),
+            false => None,
+        };
         let codes = device.upload(&codes)?;
         if choice == GemmKernel::Wgmma {
             params = hopper_weight_params(&params, blocks, n_pad);
@@ -689,6 +739,7 @@ impl W8a8LinearCuda {
             sms: device.info().sm_count as usize,
             params: device.upload(&params)?,
             bias: bias.map(|b| device.upload(b)).transpose()?,
+            channel_scales,
             quantize,
             kernel,
             gemm,
@@ -713,7 +764,7 @@ impl W8a8LinearCuda {
         self.k
     }
 
-    /// K block size of weights and activations (`K` for SmoothQuant).
+    /// K block size of the activations, and of the weight unless it is per channel (`K` for SmoothQuant).
     pub fn block_size(&self) -> usize {
         self.block_size
     }
@@ -744,7 +795,8 @@ impl W8a8LinearCuda {
 
     /// Device bytes of the prepared weight (codes, parameters, bias).
     pub fn weight_bytes(&self) -> usize {
-        self.codes.len() + 4 * (self.params.len() + self.bias.as_ref().map_or(0, |b| b.len()))
+        let floats = |b: &Option<CudaSlice<f32>>| b.as_ref().map_or(0, |b| b.len());
+        self.codes.len() + 4 * (self.params.len() + floats(&self.bias) + floats(&self.channel_scales))
     }
 
     /// Scratch [`W8a8LinearCuda::run`] needs for `m` rows: the quantized activations.
@@ -804,8 +856,8 @@ impl W8a8LinearCuda {
         ensure(
             l.block_size == self.block_size,
             "block_size",
-            format!("activations {} vs weight {}", l.block_size, self.block_size),
-            "weight and activation K blocks must be equal",
+            format!("activations {} vs layer {}", l.block_size, self.block_size),
+            "activations must be quantized in the layer's K blocks",
         )?;
         if self.scheme == W8a8Scheme::SmoothQuant {
             ensure(
@@ -846,6 +898,7 @@ impl W8a8LinearCuda {
             w: self.codes.device_ptr(stream).0,
             w_params: self.params.device_ptr(stream).0,
             bias: self.bias.as_ref().map_or(0, |b| b.device_ptr(stream).0),
+            channel_scales: self.channel_scales.as_ref().map_or(0, |s| s.device_ptr(stream).0),
             out,
             m: m as u32,
             n: self.n as u32,

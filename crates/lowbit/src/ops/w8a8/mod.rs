@@ -2,10 +2,12 @@
 //!
 //! Two schemes share one integer core:
 //! - **Per-block** (MNN scheme 2, llama.cpp MMQ): activations are quantized online per row and K block
-//!   ([`quantize_activations`]), weights are a [`BlockQuantWeight`] with the same K blocks, and per block `i`
-//!   (`bs` its real length; the last block of K = 3884 with blocks of 64 has 44)
+//!   ([`quantize_activations`]), weights are a [`BlockQuantWeight`] with the same K blocks or per channel (one
+//!   block per row: its scale and offset hold in every activation block), and per block `i` (`bs` its real length;
+//!   the last block of K = 3884 with blocks of 64 has 44)
 //!   `C[m,n] = Σ_i [ sA·sB·Σ a_q b_q + sA·oB·Σ a_q + oA·sB·Σ b_q + bs·oA·oB ]`, the block dot exact in int32, the
-//!   combination in f32; `Σ a_q` is computed at quantization, `Σ b_q` when the weight is prepared.
+//!   combination in f32; `Σ a_q` is computed at quantization, `Σ b_q` (per activation block) when the weight is
+//!   prepared.
 //! - **SmoothQuant**: int8 activations with per-token scales × int8 weights with per-channel scales:
 //!   `y[m,n] = s_tok[m] · s_ch[n] · Σ_k a[m,k] · w[n,k]` (+ bias).
 //!
@@ -274,16 +276,76 @@ fn check_linear(
         &format!("weight K must equal the activations' K = {a_k}"),
     )?;
     ensure(
-        shape.block_channels == a_block,
+        shape.block_channels == a_block || shape.blocks() == 1,
         "block_size",
         format!("weight {} vs activations {a_block}", shape.block_channels),
-        "weight and activation K blocks must be equal",
+        "weight K blocks must equal the activations' or span K (a per-channel weight)",
     )?;
     if let Some(bias) = bias {
         check_len("bias", bias.len(), shape.rows, "N")?;
         check_finite("bias", bias)?;
     }
     Ok(())
+}
+
+/// One weight column over one activation K block: what the per-block formula needs of the weight there.
+pub(crate) struct WeightBlock<'a> {
+    /// Output column `c`.
+    pub column: usize,
+    /// Activation K block `b`.
+    pub block: usize,
+    /// `sB`, `oB`: the column's parameters over this block (a per-channel weight's own, in every block).
+    pub scale: f32,
+    pub offset: f32,
+    /// The column's codes in this block (`bs` of them).
+    pub codes: &'a [i8],
+}
+
+impl WeightBlock<'_> {
+    /// `Σ b_q` over the block.
+    pub fn code_sum(&self) -> i32 {
+        self.codes.iter().map(|&q| q as i32).sum()
+    }
+
+    /// `sB · Σ b_q + bs · oB`: the weight-only factor of the block's `oA` terms.
+    pub fn offset_term(&self) -> f32 {
+        self.scale * self.code_sum() as f32 + self.codes.len() as f32 * self.offset
+    }
+}
+
+/// A checked linear weight (see [`check_linear`]) cut into the activations' K blocks of `a_block`, column by
+/// column: a per-block weight has those blocks already; a per-channel weight (one block per row) repeats its
+/// column's scale and offset in each, which is the per-block formula with parameters constant along K.
+pub(crate) fn weight_blocks(weight: &BlockQuantWeight, a_block: usize) -> impl Iterator<Item = WeightBlock<'_>> {
+    let shape = weight.shape();
+    let (k, w_blocks) = (shape.channels, shape.blocks());
+    weight
+        .codes()
+        .chunks_exact(k)
+        .enumerate()
+        .flat_map(move |(column, row)| {
+            row.chunks(a_block).enumerate().map(move |(block, codes)| {
+                let p = column * w_blocks + if w_blocks == 1 { 0 } else { block };
+                WeightBlock {
+                    column,
+                    block,
+                    scale: weight.scales()[p],
+                    offset: weight.offsets()[p],
+                    codes,
+                }
+            })
+        })
+}
+
+/// A per-channel weight for per-block activations: one block per row (any offsets).
+pub(crate) fn check_channel_weight(weight: &BlockQuantWeight) -> Result<()> {
+    let shape = weight.shape();
+    ensure(
+        shape.blocks() == 1,
+        "weight",
+        format!("{} blocks per row", shape.blocks()),
+        "a per-channel weight has one block per row",
+    )
 }
 
 /// SmoothQuant weights: one block per row and zero offsets.

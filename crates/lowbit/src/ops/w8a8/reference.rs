@@ -65,11 +65,12 @@ pub fn quantize_activations<T: Float>(
 }
 
 /// Per-block W8A8 in f64: `C[m, n] = Σ_k (sA·a_q + oA)(sB·b_q + oB) + bias[n]`, each factor dequantized in f64
-/// with its own block's parameters. Returns `[M, N]`.
+/// with its own block's parameters (the weight's blocks: the activations', or one per row). Returns `[M, N]`.
 pub fn block_w8a8(a: &QuantizedActivations, weight: &BlockQuantWeight, bias: Option<&[f32]>) -> Result<Vec<f64>> {
     check_linear(weight, bias, a.k(), a.block_size(), "per-block W8A8")?;
     let a_deq = dequantize_f64(a.codes(), a.k(), a.block_size(), a.scales(), a.offsets());
-    let w_deq = dequantize_f64(weight.codes(), a.k(), a.block_size(), weight.scales(), weight.offsets());
+    let w_block = weight.shape().block_channels;
+    let w_deq = dequantize_f64(weight.codes(), a.k(), w_block, weight.scales(), weight.offsets());
     Ok(matmul_nt(&a_deq, &w_deq, a.k(), bias))
 }
 
