@@ -11,7 +11,7 @@ use lowbit::formats::block::{BlockBits, BlockQuantWeight, BlockShape};
 use lowbit::ops::w8a8::cpu::{BlockW8a8Cpu, SmoothQuantCpu};
 use lowbit::ops::w8a8::{quantize_activations, reference, ActivationQuant, QuantizedActivations};
 use lowbit::testing::SplitMix64;
-use lowbit::Float;
+use lowbit::{Float, QuantMatrix};
 
 mod common;
 use common::{assert_bits_equal, assert_close, compare, from_f32, invalid_tensor, to_f32, Tolerance};
@@ -536,4 +536,64 @@ fn invalid_inputs_are_typed_errors() {
         invalid_tensor(BlockQuantWeight::quantize_per_channel_symmetric(&[1.0; 7], 2, 4)),
         "weight"
     );
+}
+
+/// A checkpoint's weight ([`QuantMatrix`], unsigned codes and zero points) becomes an offset-form weight with the
+/// same values: exactly for symmetric weights, to the f32 rounding of the offset otherwise; its groups are the
+/// blocks, and act-order is refused.
+#[test]
+fn checkpoint_weights_convert_to_offset_form() {
+    let mut rng = SplitMix64(0xA8A8_000D);
+    let (n, k) = (24, 512);
+    for (bits, group, zeros) in [(8u8, k, false), (8, 64, true), (4, 128, true), (4, 32, false)] {
+        let groups = k / group;
+        let q = QuantMatrix {
+            n,
+            k,
+            bits,
+            group_size: group,
+            codes: (0..n * k).map(|_| (rng.next_u64() % (1 << bits)) as u8).collect(),
+            zeros: zeros.then(|| (0..n * groups).map(|_| (rng.next_u64() % (1 << bits)) as u8).collect()),
+            scales: (0..n * groups).map(|_| rng.uniform(0.001, 0.05)).collect(),
+            scale_dtype: lowbit::DType::F32,
+            g_idx: None,
+        };
+        let w = BlockQuantWeight::from_quant(&q).unwrap();
+        assert_eq!(w.shape().block_channels, group);
+        assert_eq!(w.is_symmetric(), !zeros);
+        let got = w.dequantize();
+        for (i, &v) in got.iter().enumerate() {
+            let (r, c) = (i / k, i % k);
+            let g = r * groups + c / group;
+            let want = (q.codes[i] as f64 - q.zero(r, c / group) as f64) * q.scales[g] as f64;
+            if zeros {
+                assert!((v as f64 - want).abs() <= 1e-6 * 0.05 * 256.0, "bits {bits} [{r}, {c}]");
+            } else {
+                assert_eq!(v, want as f32, "bits {bits} [{r}, {c}]");
+            }
+        }
+        // It runs as per-block W8A8 with activations in its groups.
+        let x = activations(&mut rng, 3, k);
+        let a = quantize_activations(&x, 3, k, group, ActivationQuant::Asymmetric).unwrap();
+        let got = BlockW8a8Cpu::new(&w, None).unwrap().forward::<f32>(&a).unwrap();
+        let want = reference::block_w8a8(&a, &w, None).unwrap();
+        assert_close(
+            &format!("bits {bits} group {group}"),
+            &got,
+            &want,
+            Tolerance::floored(2e-6, 2e-6),
+        );
+    }
+    let act_order = QuantMatrix {
+        n: 2,
+        k: 4,
+        bits: 8,
+        group_size: 2,
+        codes: vec![128; 8],
+        zeros: None,
+        scales: vec![1.0; 4],
+        scale_dtype: lowbit::DType::F32,
+        g_idx: Some(vec![1, 0, 1, 0]),
+    };
+    assert_eq!(invalid_tensor(BlockQuantWeight::from_quant(&act_order)), "g_idx");
 }

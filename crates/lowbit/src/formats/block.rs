@@ -16,6 +16,7 @@
 //! [`BlockQuantWeight::to_mnn_int4_bytes`]).
 
 use crate::error::{ensure, Error, Result};
+use crate::formats::QuantMatrix;
 
 /// Code width of a block-quantized weight; codes are signed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -299,6 +300,30 @@ impl BlockQuantWeight {
             scales,
             offsets,
         })
+    }
+
+    /// A checkpoint's linear weight ([`QuantMatrix`]: AWQ, GPTQ, compressed-tensors, int8) in offset form, for the
+    /// W8A8 kernels: `W = (u − z)·s = q·s + o` with the signed code `q = u − 2^(bits−1)` and `o = (2^(bits−1) − z)·s`.
+    /// A group is a block (per channel: one block per row). The codes and scales are the checkpoint's; a symmetric
+    /// weight gets offsets of exactly 0, otherwise each offset is that product rounded once to f32.
+    /// Act-order weights (a `g_idx` that is not `k / group_size`) have no K blocks and are refused.
+    pub fn from_quant(q: &QuantMatrix) -> Result<Self> {
+        q.validate()?;
+        ensure(
+            q.has_trivial_g_idx(),
+            "g_idx",
+            "an act-order permutation",
+            "per-block weights need groups of consecutive inputs (no act-order)",
+        )?;
+        let bits = if q.bits == 4 { BlockBits::Int4 } else { BlockBits::Int8 };
+        let mid = q.midpoint() as i16;
+        let codes = q.codes.iter().map(|&u| (u as i16 - mid) as i8).collect();
+        let groups = q.groups();
+        let offsets = (0..q.n * groups)
+            .map(|p| (mid - q.zero(p / groups, p % groups) as i16) as f32 * q.scales[p])
+            .collect();
+        let shape = BlockShape::linear(q.n, q.k, q.group_size.min(q.k));
+        Self::from_parts(shape, bits, codes, q.scales.clone(), offsets)
     }
 
     /// Reads MNN's int4 layout: `bytes` `[Co, Kh, Kw, ⌈channels/2⌉]`, channel `2j` in the high nibble and `2j+1`
