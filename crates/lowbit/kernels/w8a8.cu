@@ -14,8 +14,8 @@
 //       Bit-exact with the CPU quantizer: every step is an IEEE-rounded f32 operation.
 //   w8a8_gemm_<t>_s<stages>  the mma.sync GEMM (sm_80+), applying each block's correction in registers.
 //   w8a8_wgmma_<t>_s<stages>  the Hopper GEMM (sm_90a): warp-specialised, TMA, wgmma; see its section below.
-//   w8a8_wgmma_channel_<t>_s<stages>  the same for a symmetric per-channel weight: per block out += sA*dot, and
-//       sB once in the epilogue (the host prepares the weight records with sB = 1, oB = 0).
+//   w8a8_wgmma_channel_<t>_s<stages>  the same for a per-channel weight: per block out += sA*dot, and sB once in
+//       the epilogue (the host prepares the weight records with sB = 1 and oB / sB for oB).
 //
 // GEMM design (mma.sync m16n8k32 s8, runs on sm_80 and later):
 // - CTA tile 128 (M) x 128 (N), 8 warps as 2 x 4, warp tile 64 x 32: per k step of 32, 4 A fragments
@@ -50,7 +50,7 @@ struct GemmParams {
     const signed char* w;      // [n_pad, k_pad] weight codes
     const float4* w_params;    // [blocks][n_pad] {sB, oB, sB*sumB + bs*oB, 0}
     const float* bias;         // [N] or null
-    const float* channel_scales;  // [N]: a symmetric per-channel weight's sB (the `_channel` kernels), else null
+    const float* channel_scales;  // [N]: a per-channel weight's sB (the `_channel` kernels), else null
     void* out;                 // [M, ldo] f16/bf16
     u32 m, n, n_pad, k_pad, ldo;
     u32 blocks;       // K blocks
@@ -753,7 +753,7 @@ struct BlockWalk {
 // out += (sA*sB)*dot for this warp's rows of the warpgroup tile (`row0`: the warp's first row in the CTA tile),
 // `a_params`: the rows' float4, `scales`: the columns' sB. Returns the rows' params. The dots are converted with
 // I2FP: on sm_90 it issues once and ran 10% faster than the two-instruction magic-number conversion (H200).
-// CHANNEL (a symmetric per-channel weight): out += sA*dot, sB is the epilogue's; no scale loads, no FMUL.
+// CHANNEL (a per-channel weight): out += sA*dot, sB is the epilogue's; no scale loads, no FMUL.
 template <bool CHANNEL>
 __device__ __forceinline__ void apply_scaled_dots(float (&out)[64], const int (&dot)[64], u32 a_params, u32 scales,
                                                   u32 row0, int lane, float4 (&rows)[2]) {
@@ -1002,7 +1002,7 @@ WGMMA_KERNEL(w8a8_wgmma_f16_s3, __half, 3, false)
 WGMMA_KERNEL(w8a8_wgmma_f16_s4, __half, 4, false)
 WGMMA_KERNEL(w8a8_wgmma_bf16_s3, __nv_bfloat16, 3, false)
 WGMMA_KERNEL(w8a8_wgmma_bf16_s4, __nv_bfloat16, 4, false)
-// `_channel`: a symmetric per-channel weight, its scales applied once in the epilogue.
+// `_channel`: a per-channel weight, its scales applied once in the epilogue.
 WGMMA_KERNEL(w8a8_wgmma_channel_f16_s3, __half, 3, true)
 WGMMA_KERNEL(w8a8_wgmma_channel_f16_s4, __half, 4, true)
 WGMMA_KERNEL(w8a8_wgmma_channel_bf16_s3, __nv_bfloat16, 3, true)

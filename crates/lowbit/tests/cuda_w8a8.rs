@@ -260,9 +260,9 @@ fn smoothquant_matches_reference() {
     }
 }
 
-/// Per-channel weights (symmetric: the Hopper `_channel` kernels on sm_90a; offset form: expanded per block) with
-/// per-block activations, through `run`, against the f64 reference on the GPU's operands and, bit for bit, against
-/// the same kernel of the weight written out per block where that is the kernel that runs.
+/// Per-channel weights (symmetric and offset form: the Hopper `_channel` kernels on sm_90a, the per-block path with
+/// repeated parameters on mma.sync) with per-block activations, through `run`, against the f64 reference on the
+/// GPU's operands.
 #[test]
 fn channel_weight_matches_reference() {
     let Some(dev) = cuda_device() else { return };
@@ -290,7 +290,7 @@ fn channel_weight_matches_reference() {
                         block_size: block,
                     };
                     let op = W8a8LinearCuda::with_kernel(&dev, &weight, Some(&bias), scheme, dtype, kernel).unwrap();
-                    let fast = kernel == GemmKernel::Wgmma && symmetric;
+                    let fast = kernel == GemmKernel::Wgmma;
                     assert_eq!(op.kernel_name().contains("channel"), fast, "{}", op.kernel_name());
                     let (got, a) = match dtype {
                         DType::F16 => run_fused::<f16>(&dev, &op, &x, m),
@@ -365,26 +365,29 @@ fn exact_integer_mode_is_bit_exact() {
             (0..n * blocks).map(|_| dyadic(&mut rng)).collect(),
         )
         .unwrap();
-        // And a symmetric per-channel weight of the same codes (the `_channel` kernels on sm_90a).
-        let channel = BlockQuantWeight::from_parts(
-            BlockShape::linear(n, k, k),
-            BlockBits::Int8,
-            weight.codes().to_vec(),
-            (0..n).map(|_| pow2(&mut rng)).collect(),
-            vec![0.0; n],
-        )
-        .unwrap();
+        // And per-channel weights of the same codes, symmetric and in offset form (the `_channel` kernels on
+        // sm_90a, which take oB / sB: exact here).
+        let channel = |rng: &mut SplitMix64, symmetric: bool| {
+            BlockQuantWeight::from_parts(
+                BlockShape::linear(n, k, k),
+                BlockBits::Int8,
+                weight.codes().to_vec(),
+                (0..n).map(|_| pow2(rng)).collect(),
+                (0..n).map(|_| if symmetric { 0.0 } else { dyadic(rng) }).collect(),
+            )
+            .unwrap()
+        };
+        let (channel_sym, channel_offset) = (channel(&mut rng, true), channel(&mut rng, false));
         let bias: Vec<f32> = (0..n).map(|_| dyadic(&mut rng)).collect();
         let ad = QuantizedActivationsCuda::upload(&dev, &a).unwrap();
+        let channel_scheme = W8a8Scheme::ChannelWeight {
+            mode: ActivationQuant::Asymmetric,
+            block_size: block,
+        };
         let schemes = [
             (&weight, W8a8Scheme::Block(ActivationQuant::Asymmetric)),
-            (
-                &channel,
-                W8a8Scheme::ChannelWeight {
-                    mode: ActivationQuant::Asymmetric,
-                    block_size: block,
-                },
-            ),
+            (&channel_sym, channel_scheme),
+            (&channel_offset, channel_scheme),
         ];
         for (weight, scheme) in schemes {
             let want = reference::block_w8a8(&a, weight, Some(&bias)).unwrap();

@@ -521,7 +521,7 @@ pub struct W8a8LinearCuda {
     /// ([`hopper_weight_params`]).
     params: CudaSlice<f32>,
     bias: Option<CudaSlice<f32>>,
-    /// `[N]`: a symmetric per-channel weight's scales, applied in the `_channel` kernels' epilogue.
+    /// `[N]`: a per-channel weight's scales, applied in the `_channel` kernels' epilogue.
     channel_scales: Option<CudaSlice<f32>>,
     quantize: QuantizeActivationsCuda,
     kernel: String,
@@ -554,8 +554,8 @@ impl W8a8LinearCuda {
 
     /// Prepares per-block W8A8 with a per-channel weight: `weight` `[N, K]` in offset form with one block per row,
     /// `bias` `[N]`, activations quantized in `mode` in K blocks of `block_size` (32, 64 or a multiple of 128, at
-    /// most 65536), `dtype` f16 or bf16. With zero offsets (a symmetric weight) the Hopper kernel leaves the
-    /// weight's scale to the epilogue: one FFMA per element and block instead of a scaled dot.
+    /// most 65536), `dtype` f16 or bf16. On sm_90a the kernel leaves the weight's scale to the epilogue (every
+    /// scale non-zero): one FFMA per element and block instead of a scaled dot.
     pub fn channel_weight(
         device: &CudaDevice,
         weight: &BlockQuantWeight,
@@ -666,11 +666,19 @@ impl W8a8LinearCuda {
             .context()
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
             .map_err(crate::cuda::driver_error("cuDeviceGetAttribute"))? as usize;
-        // A symmetric per-channel weight on the Hopper kernel: the blocks' dots are scaled by sA alone and sB joins
-        // once, in the epilogue (the `_channel` kernels), which drops an FMUL and a shared load per element and
-        // block. Every other weight is prepared per (column, block), a per-channel one repeating its parameters.
-        let channel_epilogue =
-            matches!(scheme, W8a8Scheme::ChannelWeight { .. }) && weight.is_symmetric() && choice == GemmKernel::Wgmma;
+        // A per-channel weight on the Hopper kernel: sB is the same in every block, so it leaves the sum,
+        // C = sB·Σ_b [sA·dot + sA·(oB/sB)·Σa_q + oA·(Σb_q + bs·oB/sB)]: the blocks' dots are scaled by sA alone and sB
+        // joins once, in the epilogue (the `_channel` kernels), which drops an FMUL and a shared load per element and
+        // block. The offset terms keep their tf32 wgmma with oB/sB for oB (exact for a symmetric weight: 0), so every
+        // scale must be non-zero. Any other weight is prepared per (column, block), a per-channel one repeating its
+        // parameters.
+        let channel_epilogue = matches!(scheme, W8a8Scheme::ChannelWeight { .. })
+            && choice == GemmKernel::Wgmma
+            && weight
+                .scales()
+                .iter()
+                .zip(weight.offsets())
+                .all(|(&s, &o)| s != 0.0 && (o / s).is_finite());
         // The deepest pipeline that fits (wgmma keeps one stage more in flight: it refills a stage only after the
         // wgmmas that read it have completed).
         let (depths, prefix): (&[usize], &str) = match choice {
@@ -694,7 +702,7 @@ impl W8a8LinearCuda {
         let gemm = device.function_with_shared_memory(&KERNEL, &kernel, smem)?;
 
         // Codes padded with zeros; per (block, column) {sB, oB, sB·Σb_q + bs·oB, 0} (zeros for padding columns), or
-        // for the `_channel` kernels {1, 0, Σb_q, 0} and the scales sB apart.
+        // for the `_channel` kernels {1, oB/sB, Σb_q + bs·oB/sB, 0} and the scales sB apart.
         let mut codes = vec![0i8; n_pad * k_pad];
         for (c, row) in weight.codes().chunks_exact(k).enumerate() {
             codes[c * k_pad..c * k_pad + k].copy_from_slice(row);
@@ -702,7 +710,10 @@ impl W8a8LinearCuda {
         let mut params = vec![0f32; blocks * n_pad * PARAM];
         for wb in weight_blocks(weight, block) {
             let record = match channel_epilogue {
-                true => [1.0, 0.0, wb.code_sum() as f32],
+                true => {
+                    let offset = wb.offset / wb.scale;
+                    [1.0, offset, wb.code_sum() as f32 + wb.codes.len() as f32 * offset]
+                }
                 false => [wb.scale, wb.offset, wb.offset_term()],
             };
             let dst = (wb.block * n_pad + wb.column) * PARAM;
