@@ -998,12 +998,11 @@ GEMM_KERNEL(w8a8_gemm_bf16_s4, __nv_bfloat16, 4)
              const __grid_constant__ TensorMap ap_map, const GemmParams p) {                          \
         WGMMA_BODY(T, STAGES, CHANNEL)                                                                \
     }
-WGMMA_KERNEL(w8a8_wgmma_f16_s3, __half, 3, false)
-WGMMA_KERNEL(w8a8_wgmma_f16_s4, __half, 4, false)
-WGMMA_KERNEL(w8a8_wgmma_bf16_s3, __nv_bfloat16, 3, false)
-WGMMA_KERNEL(w8a8_wgmma_bf16_s4, __nv_bfloat16, 4, false)
-// `_channel`: a per-channel weight, its scales applied once in the epilogue.
-WGMMA_KERNEL(w8a8_wgmma_channel_f16_s3, __half, 3, true)
-WGMMA_KERNEL(w8a8_wgmma_channel_f16_s4, __half, 4, true)
-WGMMA_KERNEL(w8a8_wgmma_channel_bf16_s3, __nv_bfloat16, 3, true)
-WGMMA_KERNEL(w8a8_wgmma_channel_bf16_s4, __nv_bfloat16, 4, true)
+// Both types and depths of one kind; `_channel`: a per-channel weight, its scales applied once in the epilogue.
+#define WGMMA_KERNELS(PREFIX, CHANNEL)                                                                \
+    WGMMA_KERNEL(PREFIX##_f16_s3, __half, 3, CHANNEL)                                                 \
+    WGMMA_KERNEL(PREFIX##_f16_s4, __half, 4, CHANNEL)                                                 \
+    WGMMA_KERNEL(PREFIX##_bf16_s3, __nv_bfloat16, 3, CHANNEL)                                         \
+    WGMMA_KERNEL(PREFIX##_bf16_s4, __nv_bfloat16, 4, CHANNEL)
+WGMMA_KERNELS(w8a8_wgmma, false)
+WGMMA_KERNELS(w8a8_wgmma_channel, true)

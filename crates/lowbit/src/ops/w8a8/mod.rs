@@ -339,24 +339,18 @@ pub(crate) fn weight_blocks(weight: &BlockQuantWeight, a_block: usize) -> impl I
 
 /// A per-channel weight for per-block activations: one block per row (any offsets).
 pub(crate) fn check_channel_weight(weight: &BlockQuantWeight) -> Result<()> {
-    let shape = weight.shape();
+    let blocks = weight.shape().blocks();
     ensure(
-        shape.blocks() == 1,
+        blocks == 1,
         "weight",
-        format!("{} blocks per row", shape.blocks()),
-        "a per-channel weight has one block per row",
+        format!("{blocks} blocks per row"),
+        "a per-channel weight has one block per row (one scale per output channel)",
     )
 }
 
-/// SmoothQuant weights: one block per row and zero offsets.
+/// SmoothQuant weights: per channel and symmetric (zero offsets).
 pub(crate) fn check_smoothquant_weight(weight: &BlockQuantWeight) -> Result<()> {
-    let shape = weight.shape();
-    ensure(
-        shape.blocks() == 1,
-        "weight",
-        format!("{} blocks per row", shape.blocks()),
-        "SmoothQuant weights have one scale per output channel",
-    )?;
+    check_channel_weight(weight)?;
     ensure(
         weight.is_symmetric(),
         "offsets",
