@@ -16,6 +16,7 @@
 //   w8a8_wgmma_<t>_s<stages>  the Hopper GEMM (sm_90a): warp-specialised, TMA, wgmma; see its section below.
 //   w8a8_wgmma_channel_<t>_s<stages>  the same for a per-channel weight: per block out += sA*dot, and sB once in
 //       the epilogue (the host prepares the weight records with sB = 1 and oB / sB for oB).
+//   w8a8_wgmma[_channel]_trace_f16_s4  twins that also write a per-stage timeline (StageTrace): diagnosis only.
 //
 // GEMM design (mma.sync m16n8k32 s8, runs on sm_80 and later):
 // - CTA tile 128 (M) x 128 (N), 8 warps as 2 x 4, warp tile 64 x 32: per k step of 32, 4 A fragments
@@ -51,6 +52,7 @@ struct GemmParams {
     const float4* w_params;    // [blocks][n_pad] {sB, oB, sB*sumB + bs*oB, 0}
     const float* bias;         // [N] or null
     const float* channel_scales;  // [N]: a per-channel weight's sB (the `_channel` kernels), else null
+    unsigned long long* trace;    // the `_trace` kernel's per-stage timeline (STAGE_TRACE), else null
     void* out;                 // [M, ldo] f16/bf16
     u32 m, n, n_pad, k_pad, ldo;
     u32 blocks;       // K blocks
@@ -826,10 +828,25 @@ __device__ __forceinline__ void produce(const TensorMap* a_map, const TensorMap*
     }
 }
 
+// The `_trace` kernel's timeline, for diagnosing the schedule (examples/w8a8_trace): CTA 0's first tile, per k tile
+// (up to TRACE_K_TILES) and consumer warpgroup, the SM's clock64 as its first thread passes each event.
+enum StageTrace {
+    STAGE_TURN,       // its turn on the tensor cores (the named barrier passed; the stage has landed)
+    STAGE_ISSUED,     // its four int8 wgmmas issued and committed, the turn handed over
+    STAGE_DONE,       // the wait returned: at a block end all its wgmmas have completed (one group in flight else)
+    STAGE_CORRECTED,  // block end: the correction applied and the offset wgmma issued (else = STAGE_DONE)
+    STAGE_EVENTS
+};
+#define TRACE_K_TILES 64
+__device__ __forceinline__ void stage_stamp(const GemmParams& p, int wg, int tid, u32 tile, u32 kt, int event) {
+    if (tile != 0 || kt >= TRACE_K_TILES || tid % 128 != 0) return;
+    p.trace[(kt * 2 + wg) * STAGE_EVENTS + event] = clock64();
+}
+
 // A consumer warpgroup (`wg` 0 or 1, `tid` 0..255 over both): rows wg * 64 .. + 64 of every tile of this CTA.
 // The two warpgroups take turns issuing their wgmmas (wg 0 first, named barriers 4 and 5), so the tensor cores run
 // one warpgroup's block while the other applies its correction on the CUDA cores (ping-pong).
-template <class T, int STAGES, bool CHANNEL>
+template <class T, int STAGES, bool CHANNEL, bool TRACE>
 __device__ __forceinline__ void consume(const GemmParams& p, u32 base, u32 bars, u32 k_tiles, u32 tiles, int wg,
                                         int tid) {
     const int lane = tid % 32, warp = tid / 32;
@@ -853,6 +870,7 @@ __device__ __forceinline__ void consume(const GemmParams& p, u32 base, u32 bars,
             const u32 stage = base + buf * HOPPER_STAGE_BYTES;
             if (wg == 1 || !first_turn) named_barrier_sync(my_turn, HOPPER_CONSUMERS);
             first_turn = false;
+            if (TRACE) stage_stamp(p, wg, tid, tile, kt, STAGE_TURN);
             wgmma_fence();
             // All four k steps: past K the codes are zero padding up to k_pad, on both sides.
             // A k step is 32 bytes further along the rows: + 2 in the descriptors' address field (addr >> 4).
@@ -862,18 +880,22 @@ __device__ __forceinline__ void consume(const GemmParams& p, u32 base, u32 bars,
                 wgmma_s8_m64n128k32(dot, a_desc + 2 * ks, b_desc + 2 * ks, (block_start && ks == 0) ? 0 : 1);
             wgmma_commit();
             named_barrier_arrive(their_turn, HOPPER_CONSUMERS);
+            if (TRACE) stage_stamp(p, wg, tid, tile, kt, STAGE_ISSUED);
             block_start = walk.ends(kt, k_tiles);
             walk.next(block_start);
             if (block_start) {
                 wgmma_wait<0>();  // this block's dots, and the previous block's offset terms
                 wgmma_fence_operands(dot);
                 wgmma_fence_operands(out);
+                if (TRACE) stage_stamp(p, wg, tid, tile, kt, STAGE_DONE);
                 const u32 params = stage + 2 * TILE_BYTES, w_offset = params + SLOT_BYTES;
                 float4 rows[2];
                 apply_scaled_dots<CHANNEL>(out, dot, params, w_offset + W_OFFSET_BYTES, row0, lane, rows);
                 issue_offset_terms(out, rows, w_offset, lane);
+                if (TRACE) stage_stamp(p, wg, tid, tile, kt, STAGE_CORRECTED);
             } else {  // the block goes on: keep one stage of wgmmas in flight
                 wgmma_wait<1>();
+                if (TRACE) stage_stamp(p, wg, tid, tile, kt, STAGE_DONE), stage_stamp(p, wg, tid, tile, kt, STAGE_CORRECTED);
             }
             if (held) mbar_arrive(bars + (STAGES + held_buf) * 8);  // its wgmmas have retired
             held = true;
@@ -905,7 +927,7 @@ __device__ __forceinline__ void consume(const GemmParams& p, u32 base, u32 bars,
     if (wg == 0 && !first_turn) named_barrier_sync(my_turn, HOPPER_CONSUMERS);  // wg 1's last hand-over
 }
 
-template <class T, int STAGES, bool CHANNEL>
+template <class T, int STAGES, bool CHANNEL, bool TRACE = false>
 __device__ __forceinline__ void gemm_hopper(const TensorMap* a_map, const TensorMap* w_map, const TensorMap* ap_map,
                                             const GemmParams& p) {
     extern __shared__ __align__(16) unsigned char smem[];
@@ -921,7 +943,7 @@ __device__ __forceinline__ void gemm_hopper(const TensorMap* a_map, const Tensor
         return;
     }
     setmaxnreg_inc<240>();
-    consume<T, STAGES, CHANNEL>(p, base, bars, k_tiles, tiles, wg, tid);
+    consume<T, STAGES, CHANNEL, TRACE>(p, base, bars, k_tiles, tiles, wg, tid);
 }
 #endif  // sm_90
 
@@ -988,15 +1010,15 @@ GEMM_KERNEL(w8a8_gemm_bf16_s4, __nv_bfloat16, 4)
 
 // The Hopper kernels exist on every architecture (one module for all) but only do work on sm_90a.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define WGMMA_BODY(T, STAGES, CHANNEL) gemm_hopper<T, STAGES, CHANNEL>(&a_map, &w_map, &ap_map, p);
+#define WGMMA_BODY(T, STAGES, ...) gemm_hopper<T, STAGES, __VA_ARGS__>(&a_map, &w_map, &ap_map, p);
 #else
-#define WGMMA_BODY(T, STAGES, CHANNEL) __trap();
+#define WGMMA_BODY(T, STAGES, ...) __trap();
 #endif
-#define WGMMA_KERNEL(NAME, T, STAGES, CHANNEL)                                                        \
+#define WGMMA_KERNEL(NAME, T, STAGES, ...)                                                            \
     extern "C" __global__ void __launch_bounds__(384, 1)                                              \
         NAME(const __grid_constant__ TensorMap a_map, const __grid_constant__ TensorMap w_map,        \
              const __grid_constant__ TensorMap ap_map, const GemmParams p) {                          \
-        WGMMA_BODY(T, STAGES, CHANNEL)                                                                \
+        WGMMA_BODY(T, STAGES, __VA_ARGS__)                                                            \
     }
 // Both types and depths of one kind; `_channel`: a per-channel weight, its scales applied once in the epilogue.
 #define WGMMA_KERNELS(PREFIX, CHANNEL)                                                                \
@@ -1006,3 +1028,6 @@ GEMM_KERNEL(w8a8_gemm_bf16_s4, __nv_bfloat16, 4)
     WGMMA_KERNEL(PREFIX##_bf16_s4, __nv_bfloat16, 4, CHANNEL)
 WGMMA_KERNELS(w8a8_wgmma, false)
 WGMMA_KERNELS(w8a8_wgmma_channel, true)
+// `_trace`: the f16 kernels of 4 stages writing the per-stage timeline (StageTrace); diagnosis only.
+WGMMA_KERNEL(w8a8_wgmma_trace_f16_s4, __half, 4, false, true)
+WGMMA_KERNEL(w8a8_wgmma_channel_trace_f16_s4, __half, 4, true, true)

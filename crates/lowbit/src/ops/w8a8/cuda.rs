@@ -154,6 +154,7 @@ struct GemmParams {
     w_params: u64,
     bias: u64,
     channel_scales: u64,
+    trace: u64,
     out: u64,
     m: u32,
     n: u32,
@@ -534,6 +535,8 @@ pub struct W8a8LinearCuda {
     slots: usize,
     /// Dynamic shared memory of a launch.
     smem: usize,
+    /// Where the `_trace` kernel writes its timeline ([`W8a8LinearCuda::set_trace`]); 0 normally.
+    trace: u64,
 }
 
 impl W8a8LinearCuda {
@@ -757,7 +760,30 @@ impl W8a8LinearCuda {
             stages,
             slots,
             smem,
+            trace: 0,
         })
+    }
+
+    /// Diagnosis (`examples/w8a8_trace`): with `address` non-zero, launches the `_trace` twin of the f16 Hopper
+    /// kernel of 4 stages, which writes CTA 0's per-stage timeline there: for its first tile's first 64 k tiles and
+    /// each consumer warpgroup, four `clock64` values (`[k tile][warpgroup][event]` u64, the kernel's
+    /// `StageTrace`). `0` restores the normal kernel.
+    #[doc(hidden)]
+    pub fn set_trace(&mut self, device: &CudaDevice, address: u64) -> Result<()> {
+        const PLAIN: &str = "_f16_s4";
+        const TRACED: &str = "_trace_f16_s4";
+        let plain = self.kernel.replace(TRACED, PLAIN);
+        if self.gemm_kernel() != GemmKernel::Wgmma || !plain.ends_with(PLAIN) {
+            return Err(Error::Unsupported(format!("no trace twin of {}", self.kernel)));
+        }
+        let name = match address {
+            0 => plain,
+            _ => plain.replace(PLAIN, TRACED),
+        };
+        self.gemm = device.function_with_shared_memory(&KERNEL, &name, self.smem)?;
+        self.kernel = name;
+        self.trace = address;
+        Ok(())
     }
 
     /// The scheme.
@@ -910,6 +936,7 @@ impl W8a8LinearCuda {
             w_params: self.params.device_ptr(stream).0,
             bias: self.bias.as_ref().map_or(0, |b| b.device_ptr(stream).0),
             channel_scales: self.channel_scales.as_ref().map_or(0, |s| s.device_ptr(stream).0),
+            trace: self.trace,
             out,
             m: m as u32,
             n: self.n as u32,
