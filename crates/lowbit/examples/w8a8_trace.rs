@@ -21,7 +21,12 @@ use lowbit::testing::SplitMix64;
 use lowbit::DType;
 
 /// The kernel's `StageTrace` events and `TRACE_K_TILES`.
-const EVENTS: [&str; 4] = ["turn", "issued", "done", "corrected"];
+const EVENTS: [&str; 5] = ["landed", "turn", "issued", "done", "corrected"];
+const LANDED: usize = 0;
+const TURN: usize = 1;
+const ISSUED: usize = 2;
+const DONE: usize = 3;
+const CORRECTED: usize = 4;
 const K_TILES: usize = 64;
 /// K codes per k tile and per block.
 const TILE_K: usize = 128;
@@ -95,21 +100,23 @@ fn main() -> lowbit::Result<()> {
     let steady = 2..k_tiles;
     let mean = |f: &dyn Fn(usize) -> f64| steady.clone().map(f).sum::<f64>() / steady.len().max(1) as f64;
     for wg in 0..2 {
-        let next_turn = |kt: usize| {
+        // From this k tile's `corrected` to the next one's `landed`: waiting for the stage's data.
+        let next_landed = |kt: usize| {
             if kt + 1 < k_tiles {
-                ev(kt + 1, wg, 0)
+                ev(kt + 1, wg, LANDED)
             } else {
-                ev(kt, wg, 3)
+                ev(kt, wg, CORRECTED)
             }
         };
         println!(
-            "  warpgroup {wg}: per k tile {:6.0}  issue {:5.0}  wait for the wgmmas {:5.0}  correction {:5.0}  \
-             wait for the turn {:5.0}",
-            mean(&|kt| next_turn(kt) - ev(kt, wg, 0)),
-            mean(&|kt| ev(kt, wg, 1) - ev(kt, wg, 0)),
-            mean(&|kt| ev(kt, wg, 2) - ev(kt, wg, 1)),
-            mean(&|kt| ev(kt, wg, 3) - ev(kt, wg, 2)),
-            mean(&|kt| next_turn(kt) - ev(kt, wg, 3)),
+            "  warpgroup {wg}: per k tile {:5.0} = wait for data {:4.0} + for the turn {:4.0} + issue {:4.0} + \
+             wgmmas {:4.0} + correction {:4.0}",
+            mean(&|kt| next_landed(kt) - ev(kt, wg, LANDED)),
+            mean(&|kt| next_landed(kt) - ev(kt, wg, CORRECTED)),
+            mean(&|kt| ev(kt, wg, TURN) - ev(kt, wg, LANDED)),
+            mean(&|kt| ev(kt, wg, ISSUED) - ev(kt, wg, TURN)),
+            mean(&|kt| ev(kt, wg, DONE) - ev(kt, wg, ISSUED)),
+            mean(&|kt| ev(kt, wg, CORRECTED) - ev(kt, wg, DONE)),
         );
     }
     // A warpgroup's wgmmas are in flight from its turn to its `done`; its correction from `done` to `corrected`.
@@ -118,7 +125,7 @@ fn main() -> lowbit::Result<()> {
     let busy = |wg: usize| {
         steady
             .clone()
-            .map(move |kt| (ev(kt, wg, 0), ev(kt, wg, 2)))
+            .map(move |kt| (ev(kt, wg, TURN), ev(kt, wg, DONE)))
             .collect::<Vec<_>>()
     };
     let overlap = |a: (f64, f64), spans: &[(f64, f64)]| {
@@ -131,7 +138,7 @@ fn main() -> lowbit::Result<()> {
         let other = busy(1 - wg);
         let (mut covered, mut total) = (0.0, 0.0);
         for kt in steady.clone() {
-            let c = (ev(kt, wg, 2), ev(kt, wg, 3));
+            let c = (ev(kt, wg, DONE), ev(kt, wg, CORRECTED));
             covered += overlap(c, &other);
             total += c.1 - c.0;
         }

@@ -831,7 +831,8 @@ __device__ __forceinline__ void produce(const TensorMap* a_map, const TensorMap*
 // The `_trace` kernel's timeline, for diagnosing the schedule (examples/w8a8_trace): CTA 0's first tile, per k tile
 // (up to TRACE_K_TILES) and consumer warpgroup, the SM's clock64 as its first thread passes each event.
 enum StageTrace {
-    STAGE_TURN,       // its turn on the tensor cores (the named barrier passed; the stage has landed)
+    STAGE_LANDED,     // the stage's data has landed (its full mbarrier)
+    STAGE_TURN,       // its turn on the tensor cores (the named barrier passed)
     STAGE_ISSUED,     // its four int8 wgmmas issued and committed, the turn handed over
     STAGE_DONE,       // the wait returned: at a block end all its wgmmas have completed (one group in flight else)
     STAGE_CORRECTED,  // block end: the correction applied and the offset wgmma issued (else = STAGE_DONE)
@@ -867,6 +868,7 @@ __device__ __forceinline__ void consume(const GemmParams& p, u32 base, u32 bars,
         BlockWalk walk(p);
         for (u32 kt = 0; kt < k_tiles; ++kt, ++use) {
             mbar_wait(bars + buf * 8, (use / STAGES) & 1);
+            if (TRACE) stage_stamp(p, wg, tid, tile, kt, STAGE_LANDED);
             const u32 stage = base + buf * HOPPER_STAGE_BYTES;
             if (wg == 1 || !first_turn) named_barrier_sync(my_turn, HOPPER_CONSUMERS);
             first_turn = false;
