@@ -886,29 +886,28 @@ __device__ __forceinline__ void consume(const GemmParams& p, u32 base, u32 bars,
             if (TRACE) stage_stamp(p, wg, tid, tile, kt, STAGE_ISSUED);
             block_start = walk.ends(kt, k_tiles);
             walk.next(block_start);
-            // At a block end: this block's dots and the previous block's offset terms; else keep one stage of
-            // wgmmas in flight.
+            // The previous stage is released as soon as its wgmmas (its offset terms too) have retired, before this
+            // stage's correction, so that the producer refills it a correction earlier: released after the
+            // correction, the stages landed ~200 cycles late at every k tile (examples/w8a8_trace). The arrive sits
+            // in each branch after its wait: merged behind one conditional wait, ptxas serialised every wgmma (C7514).
             if (block_start) {
-                wgmma_wait<0>();
-            } else {
-                wgmma_wait<1>();
-            }
-            if (TRACE) stage_stamp(p, wg, tid, tile, kt, STAGE_DONE);
-            // The previous stage's wgmmas (its offset terms too) have retired: release it now, before the correction,
-            // so that the producer refills it a correction earlier. Released after the correction, the stages
-            // landed ~200 cycles late at every k tile (examples/w8a8_trace).
-            if (held) mbar_arrive(bars + (STAGES + held_buf) * 8);
-            held = true;
-            held_buf = buf;
-            if (block_start) {
+                wgmma_wait<0>();  // this block's dots, and the previous block's offset terms
                 wgmma_fence_operands(dot);
                 wgmma_fence_operands(out);
+                if (TRACE) stage_stamp(p, wg, tid, tile, kt, STAGE_DONE);
+                if (held) mbar_arrive(bars + (STAGES + held_buf) * 8);
                 const u32 params = stage + 2 * TILE_BYTES, w_offset = params + SLOT_BYTES;
                 float4 rows[2];
                 apply_scaled_dots<CHANNEL>(out, dot, params, w_offset + W_OFFSET_BYTES, row0, lane, rows);
                 issue_offset_terms(out, rows, w_offset, lane);
+                if (TRACE) stage_stamp(p, wg, tid, tile, kt, STAGE_CORRECTED);
+            } else {  // the block goes on: keep one stage of wgmmas in flight
+                wgmma_wait<1>();
+                if (TRACE) stage_stamp(p, wg, tid, tile, kt, STAGE_DONE), stage_stamp(p, wg, tid, tile, kt, STAGE_CORRECTED);
+                if (held) mbar_arrive(bars + (STAGES + held_buf) * 8);
             }
-            if (TRACE) stage_stamp(p, wg, tid, tile, kt, STAGE_CORRECTED);
+            held = true;
+            held_buf = buf;
             if (++buf == STAGES) buf = 0;
         }
         wgmma_wait<0>();  // the last block's offset terms
