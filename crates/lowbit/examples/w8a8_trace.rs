@@ -81,7 +81,7 @@ fn main() -> lowbit::Result<()> {
     }
     let us = timer.stop_ms(&stream)? * 1e3 / reps as f64;
 
-    let trace = dev.alloc_zeros::<u64>(K_TILES * 2 * EVENTS.len())?;
+    let trace = dev.alloc_zeros::<u64>(K_TILES * 3 * EVENTS.len())?;
     let (address, _sync) = lowbit::cuda::DevicePtr::device_ptr(&trace, &stream);
     op.set_trace(&dev, address)?;
     let kernel = op.kernel_name().to_string();
@@ -93,7 +93,9 @@ fn main() -> lowbit::Result<()> {
     let k_tiles = k.div_ceil(TILE_K).min(K_TILES);
     let t0 = t.iter().copied().filter(|&v| v != 0).min().unwrap_or(0);
     // ev(kt, wg, e): cycles since the first stamp.
-    let ev = |kt: usize, wg: usize, e: usize| t[(kt * 2 + wg) * EVENTS.len() + e].saturating_sub(t0) as f64;
+    // Warpgroup 2 is the producer: its copies for the k tile issued (TURN's slot) after the stage's empty wait
+    // (LANDED's slot).
+    let ev = |kt: usize, wg: usize, e: usize| t[(kt * 3 + wg) * EVENTS.len() + e].saturating_sub(t0) as f64;
     println!("{m}x{k}x{n} {kernel}: {us:.1} us per launch; CTA 0, first tile, {k_tiles} k tiles (SM cycles)");
 
     // Per phase, over the k tiles past the first two (the pipeline filling).
@@ -119,6 +121,15 @@ fn main() -> lowbit::Result<()> {
             mean(&|kt| ev(kt, wg, CORRECTED) - ev(kt, wg, DONE)),
         );
     }
+    // The producer: how long a stage's copies take to land (its issue to warpgroup 0 seeing it), and how long it
+    // waits for a free stage (its previous issue to this stage's empty wait done).
+    println!(
+        "  producer: copies land after {:5.0}, issued {:5.0} before the consumer wants them; waits {:5.0} for a \
+         free stage",
+        mean(&|kt| ev(kt, 0, LANDED) - ev(kt, 2, TURN)),
+        mean(&|kt| ev(kt - 1, 0, CORRECTED) - ev(kt, 2, TURN)),
+        mean(&|kt| ev(kt, 2, LANDED) - ev(kt - 1, 2, TURN)),
+    );
     // A warpgroup's wgmmas are in flight from its turn to its `done`; its correction from `done` to `corrected`.
     // Overlap: how much of each correction falls while the other warpgroup has wgmmas in flight, and how much of the
     // span has no wgmma in flight at all.
@@ -170,6 +181,7 @@ fn main() -> lowbit::Result<()> {
                 out += &format!(",wg{wg}_{e}");
             }
         }
+        out += ",producer_free,producer_issued";
         out += "\n";
         for kt in 0..k_tiles {
             out += &kt.to_string();
@@ -178,6 +190,7 @@ fn main() -> lowbit::Result<()> {
                     out += &format!(",{:.0}", ev(kt, wg, e));
                 }
             }
+            out += &format!(",{:.0},{:.0}", ev(kt, 2, LANDED), ev(kt, 2, TURN));
             out += "\n";
         }
         std::fs::write(&path, out).map_err(|e| lowbit::Error::io(&path, e))?;

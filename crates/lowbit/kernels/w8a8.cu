@@ -799,8 +799,25 @@ __device__ __forceinline__ void issue_offset_terms(float (&out)[64], const float
     wgmma_commit();
 }
 
+// The `_trace` kernel's timeline, for diagnosing the schedule (examples/w8a8_trace): CTA 0's first tile, per k tile
+// (up to TRACE_K_TILES) and consumer warpgroup, the SM's clock64 as its first thread passes each event; the
+// producer's row (`wg` 2) has the stage's empty wait done (STAGE_LANDED's slot) and its copies issued (STAGE_TURN's).
+enum StageTrace {
+    STAGE_LANDED,     // the stage's data has landed (its full mbarrier)
+    STAGE_TURN,       // its turn on the tensor cores (the named barrier passed)
+    STAGE_ISSUED,     // its four int8 wgmmas issued and committed, the turn handed over
+    STAGE_DONE,       // the wait returned: at a block end all its wgmmas have completed (one group in flight else)
+    STAGE_CORRECTED,  // block end: the correction applied and the offset wgmma issued (else = STAGE_DONE)
+    STAGE_EVENTS
+};
+#define TRACE_K_TILES 64
+__device__ __forceinline__ void stage_stamp(const GemmParams& p, int wg, int tid, u32 tile, u32 kt, int event) {
+    if (tile != 0 || kt >= TRACE_K_TILES || tid % 128 != 0) return;
+    p.trace[(kt * 3 + wg) * STAGE_EVENTS + event] = clock64();
+}
+
 // The producer thread: every k tile of every tile of this CTA, each into the next free stage.
-template <int STAGES>
+template <int STAGES, bool TRACE>
 __device__ __forceinline__ void produce(const TensorMap* a_map, const TensorMap* w_map, const TensorMap* ap_map,
                                         const GemmParams& p, u32 base, u32 bars, u32 k_tiles, u32 tiles) {
     u32 buf = 0, use = 0;
@@ -811,6 +828,7 @@ __device__ __forceinline__ void produce(const TensorMap* a_map, const TensorMap*
         for (u32 kt = 0; kt < k_tiles; ++kt, ++use) {
             const u32 full = bars + buf * 8, empty = bars + (STAGES + buf) * 8;
             if (use >= STAGES) mbar_wait(empty, (use / STAGES - 1) & 1);
+            if (TRACE) stage_stamp(p, 2, 0, tile, kt, STAGE_LANDED);
             const bool params = walk.ends(kt, k_tiles);
             const u32 block = walk.block;
             const u32 stage = base + buf * HOPPER_STAGE_BYTES;
@@ -823,26 +841,11 @@ __device__ __forceinline__ void produce(const TensorMap* a_map, const TensorMap*
                 bulk_copy(stage + 2 * TILE_BYTES + SLOT_BYTES,
                           w_params + ((u64)block * p.tiles_n + n0 / TILE_N) * W_PARAM_BYTES, W_PARAM_BYTES, full);
             }
+            if (TRACE) stage_stamp(p, 2, 0, tile, kt, STAGE_TURN);
             walk.next(params);
             if (++buf == STAGES) buf = 0;
         }
     }
-}
-
-// The `_trace` kernel's timeline, for diagnosing the schedule (examples/w8a8_trace): CTA 0's first tile, per k tile
-// (up to TRACE_K_TILES) and consumer warpgroup, the SM's clock64 as its first thread passes each event.
-enum StageTrace {
-    STAGE_LANDED,     // the stage's data has landed (its full mbarrier)
-    STAGE_TURN,       // its turn on the tensor cores (the named barrier passed)
-    STAGE_ISSUED,     // its four int8 wgmmas issued and committed, the turn handed over
-    STAGE_DONE,       // the wait returned: at a block end all its wgmmas have completed (one group in flight else)
-    STAGE_CORRECTED,  // block end: the correction applied and the offset wgmma issued (else = STAGE_DONE)
-    STAGE_EVENTS
-};
-#define TRACE_K_TILES 64
-__device__ __forceinline__ void stage_stamp(const GemmParams& p, int wg, int tid, u32 tile, u32 kt, int event) {
-    if (tile != 0 || kt >= TRACE_K_TILES || tid % 128 != 0) return;
-    p.trace[(kt * 2 + wg) * STAGE_EVENTS + event] = clock64();
 }
 
 // A consumer warpgroup (`wg` 0 or 1, `tid` 0..255 over both): rows wg * 64 .. + 64 of every tile of this CTA.
@@ -947,7 +950,7 @@ __device__ __forceinline__ void gemm_hopper(const TensorMap* a_map, const Tensor
     __syncthreads();
     if (wg == 2) {
         setmaxnreg_dec<24>();
-        if (tid == HOPPER_CONSUMERS) produce<STAGES>(a_map, w_map, ap_map, p, base, bars, k_tiles, tiles);
+        if (tid == HOPPER_CONSUMERS) produce<STAGES, TRACE>(a_map, w_map, ap_map, p, base, bars, k_tiles, tiles);
         return;
     }
     setmaxnreg_inc<240>();
