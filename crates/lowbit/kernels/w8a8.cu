@@ -832,11 +832,17 @@ __device__ __forceinline__ void produce(const TensorMap* a_map, const TensorMap*
             const bool params = walk.ends(kt, k_tiles);
             const u32 block = walk.block;
             const u32 stage = base + buf * HOPPER_STAGE_BYTES;
-            mbar_arrive_expect_tx(full, 2 * TILE_BYTES + (params ? SLOT_BYTES + W_PARAM_BYTES : 0));
+            // A's parameters of the block: the tile's rows are one contiguous run of the [blocks][M] float4 array,
+            // so one bulk copy of the rows below M. (A TMA box of 128 rows of 16 bytes over [blocks * M, 4] made the
+            // stages that carry parameters land ~2900 cycles after their issue against ~1000 without:
+            // examples/w8a8_trace.) The rows past M keep what the slot held: they reach only output rows that are
+            // never stored.
+            const u32 a_rows = min(TILE_M, p.m - m0);
+            mbar_arrive_expect_tx(full, 2 * TILE_BYTES + (params ? a_rows * 16 + W_PARAM_BYTES : 0));
             tma_load_2d(stage, a_map, kt * TILE_K, m0, full);
             tma_load_2d(stage + TILE_BYTES, w_map, kt * TILE_K, n0, full);
             if (params) {
-                tma_load_2d(stage + 2 * TILE_BYTES, ap_map, 0, block * p.m + m0, full);
+                bulk_copy(stage + 2 * TILE_BYTES, p.a_params + (u64)block * p.m + m0, a_rows * 16, full);
                 const char* w_params = reinterpret_cast<const char*>(p.w_params);
                 bulk_copy(stage + 2 * TILE_BYTES + SLOT_BYTES,
                           w_params + ((u64)block * p.tiles_n + n0 / TILE_N) * W_PARAM_BYTES, W_PARAM_BYTES, full);
