@@ -722,8 +722,7 @@ __device__ __forceinline__ void gemm(const GemmParams& p) {
 //   (Two accumulators per warpgroup, to overlap within it, left too few registers: ptxas serialised the wgmmas
 //   and the correction ran as one dependent chain.)
 // - A stage is released one stage later, once the wgmmas that read it (the int8 ones, and at a block end the tf32
-//   one, which reads W's record from the stage) have retired: right after the next stage's wait, before its
-//   correction.
+//   one, which reads W's record from the stage) have retired.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 
 #define HOPPER_THREADS 384
@@ -832,17 +831,11 @@ __device__ __forceinline__ void produce(const TensorMap* a_map, const TensorMap*
             const bool params = walk.ends(kt, k_tiles);
             const u32 block = walk.block;
             const u32 stage = base + buf * HOPPER_STAGE_BYTES;
-            // A's parameters of the block: the tile's rows are one contiguous run of the [blocks][M] float4 array,
-            // so one bulk copy of the rows below M. (A TMA box of 128 rows of 16 bytes over [blocks * M, 4] made the
-            // stages that carry parameters land ~2900 cycles after their issue against ~1000 without:
-            // examples/w8a8_trace.) The rows past M keep what the slot held: they reach only output rows that are
-            // never stored.
-            const u32 a_rows = min(TILE_M, p.m - m0);
-            mbar_arrive_expect_tx(full, 2 * TILE_BYTES + (params ? a_rows * 16 + W_PARAM_BYTES : 0));
+            mbar_arrive_expect_tx(full, 2 * TILE_BYTES + (params ? SLOT_BYTES + W_PARAM_BYTES : 0));
             tma_load_2d(stage, a_map, kt * TILE_K, m0, full);
             tma_load_2d(stage + TILE_BYTES, w_map, kt * TILE_K, n0, full);
             if (params) {
-                bulk_copy(stage + 2 * TILE_BYTES, p.a_params + (u64)block * p.m + m0, a_rows * 16, full);
+                tma_load_2d(stage + 2 * TILE_BYTES, ap_map, 0, block * p.m + m0, full);
                 const char* w_params = reinterpret_cast<const char*>(p.w_params);
                 bulk_copy(stage + 2 * TILE_BYTES + SLOT_BYTES,
                           w_params + ((u64)block * p.tiles_n + n0 / TILE_N) * W_PARAM_BYTES, W_PARAM_BYTES, full);
@@ -895,16 +888,11 @@ __device__ __forceinline__ void consume(const GemmParams& p, u32 base, u32 bars,
             if (TRACE) stage_stamp(p, wg, tid, tile, kt, STAGE_ISSUED);
             block_start = walk.ends(kt, k_tiles);
             walk.next(block_start);
-            // The previous stage is released as soon as its wgmmas (its offset terms too) have retired, before this
-            // stage's correction, so that the producer refills it a correction earlier: released after the
-            // correction, the stages landed ~200 cycles late at every k tile (examples/w8a8_trace). The arrive sits
-            // in each branch after its wait: merged behind one conditional wait, ptxas serialised every wgmma (C7514).
             if (block_start) {
                 wgmma_wait<0>();  // this block's dots, and the previous block's offset terms
                 wgmma_fence_operands(dot);
                 wgmma_fence_operands(out);
                 if (TRACE) stage_stamp(p, wg, tid, tile, kt, STAGE_DONE);
-                if (held) mbar_arrive(bars + (STAGES + held_buf) * 8);
                 const u32 params = stage + 2 * TILE_BYTES, w_offset = params + SLOT_BYTES;
                 float4 rows[2];
                 apply_scaled_dots<CHANNEL>(out, dot, params, w_offset + W_OFFSET_BYTES, row0, lane, rows);
@@ -913,8 +901,11 @@ __device__ __forceinline__ void consume(const GemmParams& p, u32 base, u32 bars,
             } else {  // the block goes on: keep one stage of wgmmas in flight
                 wgmma_wait<1>();
                 if (TRACE) stage_stamp(p, wg, tid, tile, kt, STAGE_DONE), stage_stamp(p, wg, tid, tile, kt, STAGE_CORRECTED);
-                if (held) mbar_arrive(bars + (STAGES + held_buf) * 8);
             }
+            // The previous stage's wgmmas have retired. (Released right after the wait instead, before the
+            // correction, it measured the same: the stages' copies land ~2900 cycles after their issue either way,
+            // examples/w8a8_trace and docs/notes/w8a8.md.)
+            if (held) mbar_arrive(bars + (STAGES + held_buf) * 8);
             held = true;
             held_buf = buf;
             if (++buf == STAGES) buf = 0;
