@@ -526,6 +526,28 @@ fn deterministic_batch_invariant_and_reusable() {
     }
 }
 
+/// Layers that load the same kernel with different shared memory (mma.sync with blocks of 64: two parameter slots
+/// per stage; of 128: one) both run, in either order of creation: the kernel's allowance is only ever raised.
+#[test]
+fn layers_sharing_a_kernel_keep_their_shared_memory() {
+    let Some(dev) = cuda_device() else { return };
+    let mut rng = SplitMix64(0xC8A8_000B);
+    let (m, n, k) = (5, 128, 512);
+    let x = activations(&mut rng, m, k);
+    let dense = rng.vec(n * k, -0.1, 0.1);
+    let layer = |block: usize| {
+        let w = BlockQuantWeight::quantize(&dense, BlockShape::linear(n, k, block), BlockBits::Int8).unwrap();
+        let scheme = W8a8Scheme::Block(ActivationQuant::Asymmetric);
+        W8a8LinearCuda::with_kernel(&dev, &w, None, scheme, DType::F16, GemmKernel::MmaSync).unwrap()
+    };
+    let (wide, narrow) = (layer(64), layer(128));
+    assert_eq!(wide.kernel_name(), narrow.kernel_name());
+    for op in [&wide, &narrow, &wide] {
+        let (got, _) = run_fused::<f16>(&dev, op, &x, m);
+        assert!(got.iter().all(|v| v.is_finite()), "{}", op.block_size());
+    }
+}
+
 /// Guard words: the output has a canary region after M·N elements that must survive; bad inputs are typed errors.
 #[test]
 fn guard_words_and_bad_input() {

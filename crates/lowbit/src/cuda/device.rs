@@ -42,6 +42,9 @@ pub struct CudaDevice {
     stream: Arc<CudaStream>,
     info: DeviceInfo,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
+    /// The dynamic shared memory each function (`module::function`) is allowed: only ever raised, see
+    /// [`CudaDevice::function_with_shared_memory`].
+    shared_memory: Mutex<HashMap<String, usize>>,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -93,6 +96,7 @@ impl CudaDevice {
             stream,
             info,
             modules: Mutex::new(HashMap::new()),
+            shared_memory: Mutex::new(HashMap::new()),
         }))
     }
 
@@ -127,7 +131,10 @@ impl CudaDevice {
             .map_err(driver_error(format!("cuModuleGetFunction {}::{function}", source.name)))
     }
 
-    /// [`CudaDevice::function`], allowed `bytes` of dynamic shared memory per block (beyond the default 48 KB).
+    /// [`CudaDevice::function`], allowed at least `bytes` of dynamic shared memory per block (beyond the default
+    /// 48 KB). The allowance belongs to the function, which every operator loading it shares, so it is only ever
+    /// raised: set to each caller's own size, an operator made later with less (a W8A8 layer with blocks of 128
+    /// after one with blocks of 64) made the earlier one's launches fail with CUDA_ERROR_INVALID_VALUE.
     pub fn function_with_shared_memory(
         &self,
         source: &KernelSource,
@@ -135,14 +142,17 @@ impl CudaDevice {
         bytes: usize,
     ) -> Result<CudaFunction> {
         let f = self.function(source, function)?;
+        let mut allowed = self.shared_memory.lock().unwrap_or_else(|e| e.into_inner());
+        let key = format!("{}::{function}", source.name);
+        if allowed.get(&key).is_some_and(|&have| have >= bytes) {
+            return Ok(f);
+        }
         f.set_attribute(
             cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
             bytes as i32,
         )
-        .map_err(driver_error(format!(
-            "shared memory ({bytes} bytes) of {}::{function}",
-            source.name
-        )))?;
+        .map_err(driver_error(format!("shared memory ({bytes} bytes) of {key}")))?;
+        allowed.insert(key, bytes);
         Ok(f)
     }
 
