@@ -137,6 +137,16 @@ impl Compiled {
             .filter(|l| l.contains("ptxas info") || l.contains("stack frame") || l.contains("spill"))
     }
 
+    /// The log's lines of kernels with a stack frame or spills (local memory): empty when every kernel keeps its
+    /// state in registers and shared memory.
+    pub fn local_memory(&self) -> Vec<&str> {
+        self.log
+            .lines()
+            .filter(|l| l.contains("stack frame"))
+            .filter(|l| !l.contains(" 0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads"))
+            .collect()
+    }
+
     /// The log's warnings that ptxas serialised a wgmma pipeline (C7514, C7515: it cannot prove that no other
     /// instruction touches an in-flight accumulator, so every wgmma waits for the one before) or injected waits
     /// of its own (C7517, C7519: a register use it could not match to one of ours). Every test still passes with

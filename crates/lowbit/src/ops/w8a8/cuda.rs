@@ -1229,12 +1229,7 @@ mod tests {
             return;
         }
         let compiled = crate::cuda::compile(&KERNEL, "sm_90a").unwrap();
-        let local: Vec<&str> = compiled
-            .log
-            .lines()
-            .filter(|l| l.contains("stack frame"))
-            .filter(|l| !l.contains(" 0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads"))
-            .collect();
+        let local = compiled.local_memory();
         assert!(local.is_empty(), "{local:?}");
         let serialised = compiled.wgmma_serialisation();
         assert!(serialised.is_empty(), "{serialised:?}");

@@ -1144,12 +1144,7 @@ mod tests {
                     if let Ok(dir) = std::env::var("LOWBIT_DUMP_CUBIN") {
                         std::fs::write(format!("{dir}/{}.cubin", v.name()), &compiled.cubin).unwrap();
                     }
-                    let local: Vec<&str> = compiled
-                        .log
-                        .lines()
-                        .filter(|l| l.contains("stack frame"))
-                        .filter(|l| !l.contains(" 0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads"))
-                        .collect();
+                    let local = compiled.local_memory();
                     println!(
                         "{}: {} stages, {} bytes of shared memory",
                         v.name(),
