@@ -94,12 +94,8 @@ impl BlockW8a8Cpu {
             block,
             "blocks longer than 65536 could overflow the int32 block dot",
         )?;
-        ensure(
-            block > 0 && block <= k,
-            "block_size",
-            block,
-            &format!("activation block size must be in 1..=K (K = {k})"),
-        )?;
+        // The activations' rules for their blocks (1 ≤ block ≤ K), as the quantizer will apply them.
+        check_activation_input("activations", k, 1, k, block)?;
         let linear = PackedLinear::new(weight, bias, "per-block W8A8", block)?;
         let blocks = k.div_ceil(block);
         let params = linear.weight.panels * blocks * NR;
