@@ -2,7 +2,7 @@
 //! 0's first tile, per k tile and consumer warpgroup, the SM clock when the warpgroup got its turn on the tensor
 //! cores, issued its wgmmas, saw them complete and finished the block's correction. The summary says how long each
 //! phase takes and whether one warpgroup's correction runs while the other's wgmmas are in flight (the ping-pong
-//! the kernel is built for).
+//! the kernel is built for). An observer thread also stamps when each stage's copies really complete.
 //!
 //! ```text
 //! cargo run --release --example w8a8_trace -- 4096x4096x4096 [--channel | --smoothquant] [--csv FILE]
@@ -102,7 +102,8 @@ fn main() -> lowbit::Result<()> {
     let steady = 2..k_tiles;
     let mean = |f: &dyn Fn(usize) -> f64| steady.clone().map(f).sum::<f64>() / steady.len().max(1) as f64;
     for wg in 0..2 {
-        // From this k tile's `corrected` to the next one's `landed`: waiting for the stage's data.
+        // From this k tile's `corrected` to the next one's `landed`: releasing a stage and passing the next one's
+        // wait. Not a wait for data: the observer line below shows the copies complete long before.
         let next_landed = |kt: usize| {
             if kt + 1 < k_tiles {
                 ev(kt + 1, wg, LANDED)
@@ -111,7 +112,7 @@ fn main() -> lowbit::Result<()> {
             }
         };
         println!(
-            "  warpgroup {wg}: per k tile {:5.0} = wait for data {:4.0} + for the turn {:4.0} + issue {:4.0} + \
+            "  warpgroup {wg}: per k tile {:5.0} = to the next wait {:4.0} + for the turn {:4.0} + issue {:4.0} + \
              wgmmas {:4.0} + correction {:4.0}",
             mean(&|kt| next_landed(kt) - ev(kt, wg, LANDED)),
             mean(&|kt| next_landed(kt) - ev(kt, wg, CORRECTED)),
@@ -121,14 +122,22 @@ fn main() -> lowbit::Result<()> {
             mean(&|kt| ev(kt, wg, CORRECTED) - ev(kt, wg, DONE)),
         );
     }
-    // The producer: how long a stage's copies take to land (its issue to warpgroup 0 seeing it), and how long it
-    // waits for a free stage (its previous issue to this stage's empty wait done).
+    // The producer: from its issue to warpgroup 0 passing the stage's wait (bounded below by when the consumer gets
+    // there, so it is not the copies' latency), and how long it waits for a free stage (its previous issue to this
+    // stage's empty wait done).
     println!(
-        "  producer: copies land after {:5.0}, issued {:5.0} before the consumer wants them; waits {:5.0} for a \
-         free stage",
+        "  producer: consumers pass the wait {:5.0} after the issue, issued {:5.0} before they want it; waits {:5.0} \
+         for a free stage",
         mean(&|kt| ev(kt, 0, LANDED) - ev(kt, 2, TURN)),
         mean(&|kt| ev(kt - 1, 0, CORRECTED) - ev(kt, 2, TURN)),
         mean(&|kt| ev(kt, 2, LANDED) - ev(kt - 1, 2, TURN)),
+    );
+    // The observer thread's stamp: when the stage's copies really completed (the consumers' `landed` is when they
+    // passed their wait, which may be long after).
+    println!(
+        "  observer: copies complete {:5.0} after issue, {:5.0} before warpgroup 0 passes its wait",
+        mean(&|kt| ev(kt, 2, DONE) - ev(kt, 2, TURN)),
+        mean(&|kt| ev(kt, 0, LANDED) - ev(kt, 2, DONE)),
     );
     // A warpgroup's wgmmas are in flight from its turn to its `done`; its correction from `done` to `corrected`.
     // Overlap: how much of each correction falls while the other warpgroup has wgmmas in flight, and how much of the
@@ -181,7 +190,7 @@ fn main() -> lowbit::Result<()> {
                 out += &format!(",wg{wg}_{e}");
             }
         }
-        out += ",producer_free,producer_issued";
+        out += ",producer_free,producer_issued,copies_complete";
         out += "\n";
         for kt in 0..k_tiles {
             out += &kt.to_string();
@@ -190,7 +199,12 @@ fn main() -> lowbit::Result<()> {
                     out += &format!(",{:.0}", ev(kt, wg, e));
                 }
             }
-            out += &format!(",{:.0},{:.0}", ev(kt, 2, LANDED), ev(kt, 2, TURN));
+            out += &format!(
+                ",{:.0},{:.0},{:.0}",
+                ev(kt, 2, LANDED),
+                ev(kt, 2, TURN),
+                ev(kt, 2, DONE)
+            );
             out += "\n";
         }
         std::fs::write(&path, out).map_err(|e| lowbit::Error::io(&path, e))?;

@@ -800,7 +800,8 @@ __device__ __forceinline__ void issue_offset_terms(float (&out)[64], const float
 
 // The `_trace` kernel's timeline, for diagnosing the schedule (examples/w8a8_trace): CTA 0's first tile, per k tile
 // (up to TRACE_K_TILES) and consumer warpgroup, the SM's clock64 as its first thread passes each event; the
-// producer's row (`wg` 2) has the stage's empty wait done (STAGE_LANDED's slot) and its copies issued (STAGE_TURN's).
+// producer's row (`wg` 2) has the stage's empty wait done (STAGE_LANDED's slot), its copies issued (STAGE_TURN's)
+// and the copies landed (STAGE_DONE's, from `observe_landings`).
 enum StageTrace {
     STAGE_LANDED,     // the stage's data has landed (its full mbarrier)
     STAGE_TURN,       // its turn on the tensor cores (the named barrier passed)
@@ -813,6 +814,20 @@ enum StageTrace {
 __device__ __forceinline__ void stage_stamp(const GemmParams& p, int wg, int tid, u32 tile, u32 kt, int event) {
     if (tile != 0 || kt >= TRACE_K_TILES || tid % 128 != 0) return;
     p.trace[(kt * 3 + wg) * STAGE_EVENTS + event] = clock64();
+}
+
+// The `_trace` kernels' observer, a second thread of the producer warpgroup: it waits on each stage's full barrier of
+// CTA 0's first tile and stamps when the copies really landed (the producer row's STAGE_DONE slot). The consumers'
+// STAGE_LANDED only says when they passed their wait, which is later whenever the data was there first.
+template <int STAGES>
+__device__ __forceinline__ void observe_landings(const GemmParams& p, u32 bars, u32 k_tiles) {
+    if (blockIdx.x != 0) return;
+    u32 buf = 0;
+    for (u32 kt = 0; kt < k_tiles && kt < TRACE_K_TILES; ++kt) {
+        mbar_wait(bars + buf * 8, (kt / STAGES) & 1);
+        p.trace[(kt * 3 + 2) * STAGE_EVENTS + STAGE_DONE] = clock64();
+        if (++buf == STAGES) buf = 0;
+    }
 }
 
 // The producer thread: every k tile of every tile of this CTA, each into the next free stage.
@@ -946,11 +961,13 @@ __device__ __forceinline__ void gemm_hopper(const TensorMap* a_map, const Tensor
     if (tid == 0) init_pipeline_barriers(bars, STAGES, HOPPER_CONSUMERS);
     __syncthreads();
     if (wg == 2) {
-        setmaxnreg_dec<24>();
+        // The observer needs more than 24 registers (24 spilled); the trace kernels give the consumers 232.
+        if (TRACE) setmaxnreg_dec<40>(); else setmaxnreg_dec<24>();
         if (tid == HOPPER_CONSUMERS) produce<STAGES, TRACE>(a_map, w_map, ap_map, p, base, bars, k_tiles, tiles);
+        if (TRACE && tid == HOPPER_CONSUMERS + 32) observe_landings<STAGES>(p, bars, k_tiles);
         return;
     }
-    setmaxnreg_inc<240>();
+    if (TRACE) setmaxnreg_inc<232>(); else setmaxnreg_inc<240>();
     consume<T, STAGES, CHANNEL, TRACE>(p, base, bars, k_tiles, tiles, wg, tid);
 }
 #endif  // sm_90
