@@ -16,6 +16,8 @@
 //   w8a8_wgmma_<t>_s<stages>  the Hopper GEMM (sm_90a): warp-specialised, TMA, wgmma; see its section below.
 //   w8a8_wgmma_channel_<t>_s<stages>  the same for a per-channel weight: per block out += sA*dot, and sB once in
 //       the epilogue (the host prepares the weight records with sB = 1 and oB / sB for oB).
+//   w8a8_wgmma_channel_sym_<t>_s<stages>  the same with symmetric activations and a symmetric weight: every offset
+//       term is zero, so neither the tf32 wgmma nor the W record's copy.
 //   w8a8_wgmma[_channel]_trace_f16_s4  twins that also write a per-stage timeline (StageTrace): diagnosis only.
 //
 // GEMM design (mma.sync m16n8k32 s8, runs on sm_80 and later):
@@ -831,7 +833,7 @@ __device__ __forceinline__ void observe_landings(const GemmParams& p, u32 bars, 
 }
 
 // The producer thread: every k tile of every tile of this CTA, each into the next free stage.
-template <int STAGES, bool TRACE>
+template <int STAGES, bool TRACE, bool OFFSETS>
 __device__ __forceinline__ void produce(const TensorMap* a_map, const TensorMap* w_map, const TensorMap* ap_map,
                                         const GemmParams& p, u32 base, u32 bars, u32 k_tiles, u32 tiles) {
     u32 buf = 0, use = 0;
@@ -846,14 +848,17 @@ __device__ __forceinline__ void produce(const TensorMap* a_map, const TensorMap*
             const bool params = walk.ends(kt, k_tiles);
             const u32 block = walk.block;
             const u32 stage = base + buf * HOPPER_STAGE_BYTES;
-            mbar_arrive_expect_tx(full, 2 * TILE_BYTES + (params ? SLOT_BYTES + W_PARAM_BYTES : 0));
+            const u32 param_bytes = SLOT_BYTES + (OFFSETS ? W_PARAM_BYTES : 0);  // no W record without offset terms
+            mbar_arrive_expect_tx(full, 2 * TILE_BYTES + (params ? param_bytes : 0));
             tma_load_2d(stage, a_map, kt * TILE_K, m0, full);
             tma_load_2d(stage + TILE_BYTES, w_map, kt * TILE_K, n0, full);
             if (params) {
                 tma_load_2d(stage + 2 * TILE_BYTES, ap_map, 0, block * p.m + m0, full);
-                const char* w_params = reinterpret_cast<const char*>(p.w_params);
-                bulk_copy(stage + 2 * TILE_BYTES + SLOT_BYTES,
-                          w_params + ((u64)block * p.tiles_n + n0 / TILE_N) * W_PARAM_BYTES, W_PARAM_BYTES, full);
+                if (OFFSETS) {
+                    const char* w_params = reinterpret_cast<const char*>(p.w_params);
+                    bulk_copy(stage + 2 * TILE_BYTES + SLOT_BYTES,
+                              w_params + ((u64)block * p.tiles_n + n0 / TILE_N) * W_PARAM_BYTES, W_PARAM_BYTES, full);
+                }
             }
             if (TRACE) stage_stamp(p, 2, 0, tile, kt, STAGE_TURN);
             walk.next(params);
@@ -865,7 +870,7 @@ __device__ __forceinline__ void produce(const TensorMap* a_map, const TensorMap*
 // A consumer warpgroup (`wg` 0 or 1, `tid` 0..255 over both): rows wg * 64 .. + 64 of every tile of this CTA.
 // The two warpgroups take turns issuing their wgmmas (wg 0 first, named barriers 4 and 5), so the tensor cores run
 // one warpgroup's block while the other applies its correction on the CUDA cores (ping-pong).
-template <class T, int STAGES, bool CHANNEL, bool TRACE>
+template <class T, int STAGES, bool CHANNEL, bool TRACE, bool OFFSETS>
 __device__ __forceinline__ void consume(const GemmParams& p, u32 base, u32 bars, u32 k_tiles, u32 tiles, int wg,
                                         int tid) {
     const int lane = tid % 32, warp = tid / 32;
@@ -911,7 +916,7 @@ __device__ __forceinline__ void consume(const GemmParams& p, u32 base, u32 bars,
                 const u32 params = stage + 2 * TILE_BYTES, w_offset = params + SLOT_BYTES;
                 float4 rows[2];
                 apply_scaled_dots<CHANNEL>(out, dot, params, w_offset + W_OFFSET_BYTES, row0, lane, rows);
-                issue_offset_terms(out, rows, w_offset, lane);
+                if (OFFSETS) issue_offset_terms(out, rows, w_offset, lane);
                 if (TRACE) stage_stamp(p, wg, tid, tile, kt, STAGE_CORRECTED);
             } else {  // the block goes on: keep one stage of wgmmas in flight
                 wgmma_wait<1>();
@@ -950,7 +955,7 @@ __device__ __forceinline__ void consume(const GemmParams& p, u32 base, u32 bars,
     if (wg == 0 && !first_turn) named_barrier_sync(my_turn, HOPPER_CONSUMERS);  // wg 1's last hand-over
 }
 
-template <class T, int STAGES, bool CHANNEL, bool TRACE = false>
+template <class T, int STAGES, bool CHANNEL, bool TRACE = false, bool OFFSETS = true>
 __device__ __forceinline__ void gemm_hopper(const TensorMap* a_map, const TensorMap* w_map, const TensorMap* ap_map,
                                             const GemmParams& p) {
     extern __shared__ __align__(16) unsigned char smem[];
@@ -963,12 +968,12 @@ __device__ __forceinline__ void gemm_hopper(const TensorMap* a_map, const Tensor
     if (wg == 2) {
         // The observer needs more than 24 registers (24 spilled); the trace kernels give the consumers 232.
         if (TRACE) setmaxnreg_dec<40>(); else setmaxnreg_dec<24>();
-        if (tid == HOPPER_CONSUMERS) produce<STAGES, TRACE>(a_map, w_map, ap_map, p, base, bars, k_tiles, tiles);
+        if (tid == HOPPER_CONSUMERS) produce<STAGES, TRACE, OFFSETS>(a_map, w_map, ap_map, p, base, bars, k_tiles, tiles);
         if (TRACE && tid == HOPPER_CONSUMERS + 32) observe_landings<STAGES>(p, bars, k_tiles);
         return;
     }
     if (TRACE) setmaxnreg_inc<232>(); else setmaxnreg_inc<240>();
-    consume<T, STAGES, CHANNEL, TRACE>(p, base, bars, k_tiles, tiles, wg, tid);
+    consume<T, STAGES, CHANNEL, TRACE, OFFSETS>(p, base, bars, k_tiles, tiles, wg, tid);
 }
 #endif  // sm_90
 
@@ -1045,14 +1050,16 @@ GEMM_KERNEL(w8a8_gemm_bf16_s4, __nv_bfloat16, 4)
              const __grid_constant__ TensorMap ap_map, const GemmParams p) {                          \
         WGMMA_BODY(T, STAGES, __VA_ARGS__)                                                            \
     }
-// Both types and depths of one kind; `_channel`: a per-channel weight, its scales applied once in the epilogue.
-#define WGMMA_KERNELS(PREFIX, CHANNEL)                                                                \
-    WGMMA_KERNEL(PREFIX##_f16_s3, __half, 3, CHANNEL)                                                 \
-    WGMMA_KERNEL(PREFIX##_f16_s4, __half, 4, CHANNEL)                                                 \
-    WGMMA_KERNEL(PREFIX##_bf16_s3, __nv_bfloat16, 3, CHANNEL)                                         \
-    WGMMA_KERNEL(PREFIX##_bf16_s4, __nv_bfloat16, 4, CHANNEL)
-WGMMA_KERNELS(w8a8_wgmma, false)
-WGMMA_KERNELS(w8a8_wgmma_channel, true)
+// Both types and depths of one kind; `_channel`: a per-channel weight, its scales applied once in the epilogue;
+// `_channel_sym`: the same with symmetric activations and weight, so no offset terms (no tf32 wgmma, no W record).
+#define WGMMA_KERNELS(PREFIX, CHANNEL, OFFSETS)                                                       \
+    WGMMA_KERNEL(PREFIX##_f16_s3, __half, 3, CHANNEL, false, OFFSETS)                                 \
+    WGMMA_KERNEL(PREFIX##_f16_s4, __half, 4, CHANNEL, false, OFFSETS)                                 \
+    WGMMA_KERNEL(PREFIX##_bf16_s3, __nv_bfloat16, 3, CHANNEL, false, OFFSETS)                         \
+    WGMMA_KERNEL(PREFIX##_bf16_s4, __nv_bfloat16, 4, CHANNEL, false, OFFSETS)
+WGMMA_KERNELS(w8a8_wgmma, false, true)
+WGMMA_KERNELS(w8a8_wgmma_channel, true, true)
+WGMMA_KERNELS(w8a8_wgmma_channel_sym, true, false)
 // `_trace`: the f16 kernels of 4 stages writing the per-stage timeline (StageTrace); diagnosis only.
 WGMMA_KERNEL(w8a8_wgmma_trace_f16_s4, __half, 4, false, true)
 WGMMA_KERNEL(w8a8_wgmma_channel_trace_f16_s4, __half, 4, true, true)

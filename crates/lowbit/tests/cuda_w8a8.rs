@@ -260,9 +260,9 @@ fn smoothquant_matches_reference() {
     }
 }
 
-/// Per-channel weights (symmetric and offset form: the Hopper `_channel` kernels on sm_90a, the per-block path with
-/// repeated parameters on mma.sync) with per-block activations, through `run`, against the f64 reference on the
-/// GPU's operands.
+/// Per-channel weights (symmetric and offset form: the Hopper `_channel` kernels on sm_90a, `_channel_sym` when the
+/// activations are symmetric too; the per-block path with repeated parameters on mma.sync) with per-block
+/// activations of both modes, through `run`, against the f64 reference on the GPU's operands.
 #[test]
 fn channel_weight_matches_reference() {
     let Some(dev) = cuda_device() else { return };
@@ -283,21 +283,36 @@ fn channel_weight_matches_reference() {
                 true => BlockQuantWeight::quantize_per_channel_symmetric(&dense, n, k).unwrap(),
                 false => BlockQuantWeight::quantize(&dense, BlockShape::linear(n, k, k), BlockBits::Int8).unwrap(),
             };
-            for dtype in [DType::F16, DType::Bf16] {
+            for (dtype, mode) in [
+                (DType::F16, ActivationQuant::Asymmetric),
+                (DType::Bf16, ActivationQuant::Asymmetric),
+                (DType::F16, ActivationQuant::Symmetric),
+                (DType::Bf16, ActivationQuant::Symmetric),
+            ] {
                 for kernel in kernels(&dev, k, block) {
                     let scheme = W8a8Scheme::ChannelWeight {
-                        mode: ActivationQuant::Asymmetric,
+                        mode,
                         block_size: block,
                     };
                     let op = W8a8LinearCuda::with_kernel(&dev, &weight, Some(&bias), scheme, dtype, kernel).unwrap();
                     let fast = kernel == GemmKernel::Wgmma;
                     assert_eq!(op.kernel_name().contains("channel"), fast, "{}", op.kernel_name());
+                    // Symmetric on both sides: no offset terms, the `_channel_sym` kernels.
+                    let no_offsets = fast && symmetric && mode == ActivationQuant::Symmetric;
+                    assert_eq!(
+                        op.kernel_name().contains("channel_sym"),
+                        no_offsets,
+                        "{}",
+                        op.kernel_name()
+                    );
                     let (got, a) = match dtype {
                         DType::F16 => run_fused::<f16>(&dev, &op, &x, m),
                         _ => run_fused::<bf16>(&dev, &op, &x, m),
                     };
                     let want = reference::block_w8a8(&a, &weight, Some(&bias)).unwrap();
-                    let what = format!("channel {kernel:?} {dtype} m {m} n {n} k {k} block {block} sym {symmetric}");
+                    let what = format!(
+                        "channel {kernel:?} {dtype} {mode:?} m {m} n {n} k {k} block {block} sym weight {symmetric}"
+                    );
                     assert_close(&what, &got, &want, tolerance(dtype));
                 }
             }

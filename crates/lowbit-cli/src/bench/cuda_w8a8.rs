@@ -10,6 +10,8 @@
 //! - `lowbit_mma`: `lowbit` with the mma.sync kernel forced, where the default is the wgmma one.
 //! - `lowbit_channel`: `lowbit` with a symmetric per-channel weight ([`W8a8LinearCuda::channel_weight`]; the
 //!   activations still per K block of `--group`), quantization included: sB leaves the per-block correction.
+//! - `lowbit_channel_sym`: `lowbit_channel` with symmetric activations: no offset terms at all (the `_channel_sym`
+//!   kernels on sm_90a).
 //! - `lowbit_smoothquant`: SmoothQuant (per-token quantization included, per-channel weights).
 //! - `lowbit_quantize` / `lowbit_smoothquant_quantize`: the activation quantizer alone, per K block / per token
 //!   (`bytes`: x read and the codes written).
@@ -38,7 +40,7 @@ const SHAPES: [(usize, usize); 4] = [(4096, 4096), (4096, 14336), (14336, 4096),
 /// Batch sizes timed per shape (prefill).
 const MS: [usize; 2] = [1024, 4096];
 /// Records per (shape, M, dtype), besides `lowbit_mma`.
-const IMPLS: usize = 8;
+const IMPLS: usize = 9;
 
 /// Benchmarks the CUDA W8A8 kernels on the GPU `args.device` names.
 pub fn run(args: &BenchArgs, sink: &mut Sink) -> Result<()> {
@@ -96,6 +98,9 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
     sink.expect(ms.len() * usize::from(wgmma_default));
     let channel: Vec<W8a8LinearCuda> = (0..sets)
         .map(|_| W8a8LinearCuda::channel_weight(dev, &channel_weight, None, block, ActivationQuant::Asymmetric, dtype))
+        .collect::<Result<_>>()?;
+    let channel_sym: Vec<W8a8LinearCuda> = (0..sets)
+        .map(|_| W8a8LinearCuda::channel_weight(dev, &channel_weight, None, block, ActivationQuant::Symmetric, dtype))
         .collect::<Result<_>>()?;
     let smooth: Vec<W8a8LinearCuda> = (0..sets)
         .map(|_| W8a8LinearCuda::smoothquant(dev, &channel_weight, None, dtype))
@@ -164,6 +169,10 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
             channel[i].run(stream, &xs[i], m, &mut ys.borrow_mut()[i], &mut **ws.borrow_mut())
         });
         timed.push(("lowbit_channel", int8_bytes, group));
+        rounds.add(sets, |i| {
+            channel_sym[i].run(stream, &xs[i], m, &mut ys.borrow_mut()[i], &mut **ws.borrow_mut())
+        });
+        timed.push(("lowbit_channel_sym", int8_bytes, group));
         rounds.add(sets, |i| {
             smooth[i].run(stream, &xs[i], m, &mut ys.borrow_mut()[i], &mut ws_smooth)
         });

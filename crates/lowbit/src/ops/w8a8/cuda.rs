@@ -682,10 +682,15 @@ impl W8a8LinearCuda {
                 .iter()
                 .zip(weight.offsets())
                 .all(|(&s, &o)| s != 0.0 && (o / s).is_finite());
+        // Symmetric activations with a symmetric per-channel weight: every offset term is zero, and the
+        // `_channel_sym` kernels skip them (no tf32 wgmma, no weight record per block).
+        let no_offsets =
+            channel_epilogue && mode == ActivationQuant::Symmetric && weight.offsets().iter().all(|&o| o == 0.0);
         // The deepest pipeline that fits (wgmma keeps one stage more in flight: it refills a stage only after the
         // wgmmas that read it have completed).
         let (depths, prefix): (&[usize], &str) = match choice {
             GemmKernel::MmaSync => (&[4, 3, 2], "gemm"),
+            GemmKernel::Wgmma if no_offsets => (&[4, 3], "wgmma_channel_sym"),
             GemmKernel::Wgmma if channel_epilogue => (&[4, 3], "wgmma_channel"),
             GemmKernel::Wgmma => (&[4, 3], "wgmma"),
         };
