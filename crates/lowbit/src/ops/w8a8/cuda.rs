@@ -558,7 +558,9 @@ impl W8a8LinearCuda {
     /// Prepares per-block W8A8 with a per-channel weight: `weight` `[N, K]` in offset form with one block per row,
     /// `bias` `[N]`, activations quantized in `mode` in K blocks of `block_size` (32, 64 or a multiple of 128, at
     /// most 65536), `dtype` f16 or bf16. On sm_90a the kernel leaves the weight's scale to the epilogue (every
-    /// scale non-zero): one FFMA per element and block instead of a scaled dot.
+    /// scale non-zero): one FFMA per element and block instead of a scaled dot. With symmetric activations and a
+    /// symmetric weight (every offset zero) the offset terms vanish too (the `_channel_sym` kernels): the fastest
+    /// per-block form.
     pub fn channel_weight(
         device: &CudaDevice,
         weight: &BlockQuantWeight,
