@@ -16,6 +16,36 @@ const SOURCE: &str = r#"
 #include "common.cuh"
 using namespace lowbit;
 
+// One k step: int8 m64n128k32 into int accumulators, f16 m64n128k16 (A from registers) into float ones.
+__device__ __forceinline__ void one_wgmma(int (&d)[64], u64 a_desc, u64 b_desc) {
+    wgmma_s8_m64n128k32(d, a_desc, b_desc, 1);
+}
+__device__ __forceinline__ void one_wgmma(float (&d)[64], u64, u64 b_desc) {
+    wgmma_m64k16<F16, 128>(d, make_uint4(0, 0, 0, 0), b_desc, 1);
+}
+
+// `mmas` rounds of four wgmmas on zeroed shared memory, one round in flight behind the next: int8 m64n128k32 (ACC
+// int) or f16 m64n128k16 (ACC float).
+template <class ACC>
+__device__ void back_to_back(u64 a_desc, u64 b_desc, int mmas, unsigned long long* out) {
+    ACC d[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) d[i] = 0;
+    for (int it = 0; it < mmas; ++it) {
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) one_wgmma(d, a_desc + 2 * ks, b_desc + 2 * ks);
+        wgmma_commit();
+        wgmma_wait<1>();
+    }
+    wgmma_wait<0>();
+    wgmma_fence_operands(d);
+    ACC s = 0;
+#pragma unroll
+    for (int i = 0; i < 64; ++i) s += d[i];
+    if (s == ACC(12345)) out[7] = 1;  // keeps the wgmmas
+}
+
 // mode: 0 loop alone; 1 loop + int8 wgmmas; 2 loop + f16 wgmmas; 3 int8 wgmmas alone; 4 f16 wgmmas alone.
 // kind: 0 the correction's mix per element (I2FP, FMUL, FFMA); 1 FFMA only.
 extern "C" __global__ void __launch_bounds__(256, 1)
@@ -32,40 +62,9 @@ contention(int mode, int kind, int work, int mmas, unsigned long long* out) {
         const u64 a_desc = smem_desc_sw128(base), b_desc = smem_desc_sw128(base + 8192);
         const unsigned long long t0 = clock64();
         if (mode == 1 || mode == 3) {
-            int d[64];
-#pragma unroll
-            for (int i = 0; i < 64; ++i) d[i] = 0;
-            for (int it = 0; it < mmas; ++it) {
-                wgmma_fence();
-#pragma unroll
-                for (int ks = 0; ks < 4; ++ks) wgmma_s8_m64n128k32(d, a_desc + 2 * ks, b_desc + 2 * ks, 1);
-                wgmma_commit();
-                wgmma_wait<1>();
-            }
-            wgmma_wait<0>();
-            wgmma_fence_operands(d);
-            int s = 0;
-#pragma unroll
-            for (int i = 0; i < 64; ++i) s += d[i];
-            if (s == 12345) out[7] = s;
+            back_to_back<int>(a_desc, b_desc, mmas, out);
         } else {
-            float d[64];
-#pragma unroll
-            for (int i = 0; i < 64; ++i) d[i] = 0.0f;
-            const uint4 a = make_uint4(0, 0, 0, 0);
-            for (int it = 0; it < mmas; ++it) {
-                wgmma_fence();
-#pragma unroll
-                for (int ks = 0; ks < 4; ++ks) wgmma_m64k16<F16, 128>(d, a, b_desc + 2 * ks, 1);
-                wgmma_commit();
-                wgmma_wait<1>();
-            }
-            wgmma_wait<0>();
-            wgmma_fence_operands(d);
-            float s = 0.0f;
-#pragma unroll
-            for (int i = 0; i < 64; ++i) s += d[i];
-            if (s == 12345.0f) out[7] = 1;
+            back_to_back<float>(a_desc, b_desc, mmas, out);
         }
         const unsigned long long t1 = clock64();
         if (tid == 0) out[2] = t0, out[3] = t1;

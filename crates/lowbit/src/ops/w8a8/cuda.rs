@@ -717,26 +717,32 @@ impl W8a8LinearCuda {
         for (c, row) in weight.codes().chunks_exact(k).enumerate() {
             codes[c * k_pad..c * k_pad + k].copy_from_slice(row);
         }
-        let mut params = vec![0f32; blocks * n_pad * PARAM];
-        for wb in weight_blocks(weight, block) {
-            let record = match channel_epilogue {
-                true => {
-                    let offset = wb.offset / wb.scale;
-                    [1.0, offset, wb.code_sum() as f32 + wb.codes.len() as f32 * offset]
-                }
-                false => [wb.scale, wb.offset, wb.offset_term()],
-            };
-            let dst = (wb.block * n_pad + wb.column) * PARAM;
-            params[dst..dst + 3].copy_from_slice(&record);
-        }
+        // The `_channel_sym` kernels read no weight records (every offset term is zero): one placeholder.
+        let params = if no_offsets {
+            vec![0f32; PARAM]
+        } else {
+            let mut params = vec![0f32; blocks * n_pad * PARAM];
+            for wb in weight_blocks(weight, block) {
+                let record = match channel_epilogue {
+                    true => {
+                        let offset = wb.offset / wb.scale;
+                        [1.0, offset, wb.code_sum() as f32 + wb.codes.len() as f32 * offset]
+                    }
+                    false => [wb.scale, wb.offset, wb.offset_term()],
+                };
+                let dst = (wb.block * n_pad + wb.column) * PARAM;
+                params[dst..dst + 3].copy_from_slice(&record);
+            }
+            match choice {
+                GemmKernel::Wgmma => hopper_weight_params(&params, blocks, n_pad),
+                GemmKernel::MmaSync => params,
+            }
+        };
         let channel_scales = match channel_epilogue {
             true => Some(device.upload(weight.scales())?),
             false => None,
         };
         let codes = device.upload(&codes)?;
-        if choice == GemmKernel::Wgmma {
-            params = hopper_weight_params(&params, blocks, n_pad);
-        }
         let codes_map = match choice {
             GemmKernel::MmaSync => None,
             GemmKernel::Wgmma => Some(tensor_map_2d(
