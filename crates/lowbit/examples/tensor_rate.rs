@@ -1,0 +1,166 @@
+//! How fast does one SM's tensor pipe run the decode kernel's small-token multiplies? The decode kernel slows by
+//! ~3-5 µs on 8192 x 28672 when a batch grows from 8 to 9 tokens (a second 8-token tile), on both of its paths. This
+//! probe times the two instruction shapes alone on one CTA, back to back, with independent accumulators:
+//! - `mma.sync.m16n8k16` (f16, fp32 accumulation) from 4, 8 or 16 warps, four independent chains per warp;
+//! - `wgmma.m64nNk16` with A from registers (the decode kernel's form) for N = 8, 16, 32, 64 from 1, 2 or 4
+//!   warpgroups, two accumulators per warpgroup and step, up to four steps in flight (as the decode kernel).
+//!
+//! It prints SM cycles per instruction and multiply-adds per SM cycle.
+//!
+//! ```text
+//! cargo run --release --example tensor_rate [--compile-only]
+//! ```
+//! `--compile-only` compiles the probe for sm_90a with NVRTC and prints ptxas's report (no GPU needed).
+
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+use lowbit::cuda::{CudaDevice, DevicePtr, KernelSource};
+
+const SOURCE: &str = r#"
+#include "common.cuh"
+using namespace lowbit;
+
+// Every warp: `iters` rounds of four mma.sync on four independent accumulators.
+extern "C" __global__ void __launch_bounds__(512, 1) mma_rate(int iters, unsigned long long* out) {
+    float d[4][4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) d[c][i] = 0.0f;
+    const u32 v = 0x3c003c00u ^ threadIdx.x;  // finite f16 pairs
+    const uint4 a = make_uint4(v, v + 1, v + 2, v + 3);
+    __syncthreads();
+    const unsigned long long t0 = clock64();
+    for (int it = 0; it < iters; ++it) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) FragmentOps<F16>::mma<true>(d[c], a, v, v + c);
+    }
+    __syncthreads();
+    const unsigned long long t1 = clock64();
+    float s = 0.0f;
+#pragma unroll
+    for (int c = 0; c < 4; ++c)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s += d[c][i];
+    if (s == 12345.0f) out[7] = 1;
+    if (threadIdx.x == 0) out[0] = t0, out[1] = t1;
+}
+
+// Every warpgroup: `iters` steps of two wgmma.m64nNk16 (A from registers, B zeroed shared memory), each step one
+// commit group, waiting until at most three groups are in flight.
+template <int N>
+__device__ void wgmma_steps(u64 desc, int iters, unsigned long long* out) {
+    float d[2][N / 2];
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+#pragma unroll
+        for (int i = 0; i < N / 2; ++i) d[t][i] = 0.0f;
+    const u32 v = 0x3c003c00u ^ threadIdx.x;
+    const uint4 a = make_uint4(v, v + 1, v + 2, v + 3);
+    for (int it = 0; it < iters; ++it) {
+        wgmma_fence();
+#pragma unroll
+        for (int t = 0; t < 2; ++t) wgmma_m64k16<F16, N>(d[t], a, desc + 2 * (it & 3), 1);
+        wgmma_commit();
+        wgmma_wait<3>();
+    }
+    wgmma_wait<0>();
+    float s = 0.0f;
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+#pragma unroll
+        for (int i = 0; i < N / 2; ++i) {
+            wgmma_fence_operand(d[t][i]);
+            s += d[t][i];
+        }
+    if (s == 12345.0f) out[7] = 1;  // keeps the wgmmas
+}
+
+extern "C" __global__ void __launch_bounds__(512, 1) wgmma_rate(int n, int iters, unsigned long long* out) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    const u32 base = (smem_addr(smem) + 1023) & ~1023u;
+    unsigned char* p = smem + (base - smem_addr(smem));
+    for (int i = threadIdx.x; i < 16384 / 16; i += blockDim.x) reinterpret_cast<uint4*>(p)[i] = make_uint4(0, 0, 0, 0);
+    fence_proxy_async_shared();
+    __syncthreads();
+    const u64 desc = smem_desc_sw128(base);
+    const unsigned long long t0 = clock64();
+    switch (n) {
+        case 8: wgmma_steps<8>(desc, iters, out); break;
+        case 16: wgmma_steps<16>(desc, iters, out); break;
+        case 32: wgmma_steps<32>(desc, iters, out); break;
+        default: wgmma_steps<64>(desc, iters, out); break;
+    }
+    __syncthreads();
+    const unsigned long long t1 = clock64();
+    if (threadIdx.x == 0) out[0] = t0, out[1] = t1;
+}
+"#;
+
+const PROBE: KernelSource = KernelSource {
+    name: "tensor_rate",
+    source: SOURCE,
+};
+
+fn main() -> lowbit::Result<()> {
+    if std::env::args().any(|a| a == "--compile-only") {
+        let compiled = lowbit::cuda::compile(&PROBE, "sm_90a")?;
+        compiled.resource_lines().for_each(|l| println!("{}", l.trim()));
+        println!("serialised wgmma: {:?}", compiled.wgmma_serialisation());
+        return Ok(());
+    }
+    let dev = CudaDevice::new(0)?;
+    let stream = dev.stream().clone();
+    let smem = 16384 + 1024;
+    let mma = dev.function(&PROBE, "mma_rate")?;
+    let wgmma = dev.function_with_shared_memory(&PROBE, "wgmma_rate", smem)?;
+    let out = dev.alloc_zeros::<u64>(8)?;
+    let out_ptr = out.device_ptr(&stream).0;
+    let cuda = |e| lowbit::Error::Cuda {
+        context: "tensor_rate".into(),
+        message: format!("{e:?}"),
+    };
+    // The fewest cycles of five launches of one CTA of `threads`.
+    let best = |f: &cudarc::driver::CudaFunction, args: &[i32], threads: u32, smem: u32| -> lowbit::Result<u64> {
+        let mut best = u64::MAX;
+        for _ in 0..5 {
+            let mut b = stream.launch_builder(f);
+            for a in args {
+                b.arg(a);
+            }
+            b.arg(&out_ptr);
+            let cfg = LaunchConfig {
+                grid_dim: (1, 1, 1),
+                block_dim: (threads, 1, 1),
+                shared_mem_bytes: smem,
+            };
+            // SAFETY: the kernels write out[0..8] only.
+            unsafe { b.launch(cfg) }.map_err(cuda)?;
+            let t = dev.download(&out)?;
+            best = best.min(t[1] - t[0]);
+        }
+        Ok(best)
+    };
+    println!("{}: one CTA, back-to-back tensor instructions", dev.info().name);
+    let iters = 4000;
+    for warps in [4u32, 8, 16] {
+        let cycles = best(&mma, &[iters], warps * 32, 0)? as f64;
+        let instrs = (warps * 4) as f64 * iters as f64;
+        println!(
+            "  mma.sync m16n8k16, {warps:2} warps: {:6.2} SM cycles per mma, {:6.0} MAC per SM cycle",
+            cycles / instrs,
+            instrs * 2048.0 / cycles
+        );
+    }
+    for n in [8, 16, 32, 64] {
+        for wgs in [1u32, 2, 4] {
+            let cycles = best(&wgmma, &[n, iters], wgs * 128, smem as u32)? as f64;
+            let instrs = (wgs * 2) as f64 * iters as f64;
+            println!(
+                "  wgmma m64n{n}k16 (A in registers), {wgs} warpgroups: {:6.2} SM cycles per wgmma, {:6.0} MAC per SM cycle",
+                cycles / instrs,
+                instrs * (64 * n * 16) as f64 / cycles
+            );
+        }
+    }
+    Ok(())
+}
