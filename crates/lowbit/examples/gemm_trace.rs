@@ -2,7 +2,7 @@
 //! traced launch and summarises its timeline (the kernel's `Trace` events, %globaltimer) over the CTAs.
 //!
 //! ```text
-//! cargo run --release --example gemm_trace -- 256x4096x4096 64x4096x4096 [--rotate-io] [--splits 1] [--small-batch 0] [--tokens 64|128] [--look64 2|3] [--stream on|off] [--stages N] [--decode-splits 1|2|4|8] [--wgmma on|off]
+//! cargo run --release --example gemm_trace -- 256x4096x4096 64x4096x4096 [--rotate-io] [--splits 1] [--small-batch 0] [--tokens 64|128] [--look64 2|3] [--stream on|off] [--stages N] [--decode-splits 1|2|4|8] [--wgmma on|off] [--pdl on|off]
 //! ```
 //! Each shape is `MxKxN` (f16, group 128, zero points), `decode:MxKxN` for the decode kernel (the same weight; the
 //! stream-K fix-up's partials and counter show as `partials_seen`), or `conv:BxCxHxWxRxCo` for the convolution's
@@ -50,6 +50,7 @@ fn main() -> lowbit::Result<()> {
     let mut look64 = None;
     let mut decode_splits = None;
     let mut wgmma = None;
+    let mut dependent_launch = None;
     let mut stream_k = false;
     let mut rotate_io = false;
     let mut stages = None;
@@ -63,6 +64,7 @@ fn main() -> lowbit::Result<()> {
             "--look64" => look64 = args.next().and_then(|v| v.parse().ok()),
             "--decode-splits" => decode_splits = args.next().and_then(|v| v.parse().ok()),
             "--wgmma" => wgmma = args.next().map(|v| v == "on"),
+            "--pdl" => dependent_launch = args.next().map(|v| v == "on"),
             "--stream" => stream_k = args.next().is_some_and(|v| v == "on"),
             "--stages" => stages = args.next().and_then(|v| v.parse().ok()),
             s if s.starts_with("conv:") => convs.push(s.to_string()),
@@ -137,6 +139,7 @@ fn main() -> lowbit::Result<()> {
         let tuning = Tuning {
             splits: decode_splits,
             wgmma,
+            dependent_launch,
             ..Tuning::default()
         };
         let (mut ops, x, mut y) = linear_problem(&dev, m, k, n, |weight| {
