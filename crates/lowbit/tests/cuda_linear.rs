@@ -475,6 +475,31 @@ fn pipeline_depths() {
     }
 }
 
+/// STREAM-K with more CTAs than fit at once (300 and 400, of one or two units each, so they run in waves): the
+/// CTAs of later waves finish tiles that earlier waves began, and CTAs whose ranges cross a tile boundary finish
+/// the last piece of one tile and the first of the next. Exact integers with bias check the sums against the
+/// reference, and check_case compares every M bit for bit with the 64-row call (the cp.async kernel).
+#[test]
+fn stream_k_in_later_waves() {
+    let Some(dev) = device() else { return };
+    let mut rng = Rng(0x4a2d0);
+    for (n, k, group, act, ctas) in [
+        (4096, 4096, 128, DType::F16, 300),
+        (1024, 4224, 64, DType::Bf16, 100),
+        (2048, 8192, 128, DType::F16, 400),
+    ] {
+        let case = Case {
+            bias: true,
+            data: Data::ExactInteger,
+            ctas_per_sm: Some(2),
+            ctas: Some(ctas),
+            splits: Some(1),
+            ..Case::new(n, k, group, act)
+        };
+        dispatch(&dev, &mut rng, &case);
+    }
+}
+
 /// Cluster split-K (the partials meet in the cluster's shared memory) at every split count, on the default
 /// shapes that pick it (4096 x 4096: 16 tiles x 8 splits on 132 SMs) and forced on odd ones: narrow tiles, K not
 /// a multiple of the split count's units, groups inside units, act-order, bias. check_case also checks batch

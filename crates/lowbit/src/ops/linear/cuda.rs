@@ -2037,7 +2037,8 @@ mod tests {
 
     /// Every launched variant compiles without register spills: all of them for Hopper, the cp.async ones (what
     /// older GPUs get) for sm_80 and sm_89 too (NVRTC only, no GPU needed). Prints registers per variant;
-    /// `LOWBIT_DUMP_CUBIN=<dir>` also writes each CUBIN there (for `cuobjdump -sass`).
+    /// `LOWBIT_DUMP_CUBIN=<dir>` also writes each CUBIN there (for `cuobjdump -sass`); `LOWBIT_VARIANTS=<text>`
+    /// compiles only the variants whose `<name>_<arch>` contains it (seconds instead of minutes).
     #[test]
     fn kernel_variants_compile_without_spills() {
         if !crate::cuda::nvrtc_present() || crate::cuda::include_dir().is_none() {
@@ -2113,7 +2114,14 @@ mod tests {
                 }
             }
         }
+        let only = std::env::var("LOWBIT_VARIANTS").ok();
         for (v, arch) in cases {
+            if only
+                .as_ref()
+                .is_some_and(|only| !format!("{}_{arch}", v.name()).contains(only.as_str()))
+            {
+                continue;
+            }
             let compiled = crate::cuda::compile(v.source(), arch).unwrap();
             for line in compiled.resource_lines().filter(|l| l.contains("registers")) {
                 println!("{} {arch}: {}", v.name(), line.trim());
