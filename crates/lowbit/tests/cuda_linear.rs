@@ -475,9 +475,10 @@ fn pipeline_depths() {
     }
 }
 
-/// STREAM-K with more CTAs than fit at once (300 and 400, of one or two units each, so they run in waves): the
-/// CTAs of later waves finish tiles that earlier waves began, and CTAs whose ranges cross a tile boundary finish
-/// the last piece of one tile and the first of the next. Exact integers with bias check the sums against the
+/// STREAM-K with forced grids of one or two units per CTA: 300 and 400 CTAs are more than fit at once on an H200,
+/// so they run in waves, and the CTAs of later waves finish tiles that earlier waves began (100 CTAs on a narrow
+/// layer fit in one wave). CTAs whose ranges cross a tile boundary finish the last piece of one tile and the first
+/// of the next. Exact integers with bias check the sums against the
 /// reference, and check_case compares every M bit for bit with the 64-row call (the cp.async kernel).
 #[test]
 fn stream_k_in_later_waves() {
