@@ -73,10 +73,7 @@ extern "C" __global__ void tma(const char* src, long long units, int ctas, int u
 
 /// A launch's result as the crate's error.
 fn launched<T>(result: Result<T, cudarc::driver::DriverError>) -> lowbit::Result<()> {
-    result.map(|_| ()).map_err(|e| lowbit::Error::Cuda {
-        context: "stream_probe".into(),
-        message: format!("{e:?}"),
-    })
+    result.map(|_| ()).map_err(lowbit::cuda::driver_error("stream_probe"))
 }
 
 const PROBE: KernelSource = KernelSource {

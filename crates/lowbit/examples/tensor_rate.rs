@@ -13,7 +13,7 @@
 //! `--compile-only` compiles the probe for sm_90a with NVRTC and prints ptxas's report (no GPU needed).
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
-use lowbit::cuda::{CudaDevice, DevicePtr, KernelSource};
+use lowbit::cuda::{driver_error, CudaDevice, DevicePtr, KernelSource};
 
 const SOURCE: &str = r#"
 #include "common.cuh"
@@ -115,10 +115,6 @@ fn main() -> lowbit::Result<()> {
     let wgmma = dev.function_with_shared_memory(&PROBE, "wgmma_rate", smem)?;
     let out = dev.alloc_zeros::<u64>(8)?;
     let out_ptr = out.device_ptr(&stream).0;
-    let cuda = |e| lowbit::Error::Cuda {
-        context: "tensor_rate".into(),
-        message: format!("{e:?}"),
-    };
     // The fewest cycles of five launches of one CTA of `threads`.
     let best = |f: &cudarc::driver::CudaFunction, args: &[i32], threads: u32, smem: u32| -> lowbit::Result<u64> {
         let mut best = u64::MAX;
@@ -134,7 +130,7 @@ fn main() -> lowbit::Result<()> {
                 shared_mem_bytes: smem,
             };
             // SAFETY: the kernels write out[0..8] only.
-            unsafe { b.launch(cfg) }.map_err(cuda)?;
+            unsafe { b.launch(cfg) }.map_err(driver_error("tensor_rate"))?;
             let t = dev.download(&out)?;
             best = best.min(t[1] - t[0]);
         }

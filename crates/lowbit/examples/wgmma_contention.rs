@@ -119,10 +119,7 @@ fn main() -> lowbit::Result<()> {
             shared_mem_bytes: smem as u32,
         };
         // SAFETY: the kernel writes out[0..8] only.
-        unsafe { b.launch(cfg) }.map_err(|e| lowbit::Error::Cuda {
-            context: "wgmma_contention".into(),
-            message: format!("{e:?}"),
-        })?;
+        unsafe { b.launch(cfg) }.map_err(lowbit::cuda::driver_error("wgmma_contention"))?;
         dev.download(&out)
     };
     println!(

@@ -170,8 +170,9 @@ pub fn driver_version() -> Result<i32> {
     Ok(v)
 }
 
-/// [`Error::Cuda`] for a failed driver call.
-pub(crate) fn cuda_error(context: impl Into<String>, e: cudarc::driver::DriverError) -> Error {
+/// [`Error::Cuda`] for a failed driver call (also for code that calls cudarc directly, such as the probes in
+/// `examples/`).
+pub fn cuda_error(context: impl Into<String>, e: cudarc::driver::DriverError) -> Error {
     let message = match (e.error_name(), e.error_string()) {
         (Ok(name), Ok(text)) => format!("{} ({})", name.to_string_lossy(), text.to_string_lossy()),
         _ => format!("{:?}", e.0),
@@ -183,7 +184,7 @@ pub(crate) fn cuda_error(context: impl Into<String>, e: cudarc::driver::DriverEr
 }
 
 /// `map_err` adapter for [`cuda_error`].
-pub(crate) fn driver_error(context: impl Into<String>) -> impl FnOnce(cudarc::driver::DriverError) -> Error {
+pub fn driver_error(context: impl Into<String>) -> impl FnOnce(cudarc::driver::DriverError) -> Error {
     let context = context.into();
     move |e| cuda_error(context, e)
 }
