@@ -36,7 +36,7 @@ use lowbit::cuda::Device;
 use lowbit::cuda::{CudaDevice, CudaSlice, ValidAsZeroBits};
 use lowbit::ops::linear::cuda::gemm::{supported, LinearW4A16Gemm};
 use lowbit::ops::linear::cuda::{
-    repack, repack_preferred, CublasLinear, DenseElement, DeviceW4, LinearW4A16Cuda, Tuning,
+    repack, repack_preferred, CublasLinear, CublasLtLinear, DenseElement, DeviceW4, LinearW4A16Cuda, Tuning,
 };
 use lowbit::ops::linear::quant_linear::DispatchEntry;
 use lowbit::ops::linear::{Activation, DispatchTable, QuantLinear};
@@ -363,6 +363,7 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
     let dense_w: Vec<CudaSlice<T>> = (0..dense_sets).map(|_| dev.upload(&dense)).collect::<Result<_>>()?;
     drop(dense);
     let blas = CublasLinear::new(stream.clone(), n, k)?;
+    let blas_ws = CublasLinear::with_workspace(stream.clone(), n, k)?;
     // The forced GEMM variants may need more (STREAM-K's slots).
     let ws_bytes = gemm_variants
         .iter()
@@ -405,13 +406,14 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
         // Every launcher of this M, timed in turn (`Rounds`): cuBLAS; each kernel QuantLinear has for this M, forced
         // (the fastest goes into the dispatch table); the two-plane and no-PDL comparisons; QuantLinear with its
         // own dispatch.
+        let mut lt = CublasLtLinear::new::<T>(dev, m, n, k)?;
         let kernels = layers[0].available(m);
         let dispatched = layers[0].kernel_for(m).name();
         let times = {
             let (layers_c, ys_c) = (RefCell::new(&mut layers), RefCell::new(&mut ys));
             let (ws_c, ws_planes_c) = (RefCell::new(&mut ws), RefCell::new(&mut ws_planes));
             let (layers_c, ys_c, ws_c, ws_planes_c) = (&layers_c, &ys_c, &ws_c, &ws_planes_c);
-            let (stream, xs, dense_w, blas, planes) = (&stream, &xs, &dense_w, &blas, &planes);
+            let (stream, xs, dense_w, blas, blas_ws, planes) = (&stream, &xs, &dense_w, &blas, &blas_ws, &planes);
             let mut rounds = Rounds::new();
             let mut timed: Vec<(String, usize)> = Vec::new(); // (impl, bytes) of each launcher, in order
             rounds.add(dense_sets, move |i| {
@@ -457,6 +459,18 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
                 });
                 timed.push((label.clone(), quant_bytes));
             }
+            // The other ways cuBLAS runs the dense product, after the kernels (see `best` below): the same
+            // cublasGemmEx with a 32 MiB workspace of its own, and cuBLASLt planned for this M.
+            rounds.add(dense_sets, move |i| {
+                blas_ws.run(&dense_w[i], &xs[i], m, &mut ys_c.borrow_mut()[i])
+            });
+            timed.push((format!("{baseline}_ws"), dense_bytes));
+            let lt_c = RefCell::new(&mut lt);
+            rounds.add(dense_sets, move |i| {
+                lt_c.borrow_mut()
+                    .run(stream, &dense_w[i], &xs[i], &mut ys_c.borrow_mut()[i])
+            });
+            timed.push((baseline.replace("cublas", "cublaslt"), dense_bytes));
             sink.status(format!(
                 "linear {m}x{k}x{n} {dtype}: {} launchers in turn (QuantLinear: {dispatched})",
                 timed.len()

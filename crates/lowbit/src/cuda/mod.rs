@@ -11,6 +11,7 @@
 //! 2. `op.run(&stream, buffers.., workspace)` checks buffer lengths and alignment (host-side, no device access) and
 //!    launches on the caller's stream: no allocation, no synchronisation, so it can be captured in a CUDA graph.
 
+pub mod blas;
 mod cache;
 mod device;
 mod launch;

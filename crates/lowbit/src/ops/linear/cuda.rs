@@ -33,6 +33,7 @@
 
 pub mod gemm;
 
+use crate::cuda::blas::{LtMatmul, LtTypes, BLAS_WORKSPACE_BYTES};
 use crate::cuda::checked_buffer as buffer;
 use crate::cuda::{launch_error, CudaDevice, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
 use crate::cuda::{tensor_map_2d, KernelSource, LaunchConfig, MapElement, TensorMap};
@@ -1607,6 +1608,8 @@ impl LinearW4A16Cuda {
 /// run with unquantized weights.
 pub struct CublasLinear {
     blas: cudarc::cublas::CudaBlas,
+    /// Set with `cublasSetWorkspace` ([`CublasLinear::with_workspace`]); cuBLAS's own default otherwise.
+    _workspace: Option<CudaSlice<u8>>,
     n: usize,
     k: usize,
 }
@@ -1621,7 +1624,31 @@ impl CublasLinear {
             context: "cublasCreate".into(),
             message: format!("{e:?}"),
         })?;
-        Ok(Self { blas, n, k })
+        Ok(Self {
+            blas,
+            _workspace: None,
+            n,
+            k,
+        })
+    }
+
+    /// As [`CublasLinear::new`], with a workspace of [`BLAS_WORKSPACE_BYTES`] of its own (`cublasSetWorkspace`, the
+    /// size cuBLAS recommends on Hopper; PyTorch sets the same).
+    pub fn with_workspace(stream: std::sync::Arc<CudaStream>, n: usize, k: usize) -> Result<Self> {
+        let mut op = Self::new(stream.clone(), n, k)?;
+        let mut workspace = stream
+            .alloc_zeros::<u8>(BLAS_WORKSPACE_BYTES)
+            .map_err(crate::cuda::driver_error("cuMemAlloc"))?;
+        let ptr = workspace.device_ptr_mut(&stream).0;
+        // SAFETY: a live handle; the buffer lives as long as the handle (both in `op`).
+        unsafe { cudarc::cublas::sys::cublasSetWorkspace_v2(*op.blas.handle(), ptr as *mut _, BLAS_WORKSPACE_BYTES) }
+            .result()
+            .map_err(|e| Error::Cuda {
+                context: "cublasSetWorkspace".into(),
+                message: format!("{e:?}"),
+            })?;
+        op._workspace = Some(workspace);
+        Ok(op)
     }
 
     /// `y = x · W^T` for `m` rows (contiguous), on the handle's stream.
@@ -1677,6 +1704,10 @@ mod sealed {
 
 /// The element types [`CublasLinear`] multiplies: f16 and bf16.
 pub trait DenseElement: Float + DeviceRepr + cudarc::driver::ValidAsZeroBits + sealed::Sealed {
+    /// The cuBLASLt product of this type ([`CublasLtLinear`]).
+    #[doc(hidden)]
+    const LT_TYPES: LtTypes;
+
     /// cuBLAS GEMM for this type.
     ///
     /// # Safety
@@ -1692,8 +1723,10 @@ pub trait DenseElement: Float + DeviceRepr + cudarc::driver::ValidAsZeroBits + s
 }
 
 macro_rules! dense_element {
-    ($t:ty) => {
+    ($t:ty, $lt:expr) => {
         impl DenseElement for $t {
+            const LT_TYPES: LtTypes = $lt;
+
             unsafe fn gemm(
                 blas: &cudarc::cublas::CudaBlas,
                 cfg: cudarc::cublas::GemmConfig<Self>,
@@ -1707,8 +1740,50 @@ macro_rules! dense_element {
         }
     };
 }
-dense_element!(f16);
-dense_element!(bf16);
+dense_element!(f16, LtTypes::F16);
+dense_element!(bf16, LtTypes::Bf16);
+
+/// The same dense product through cuBLASLt ([`LtMatmul`]: descriptors, a 32 MiB workspace and the heuristic's first
+/// algorithm, planned once per batch size): the second cuBLAS baseline of `lowbit bench --op linear`, the path
+/// PyTorch takes for many of its linear layers.
+#[derive(Debug)]
+pub struct CublasLtLinear {
+    plan: LtMatmul,
+}
+
+impl CublasLtLinear {
+    /// Plans `y = x · W^T` for `m` rows of `T`, an `n x k` weight, on the device's stream.
+    pub fn new<T: DenseElement>(device: &CudaDevice, m: usize, n: usize, k: usize) -> Result<Self> {
+        Ok(Self {
+            plan: LtMatmul::new(device.context(), device.stream(), T::LT_TYPES, m, n, k)?,
+        })
+    }
+
+    /// `y = x · W^T` on `stream` (x `[M, K]`, w `[N, K]` row-major, y `[M, N]`, all of the planned type).
+    pub fn run<T: DenseElement>(
+        &mut self,
+        stream: &CudaStream,
+        w: &CudaSlice<T>,
+        x: &CudaSlice<T>,
+        y: &mut CudaSlice<T>,
+    ) -> Result<()> {
+        let (m, n, k) = self.plan.dims;
+        if T::LT_TYPES != self.plan.types() {
+            return Err(Error::invalid(
+                "x",
+                T::DTYPE,
+                "must be the type the product was planned for",
+            ));
+        }
+        crate::error::ensure(w.len() >= n * k, "w", w.len(), "needs N · K elements")?;
+        crate::error::ensure(x.len() >= m * k, "x", x.len(), "needs M · K elements")?;
+        crate::error::ensure(y.len() >= m * n, "y", y.len(), "needs M · N elements")?;
+        let (w, x) = (w.device_ptr(stream).0, x.device_ptr(stream).0);
+        let y = y.device_ptr_mut(stream).0;
+        // SAFETY: the three buffers were checked to hold the elements the product reads and writes.
+        unsafe { self.plan.run_raw(stream, w, x, y) }
+    }
+}
 
 /// Device addresses of one call's buffers ([`call_buffers`]).
 #[derive(Debug, Clone, Copy)]

@@ -40,6 +40,7 @@ use super::{
     check_activation_input, check_channel_weight, check_linear, check_smoothquant_weight, weight_blocks,
     ActivationQuant, QuantizedActivations, MAX_EXACT_BLOCK,
 };
+use crate::cuda::blas::{LtMatmul, LtTypes};
 use crate::cuda::checked_buffer as buffer;
 use crate::cuda::{launch_error, CudaDevice, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
 use crate::cuda::{tensor_map_2d, KernelSource, LaunchConfig, MapElement, TensorMap};
@@ -1020,25 +1021,9 @@ impl W8a8LinearCuda {
 
 /// cuBLASLt int8 GEMM, `y_i32[M, N] = x_i8[M, K] · W_i8^T` (int32 accumulation and output; "TN" layout, the one
 /// IMMA kernels take): the int8 tensor-core ceiling `lowbit bench --op w8a8` reports beside lowbit's kernels.
+#[derive(Debug)]
 pub struct CublasLtInt8 {
-    handle: cudarc::cublaslt::sys::cublasLtHandle_t,
-    desc: cudarc::cublaslt::sys::cublasLtMatmulDesc_t,
-    layouts: [cudarc::cublaslt::sys::cublasLtMatrixLayout_t; 3],
-    algo: cudarc::cublaslt::sys::cublasLtMatmulAlgo_t,
-    workspace: CudaSlice<u8>,
-    m: usize,
-    n: usize,
-    k: usize,
-}
-
-impl std::fmt::Debug for CublasLtInt8 {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CublasLtInt8")
-            .field("m", &self.m)
-            .field("n", &self.n)
-            .field("k", &self.k)
-            .finish_non_exhaustive()
-    }
+    plan: LtMatmul,
 }
 
 impl CublasLtInt8 {
@@ -1055,111 +1040,16 @@ impl CublasLtInt8 {
         n: usize,
         k: usize,
     ) -> Result<Self> {
-        use cudarc::cublaslt::{result as lt, sys as lts};
-        // SAFETY: only tries to dlopen the library.
-        if !unsafe { lts::is_culib_present() } {
-            return Err(Error::CudaUnavailable("cuBLASLt (libcublasLt.so.13) not found".into()));
-        }
-        let err = |what: &'static str| {
-            move |e: cudarc::cublaslt::result::CublasError| Error::Cuda {
-                context: what.into(),
-                message: format!("{e:?}"),
-            }
-        };
-        context
-            .bind_to_thread()
-            .map_err(crate::cuda::driver_error("cuCtxSetCurrent"))?;
-        let handle = lt::create_handle().map_err(err("cublasLtCreate"))?;
-        let desc = lt::create_matmul_desc(
-            lts::cublasComputeType_t::CUBLAS_COMPUTE_32I,
-            lts::cudaDataType::CUDA_R_32I,
-        )
-        .map_err(err("cublasLtMatmulDescCreate"))?;
-        let transpose = cudarc::cublas::sys::cublasOperation_t::CUBLAS_OP_T;
-        // SAFETY: a live descriptor; the value is a cublasOperation_t as the attribute requires.
-        unsafe {
-            lt::set_matmul_desc_attribute(
-                desc,
-                lts::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
-                &transpose as *const _ as *const _,
-                std::mem::size_of_val(&transpose),
-            )
-        }
-        .map_err(err("cublasLtMatmulDescSetAttribute"))?;
-        // Column-major view: y^T [N, M] = (W as K × N, transposed) · (x^T as K × M).
-        let layout = |t, rows: usize, cols: usize, ld: usize| {
-            lt::create_matrix_layout(t, rows as u64, cols as u64, ld as i64).map_err(err("cublasLtMatrixLayoutCreate"))
-        };
-        let layouts = [
-            layout(lts::cudaDataType::CUDA_R_8I, k, n, k)?,
-            layout(lts::cudaDataType::CUDA_R_8I, k, m, k)?,
-            layout(lts::cudaDataType::CUDA_R_32I, n, m, n)?,
-        ];
-        let workspace_bytes: usize = 32 << 20;
-        let pref = lt::create_matmul_pref().map_err(err("cublasLtMatmulPreferenceCreate"))?;
-        // SAFETY: live preference, the value is the u64 the attribute takes.
-        unsafe {
-            lt::set_matmul_pref_attribute(
-                pref,
-                lts::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                &(workspace_bytes as u64) as *const u64 as *const _,
-                8,
-            )
-        }
-        .map_err(err("cublasLtMatmulPreferenceSetAttribute"))?;
-        // SAFETY: every descriptor is live.
-        let heuristic = unsafe {
-            lt::get_matmul_algo_heuristic(handle, desc, layouts[0], layouts[1], layouts[2], layouts[2], pref)
-        };
-        // SAFETY: created above, destroyed once.
-        unsafe { lt::destroy_matmul_pref(pref) }.map_err(err("cublasLtMatmulPreferenceDestroy"))?;
-        let algo = heuristic.map_err(err("cublasLtMatmulAlgoGetHeuristic"))?.algo;
         Ok(Self {
-            handle,
-            desc,
-            layouts,
-            algo,
-            workspace: stream
-                .alloc_zeros(workspace_bytes)
-                .map_err(crate::cuda::driver_error("cuMemAlloc"))?,
-            m,
-            n,
-            k,
+            plan: LtMatmul::new(context, stream, LtTypes::Int8, m, n, k)?,
         })
     }
 
     /// `y = x · W^T` on `stream` from device addresses (x `[M, K]`, w `[N, K]` row-major int8; y `[M, N]` int32),
     /// for callers that checked the buffers themselves (`ops::conv_int8::cuda`).
     pub(crate) fn run_raw(&mut self, stream: &CudaStream, w: u64, x: u64, y: u64) -> Result<()> {
-        let (alpha, beta) = (1i32, 0i32);
-        let ws_len = self.workspace.len();
-        let ws = self.workspace.device_ptr_mut(stream).0;
-        // SAFETY: the caller guarantees w, x and y hold N·K, M·K and M·N elements; descriptors live for `self`'s
-        // life.
-        unsafe {
-            cudarc::cublaslt::result::matmul(
-                self.handle,
-                self.desc,
-                &alpha as *const i32 as *const _,
-                &beta as *const i32 as *const _,
-                w as *const _,
-                self.layouts[0],
-                x as *const _,
-                self.layouts[1],
-                y as *const _,
-                self.layouts[2],
-                y as *mut _,
-                self.layouts[2],
-                &self.algo,
-                ws as *mut _,
-                ws_len,
-                stream.cu_stream() as *mut _,
-            )
-        }
-        .map_err(|e| Error::Cuda {
-            context: "cublasLtMatmul".into(),
-            message: format!("{e:?}"),
-        })
+        // SAFETY: the caller guarantees w, x and y hold N·K, M·K and M·N elements.
+        unsafe { self.plan.run_raw(stream, w, x, y) }
     }
 
     /// `y = x · W^T` on `stream` (x `[M, K]`, w `[N, K]` row-major int8; y `[M, N]` int32).
@@ -1170,30 +1060,13 @@ impl CublasLtInt8 {
         x: &CudaSlice<i8>,
         y: &mut CudaSlice<i32>,
     ) -> Result<()> {
-        ensure(w.len() >= self.n * self.k, "w", w.len(), "needs N · K elements")?;
-        ensure(x.len() >= self.m * self.k, "x", x.len(), "needs M · K elements")?;
-        ensure(y.len() >= self.m * self.n, "y", y.len(), "needs M · N elements")?;
+        let (m, n, k) = self.plan.dims;
+        ensure(w.len() >= n * k, "w", w.len(), "needs N · K elements")?;
+        ensure(x.len() >= m * k, "x", x.len(), "needs M · K elements")?;
+        ensure(y.len() >= m * n, "y", y.len(), "needs M · N elements")?;
         let (w, x) = (w.device_ptr(stream).0, x.device_ptr(stream).0);
         let y = y.device_ptr_mut(stream).0;
         self.run_raw(stream, w, x, y)
-    }
-}
-
-// SAFETY: the handle and descriptors are plain cuBLASLt objects with no thread affinity; `run` takes `&mut self`,
-// so one thread at a time uses them (the convolution keeps its plans behind a Mutex).
-unsafe impl Send for CublasLtInt8 {}
-
-impl Drop for CublasLtInt8 {
-    fn drop(&mut self) {
-        use cudarc::cublaslt::result as lt;
-        // SAFETY: each object was created in `new` and is destroyed once; errors at teardown are ignored.
-        unsafe {
-            for l in self.layouts {
-                let _ = lt::destroy_matrix_layout(l);
-            }
-            let _ = lt::destroy_matmul_desc(self.desc);
-            let _ = lt::destroy_handle(self.handle);
-        }
     }
 }
 
