@@ -3,10 +3,10 @@
 //! Each panel plots, for every non-baseline implementation, `baseline µs / µs` against the batch size M (against
 //! the shape `K×N` for ops timed without a batch, like dequant; against the case for convolutions), where the
 //! baseline is the record of a baseline implementation (`bench::BASELINES`) at the same op, dtype, shape and M from
-//! the same file; `_graph` implementations are compared with the baseline's `_graph` record where there is one. A
+//! the same file (the faster of `cublas_fp16` and `cublaslt_fp16` where both were timed); `_graph` implementations are compared with the baseline's `_graph` record where there is one. A
 //! dashed line marks 1× (as fast as the baseline). No plotting dependency: the SVG is a few dozen elements written by hand.
 
-use crate::bench::{BenchRecord, BASELINES};
+use crate::bench::{baseline_family, BenchRecord, BASELINES};
 use lowbit::{Error, Result};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -106,10 +106,15 @@ fn panels(records: &[BenchRecord]) -> Vec<Panel> {
             stem.filter(|s| BASELINES.contains(s)).map(|_| true)
         }
     };
-    let mut baselines: BTreeMap<(String, bool), f64> = BTreeMap::new();
+    // The first baseline of a key, or the fastest of its family (cuBLAS and cuBLASLt: `baseline_family`).
+    let mut baselines: BTreeMap<(String, bool), (&str, f64)> = BTreeMap::new();
     for r in records.iter().filter(|r| r.us > 0.0) {
         if let Some(graph) = baseline_of(&r.implementation) {
-            baselines.entry((key(r).3, graph)).or_insert(r.us);
+            let family = baseline_family(r.implementation.strip_suffix("_graph").unwrap_or(&r.implementation));
+            let entry = baselines.entry((key(r).3, graph)).or_insert((family, r.us));
+            if entry.0 == family {
+                entry.1 = entry.1.min(r.us);
+            }
         }
     }
     let mut panels: BTreeMap<String, PanelPoints> = BTreeMap::new();
@@ -122,7 +127,7 @@ fn panels(records: &[BenchRecord]) -> Vec<Panel> {
         let base = baselines
             .get(&(base_key.clone(), graph))
             .or_else(|| baselines.get(&(base_key, false)));
-        if let Some(base) = base {
+        if let Some(&(_, base)) = base {
             let panel = panels.entry(title).or_default();
             panel.0.insert(order, x.clone());
             panel.1.push((r.implementation.clone(), x, base / r.us));

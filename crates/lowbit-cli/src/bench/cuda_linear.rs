@@ -5,7 +5,9 @@
 //! `lowbit_decode` / `lowbit_gemm` / `lowbit_dequant_cublas` (QuantLinear with that kernel forced, where it
 //! applies), `lowbit_decode_planes` / `lowbit_gemm_planes` (8-bit weights with f16: the decode kernel at M <= 64
 //! and the GEMM at M >= 64 on two int4 planes, `repack`, where QuantLinear reads the int8 layout, `repack_int8`),
-//! and `cublas_fp16` / `cublas_bf16` (dense `x · W^T` with the unquantized weight, fp32 accumulation).
+//! and the baselines `cublas_fp16` / `cublas_bf16` (dense `x · W^T` with the unquantized weight, fp32 accumulation,
+//! cublasGemmEx with the device's 32 MiB cuBLAS workspace) and `cublaslt_fp16` / `cublaslt_bf16` (the same product
+//! through cuBLASLt, planned for each M). Ratios are taken against the faster of the two.
 //! `--dispatch FILE` writes the fastest kernel per shape and M of this run as QuantLinear's dispatch table.
 //!
 //! Default problem: K × N ∈ {4096 × 4096, 4096 × 14336, 14336 × 4096, 8192 × 28672} × M ∈ {1, 4, 16, 64, 256,
@@ -362,8 +364,7 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
     let dense_sets = copies(dense.len() * 2);
     let dense_w: Vec<CudaSlice<T>> = (0..dense_sets).map(|_| dev.upload(&dense)).collect::<Result<_>>()?;
     drop(dense);
-    let blas = CublasLinear::new(stream.clone(), n, k)?;
-    let blas_ws = CublasLinear::with_workspace(stream.clone(), n, k)?;
+    let blas = CublasLinear::new(dev, n, k)?;
     // The forced GEMM variants may need more (STREAM-K's slots).
     let ws_bytes = gemm_variants
         .iter()
@@ -413,7 +414,7 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
             let (layers_c, ys_c) = (RefCell::new(&mut layers), RefCell::new(&mut ys));
             let (ws_c, ws_planes_c) = (RefCell::new(&mut ws), RefCell::new(&mut ws_planes));
             let (layers_c, ys_c, ws_c, ws_planes_c) = (&layers_c, &ys_c, &ws_c, &ws_planes_c);
-            let (stream, xs, dense_w, blas, blas_ws, planes) = (&stream, &xs, &dense_w, &blas, &blas_ws, &planes);
+            let (stream, xs, dense_w, blas, planes) = (&stream, &xs, &dense_w, &blas, &planes);
             let mut rounds = Rounds::new();
             let mut timed: Vec<(String, usize)> = Vec::new(); // (impl, bytes) of each launcher, in order
             rounds.add(dense_sets, move |i| {
@@ -459,12 +460,7 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
                 });
                 timed.push((label.clone(), quant_bytes));
             }
-            // The other ways cuBLAS runs the dense product, after the kernels (see `best` below): the same
-            // cublasGemmEx with a 32 MiB workspace of its own, and cuBLASLt planned for this M.
-            rounds.add(dense_sets, move |i| {
-                blas_ws.run(&dense_w[i], &xs[i], m, &mut ys_c.borrow_mut()[i])
-            });
-            timed.push((format!("{baseline}_ws"), dense_bytes));
+            // The second baseline, after the kernels (see `best` below): cuBLASLt planned for this M.
             let lt_c = RefCell::new(&mut lt);
             rounds.add(dense_sets, move |i| {
                 lt_c.borrow_mut()

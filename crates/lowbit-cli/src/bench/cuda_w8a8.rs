@@ -111,7 +111,7 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
     let dense_sets = rotation(dev, n * k * 2);
     let dense_w: Vec<CudaSlice<T>> = (0..dense_sets).map(|_| dev.upload(&dense_t)).collect::<Result<_>>()?;
     drop(dense_t);
-    let blas = CublasLinear::new(stream.clone(), n, k)?;
+    let blas = CublasLinear::new(dev, n, k)?;
 
     for &m in ms {
         let rows = sets.max(dense_sets);

@@ -45,6 +45,8 @@ pub struct CudaDevice {
     /// The dynamic shared memory each function (`module::function`) is allowed: only ever raised, see
     /// [`CudaDevice::function_with_shared_memory`].
     shared_memory: Mutex<HashMap<String, usize>>,
+    /// The cuBLAS workspace of every handle bound to `stream` ([`CudaDevice::blas_workspace`]).
+    blas_workspace: Mutex<Option<Arc<CudaSlice<u8>>>>,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -97,12 +99,27 @@ impl CudaDevice {
             info,
             modules: Mutex::new(HashMap::new()),
             shared_memory: Mutex::new(HashMap::new()),
+            blas_workspace: Mutex::new(None),
         }))
     }
 
     /// What the driver reports about this GPU.
     pub fn info(&self) -> &DeviceInfo {
         &self.info
+    }
+
+    /// The workspace of the cuBLAS handles bound to the device's stream: [`super::blas::BLAS_WORKSPACE_BYTES`],
+    /// allocated on first use. Without one (`cublasSetWorkspace`) cuBLAS picks slower kernels at small batches:
+    /// 26 against 13.8 µs at 1 × 4096 × 4096 on the H200. The handles share it because their calls are ordered on
+    /// the one stream.
+    pub fn blas_workspace(&self) -> Result<Arc<CudaSlice<u8>>> {
+        let mut slot = self.blas_workspace.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(ws) = slot.as_ref() {
+            return Ok(ws.clone());
+        }
+        let ws = Arc::new(self.alloc_zeros::<u8>(super::blas::BLAS_WORKSPACE_BYTES)?);
+        *slot = Some(ws.clone());
+        Ok(ws)
     }
 
     /// The device's own stream (non-default, so it can be captured into a CUDA graph).

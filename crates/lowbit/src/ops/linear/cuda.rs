@@ -33,7 +33,7 @@
 
 pub mod gemm;
 
-use crate::cuda::blas::{LtMatmul, LtTypes, BLAS_WORKSPACE_BYTES};
+use crate::cuda::blas::{LtMatmul, LtTypes};
 use crate::cuda::checked_buffer as buffer;
 use crate::cuda::{launch_error, CudaDevice, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
 use crate::cuda::{tensor_map_2d, KernelSource, LaunchConfig, MapElement, TensorMap};
@@ -1605,50 +1605,44 @@ impl LinearW4A16Cuda {
 
 /// Dense `y[M, N] = x[M, K] · W^T` through cuBLAS (f16/bf16 operands, fp32 accumulation), `W` a row-major `[N, K]`
 /// matrix: the baseline the W4A16 kernel is measured against (`lowbit bench --op linear`), and what a model would
-/// run with unquantized weights.
+/// run with unquantized weights. The handle is bound to the device's stream and given the device's cuBLAS workspace
+/// ([`CudaDevice::blas_workspace`], the 32 MiB cuBLAS recommends on Hopper, which PyTorch sets too).
 pub struct CublasLinear {
     blas: cudarc::cublas::CudaBlas,
-    /// Set with `cublasSetWorkspace` ([`CublasLinear::with_workspace`]); cuBLAS's own default otherwise.
-    _workspace: Option<CudaSlice<u8>>,
+    /// Kept alive as long as the handle that uses it.
+    _workspace: Arc<CudaSlice<u8>>,
     n: usize,
     k: usize,
 }
 
 impl CublasLinear {
-    /// A cuBLAS handle bound to `stream` for an `n x k` weight.
-    pub fn new(stream: std::sync::Arc<CudaStream>, n: usize, k: usize) -> Result<Self> {
+    /// A cuBLAS handle on `device`'s stream, with its workspace, for an `n x k` weight.
+    pub fn new(device: &CudaDevice, n: usize, k: usize) -> Result<Self> {
         if !crate::cuda::cublas_present() {
             return Err(Error::CudaUnavailable("cuBLAS (libcublas.so.13) not found".into()));
         }
-        let blas = cudarc::cublas::CudaBlas::new(stream).map_err(|e| Error::Cuda {
-            context: "cublasCreate".into(),
-            message: format!("{e:?}"),
-        })?;
+        let cublas_error = |context: &str| {
+            let context = context.to_string();
+            move |e: cudarc::cublas::result::CublasError| Error::Cuda {
+                context: context.clone(),
+                message: format!("{e:?}"),
+            }
+        };
+        let stream = device.stream();
+        let blas = cudarc::cublas::CudaBlas::new(stream.clone()).map_err(cublas_error("cublasCreate"))?;
+        let workspace = device.blas_workspace()?;
+        let ptr = workspace.device_ptr(stream).0;
+        // SAFETY: a live handle; the buffer outlives it (held in `Self`), and every handle given it runs on the same
+        // stream, so their calls never overlap.
+        unsafe { cudarc::cublas::sys::cublasSetWorkspace_v2(*blas.handle(), ptr as *mut _, workspace.len()) }
+            .result()
+            .map_err(cublas_error("cublasSetWorkspace"))?;
         Ok(Self {
             blas,
-            _workspace: None,
+            _workspace: workspace,
             n,
             k,
         })
-    }
-
-    /// As [`CublasLinear::new`], with a workspace of [`BLAS_WORKSPACE_BYTES`] of its own (`cublasSetWorkspace`, the
-    /// size cuBLAS recommends on Hopper; PyTorch sets the same).
-    pub fn with_workspace(stream: std::sync::Arc<CudaStream>, n: usize, k: usize) -> Result<Self> {
-        let mut op = Self::new(stream.clone(), n, k)?;
-        let mut workspace = stream
-            .alloc_zeros::<u8>(BLAS_WORKSPACE_BYTES)
-            .map_err(crate::cuda::driver_error("cuMemAlloc"))?;
-        let ptr = workspace.device_ptr_mut(&stream).0;
-        // SAFETY: a live handle; the buffer lives as long as the handle (both in `op`).
-        unsafe { cudarc::cublas::sys::cublasSetWorkspace_v2(*op.blas.handle(), ptr as *mut _, BLAS_WORKSPACE_BYTES) }
-            .result()
-            .map_err(|e| Error::Cuda {
-                context: "cublasSetWorkspace".into(),
-                message: format!("{e:?}"),
-            })?;
-        op._workspace = Some(workspace);
-        Ok(op)
     }
 
     /// `y = x · W^T` for `m` rows (contiguous), on the handle's stream.

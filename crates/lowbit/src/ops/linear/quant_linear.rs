@@ -481,7 +481,7 @@ impl CudaLinear {
             )?,
             bias_activation: dev.function(source, &format!("w4a16_bias_activation_{suffix}"))?,
             dependent_launch: dev.info().compute_capability.0 >= 9,
-            blas: CublasLinear::new(dev.stream().clone(), w.n, w.k)?,
+            blas: CublasLinear::new(dev, w.n, w.k)?,
             scratch: Mutex::new(None),
         };
         let bias: Option<Box<dyn Any + Send + Sync>> = match (bias, act) {
