@@ -15,7 +15,9 @@
 //! - `lowbit_smoothquant`: SmoothQuant (per-token quantization included, per-channel weights).
 //! - `lowbit_quantize` / `lowbit_smoothquant_quantize`: the activation quantizer alone, per K block / per token
 //!   (`bytes`: x read and the codes written).
-//! - `cublas_fp16` / `cublas_bf16`: the dense `x · W^T` in the activation dtype, fp32 accumulation.
+//! - `cublas_fp16` / `cublas_bf16` and `cublaslt_fp16` / `cublaslt_bf16`: the dense `x · W^T` in the activation
+//!   dtype, fp32 accumulation, through cublasGemmEx (with the device's cuBLAS workspace) and cuBLASLt; ratios take
+//!   the faster.
 //! - `cublaslt_int8`: cuBLASLt int8 × int8 → int32 ([`CublasLtInt8`]), no scales: the int8 ceiling.
 //!
 //! Default problem: K × N ∈ {4096 × 4096, 4096 × 14336, 14336 × 4096, 8192 × 28672} × M ∈ {1024, 4096}, f16 unless
@@ -27,7 +29,7 @@ use super::{BenchArgs, BenchRecord, Rounds, Shape, Sink};
 use half::{bf16, f16};
 use lowbit::cuda::{CudaDevice, CudaSlice, ValidAsZeroBits};
 use lowbit::formats::block::{BlockBits, BlockQuantWeight, BlockShape};
-use lowbit::ops::linear::cuda::{CublasLinear, DenseElement};
+use lowbit::ops::linear::cuda::{CublasLinear, CublasLtLinear, DenseElement};
 use lowbit::ops::w8a8::cuda::{CublasLtInt8, GemmKernel, QuantizedActivationsCuda, W8a8LinearCuda, W8a8Scheme};
 use lowbit::ops::w8a8::ActivationQuant;
 use lowbit::testing::SplitMix64;
@@ -143,6 +145,7 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
         let mut a_token = QuantizedActivationsCuda::alloc(dev, m, k, k)?;
         let mut ws_smooth = dev.alloc_zeros::<u8>(smooth[0].workspace_bytes(m))?;
         let mut lt = CublasLtInt8::new(dev, m, n, k)?;
+        let mut dense_lt = CublasLtLinear::new::<T>(dev, m, n, k)?;
         let mut ys_i32: Vec<CudaSlice<i32>> = (0..2).map(|_| dev.alloc_zeros(m * n)).collect::<Result<_>>()?;
         // Every launcher in turn (`Rounds`), so that all run at the same clocks.
         sink.status(format!(
@@ -186,6 +189,18 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
             blas.run(&dense_w[i], &xs[i], m, &mut ys.borrow_mut()[i])
         });
         timed.push((baseline, (n * k + m * k + m * n) * 2, -1));
+        rounds.add(dense_sets, |i| {
+            dense_lt.run(stream, &dense_w[i], &xs[i], &mut ys.borrow_mut()[i])
+        });
+        timed.push((
+            if dtype == DType::Bf16 {
+                "cublaslt_bf16"
+            } else {
+                "cublaslt_fp16"
+            },
+            (n * k + m * k + m * n) * 2,
+            -1,
+        ));
         rounds.add(sets, |i| lt.run(stream, &codes_i8[i], &xs_i8[i], &mut ys_i32[i % 2]));
         timed.push(("cublaslt_int8", n * k + m * k + 4 * m * n, -1));
         for ((implementation, bytes, group), us) in timed.into_iter().zip(rounds.run(dev, stream)?) {
