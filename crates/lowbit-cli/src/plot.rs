@@ -3,10 +3,12 @@
 //! Each panel plots, for every non-baseline implementation, `baseline µs / µs` against the batch size M (against
 //! the shape `K×N` for ops timed without a batch, like dequant; against the case for convolutions), where the
 //! baseline is the record of a baseline implementation (`bench::BASELINES`) at the same op, dtype, shape and M from
-//! the same file (the faster of `cublas_fp16` and `cublaslt_fp16` where both were timed); `_graph` implementations are compared with the baseline's `_graph` record where there is one. A
-//! dashed line marks 1× (as fast as the baseline). No plotting dependency: the SVG is a few dozen elements written by hand.
+//! the same file (the faster of `cublas_fp16` and `cublaslt_fp16` where both were timed). `_graph` and `_sustained`
+//! implementations are compared with the baseline timed the same way (a graph replay with the baseline timed in turn
+//! where the file has no graph record of it). A dashed line marks 1× (as fast as the baseline). No plotting
+//! dependency: the SVG is a few dozen elements written by hand.
 
-use crate::bench::{baseline_family, BenchRecord, BASELINES};
+use crate::bench::{baseline_family, baseline_stem, timing_mode, BenchRecord};
 use lowbit::{Error, Result};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -96,22 +98,16 @@ fn panels(records: &[BenchRecord]) -> Vec<Panel> {
             (title, (r.m, 0, 0), r.m.to_string(), format!("{op} {shape} M={}", r.m))
         }
     };
-    // Baselines by key and by whether they were graph replays (`<baseline>_graph`): a `_graph` implementation is
-    // compared with the baseline's graph replay where the file has one.
-    let baseline_of = |implementation: &str| -> Option<bool> {
-        let stem = implementation.strip_suffix("_graph");
-        if BASELINES.contains(&implementation) {
-            Some(false)
-        } else {
-            stem.filter(|s| BASELINES.contains(s)).map(|_| true)
-        }
-    };
-    // The first baseline of a key, or the fastest of its family (cuBLAS and cuBLASLt: `baseline_family`).
-    let mut baselines: BTreeMap<(String, bool), (&str, f64)> = BTreeMap::new();
+    // Baselines by key and by how they were timed (`timing_mode`): a `_graph` or `_sustained` implementation is
+    // compared with the baseline timed the same way, a graph replay with the baseline in turn where the file has no
+    // graph record of it. Within a key, the first baseline or the fastest of its family (cuBLAS and cuBLASLt).
+    let mut baselines: BTreeMap<(String, &str), (&str, f64)> = BTreeMap::new();
     for r in records.iter().filter(|r| r.us > 0.0) {
-        if let Some(graph) = baseline_of(&r.implementation) {
-            let family = baseline_family(r.implementation.strip_suffix("_graph").unwrap_or(&r.implementation));
-            let entry = baselines.entry((key(r).3, graph)).or_insert((family, r.us));
+        if let Some(stem) = baseline_stem(&r.implementation) {
+            let family = baseline_family(stem);
+            let entry = baselines
+                .entry((key(r).3, timing_mode(&r.implementation)))
+                .or_insert((family, r.us));
             if entry.0 == family {
                 entry.1 = entry.1.min(r.us);
             }
@@ -120,13 +116,13 @@ fn panels(records: &[BenchRecord]) -> Vec<Panel> {
     let mut panels: BTreeMap<String, PanelPoints> = BTreeMap::new();
     for r in records
         .iter()
-        .filter(|r| baseline_of(&r.implementation).is_none() && r.us > 0.0)
+        .filter(|r| baseline_stem(&r.implementation).is_none() && r.us > 0.0)
     {
         let (title, order, x, base_key) = key(r);
-        let graph = r.implementation.ends_with("_graph");
+        let mode = timing_mode(&r.implementation);
         let base = baselines
-            .get(&(base_key.clone(), graph))
-            .or_else(|| baselines.get(&(base_key, false)));
+            .get(&(base_key.clone(), mode))
+            .or_else(|| (mode == "_graph").then(|| baselines.get(&(base_key, ""))).flatten());
         if let Some(&(_, base)) = base {
             let panel = panels.entry(title).or_default();
             panel.0.insert(order, x.clone());

@@ -28,7 +28,9 @@ fn gpu_state() -> (f64, f64, String) {
             "--format=csv,noheader,nounits",
         ])
         .output();
-    let text = out.map(|o| String::from_utf8_lossy(&o.stdout).to_string()).unwrap_or_default();
+    let text = out
+        .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+        .unwrap_or_default();
     let f: Vec<&str> = text.trim().split(',').map(str::trim).collect();
     let num = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
     (num(0), num(1), f.get(2).unwrap_or(&"").to_string())

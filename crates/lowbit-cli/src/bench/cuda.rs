@@ -332,6 +332,36 @@ impl<'a> Rounds<'a> {
     }
 }
 
+/// Median µs per call of `launch(set)` run alone under sustained load: [`SUSTAINED_WARMUP_MS`] of calls untimed, then
+/// [`SUSTAINED_MS`] of ~[`SUSTAINED_WINDOW_MS`] windows between CUDA events.
+///
+/// At large M the GEMMs are held by the H200's power cap, and the clock the cap leaves depends on the kernel's own
+/// power: run alone for seconds, the W4A16 GEMM held ~1455 MHz and cuBLAS ~1380 MHz at 700 W on 4096 × 8192 × 28672
+/// (`examples/sustained_clock`). Timed in turn in ~20 ms batches ([`Rounds`]), each launcher starts at the clock its
+/// predecessor's power left, so the large-M ratios of the rounds carry that transient (±5–10%). These records are
+/// what a prefill that keeps the GPU busy sees.
+pub(super) fn sustained_us(
+    dev: &CudaDevice,
+    stream: &Arc<CudaStream>,
+    sets: usize,
+    mut launch: impl FnMut(usize) -> Result<()>,
+) -> Result<f64> {
+    let probe = timed(dev, stream, 3, sets, &mut launch)?;
+    let reps = |ms: f64| ((ms * 1e3 / probe.max(0.5)) as usize).max(1);
+    timed(dev, stream, reps(SUSTAINED_WARMUP_MS), sets, &mut launch)?;
+    let windows = (SUSTAINED_MS / SUSTAINED_WINDOW_MS) as usize;
+    let samples = (0..windows)
+        .map(|_| timed(dev, stream, reps(SUSTAINED_WINDOW_MS), sets, &mut launch))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(median(samples))
+}
+
+/// Untimed load before a sustained measurement: the power cap settles within ~0.2 s (`sustained_us`).
+const SUSTAINED_WARMUP_MS: f64 = 500.0;
+/// Timed load of a sustained measurement.
+const SUSTAINED_MS: f64 = 1000.0;
+const SUSTAINED_WINDOW_MS: f64 = 100.0;
+
 /// Median µs per call of `launch(set)` replayed from a CUDA graph of `calls` calls cycling through the sets (no
 /// launch gaps). Fails when the calls cannot be captured.
 fn graph_replay_us(

@@ -15,7 +15,9 @@
 //! for cuBLAS, every dense weight) is rotated among as many copies as it takes to exceed 2 × L2, so each launch
 //! reads device memory. Timing: the launchers of one M take turns (`Rounds`): an untimed round, then 7 rounds of
 //! one ~20 ms batch of launches each between CUDA events, so all of them run at the same clocks; the median batch is
-//! reported. CUDA-graph replays are timed after them. `bytes` is what the call must move at least: codes, scales and zeros (or the dense weight),
+//! reported. CUDA-graph replays are timed after them, and from M = 256 on QuantLinear and both baselines again, each
+//! alone under sustained load (`lowbit_sustained`, `cublas_fp16_sustained`, `cublaslt_fp16_sustained`; see
+//! `sustained_us`). `bytes` is what the call must move at least: codes, scales and zeros (or the dense weight),
 //! x and y.
 //!
 //! `LOWBIT_BENCH_VARIANTS=1` adds decode-kernel records with the grid forced to one (`lowbit_1sm`) or two
@@ -32,7 +34,7 @@
 //! with the 64- and 128-token tiles' second consumer warpgroup that many k tiles behind (`lowbit_gemm_lag0`, ...).
 //! `LOWBIT_BENCH_ACTIVATION=silu` builds QuantLinear's layers with that fused epilogue (records `lowbit_silu`, ...).
 
-use super::{graph_replay_us, median_of_batches, BenchArgs, BenchRecord, Rounds, Shape, Sink};
+use super::{graph_replay_us, median_of_batches, sustained_us, BenchArgs, BenchRecord, Rounds, Shape, Sink};
 use half::{bf16, f16};
 use lowbit::cuda::Device;
 use lowbit::cuda::{CudaDevice, CudaSlice, ValidAsZeroBits};
@@ -55,6 +57,9 @@ const MS: [usize; 7] = [1, 4, 16, 64, 256, 1024, 4096];
 const MAX_DECODE_M: usize = lowbit::ops::linear::cuda::MAX_M;
 /// Calls captured per graph (cycling through the rotation sets).
 const GRAPH_CALLS: usize = 32;
+/// From this batch size on (compute-bound GEMMs, held by the power cap) the bench also times QuantLinear and the
+/// baselines alone under sustained load (`_sustained` records; `LOWBIT_BENCH_SUSTAINED=0` leaves them out).
+const SUSTAINED_MIN_M: usize = 256;
 
 /// The GEMM with one setting changed (a `LOWBIT_BENCH_*` knob), timed beside `lowbit_gemm` as `label` at the batch
 /// sizes it `takes`: `setup` applied to each rotation set's operator in `ops`.
@@ -500,6 +505,24 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
                 layers[i].run(&stream, &xs[i], m, &mut ys[i], &mut ws)
             })?;
             sink.push(record(&format!("lowbit_graph{suffix}"), quant_bytes, replay))?;
+        }
+
+        // Compute-bound batches: QuantLinear and both baselines, each alone under sustained load (`sustained_us`).
+        if m >= SUSTAINED_MIN_M && std::env::var("LOWBIT_BENCH_SUSTAINED").map_or(true, |v| v != "0") {
+            sink.status(format!("linear sustained {m}x{k}x{n} {dtype}"));
+            let us = sustained_us(dev, &stream, dense_sets, |i| {
+                blas.run(&dense_w[i], &xs[i], m, &mut ys[i])
+            })?;
+            sink.push(record(&format!("{baseline}_sustained"), dense_bytes, us))?;
+            let us = sustained_us(dev, &stream, sets, |i| {
+                layers[i].run(&stream, &xs[i], m, &mut ys[i], &mut ws)
+            })?;
+            sink.push(record(&format!("lowbit_sustained{suffix}"), quant_bytes, us))?;
+            let us = sustained_us(dev, &stream, dense_sets, |i| {
+                lt.run(&stream, &dense_w[i], &xs[i], &mut ys[i])
+            })?;
+            let lt_name = baseline.replace("cublas", "cublaslt");
+            sink.push(record(&format!("{lt_name}_sustained"), dense_bytes, us))?;
         }
 
         for (label, v) in variant_ops.iter().filter(|_| m <= MAX_DECODE_M) {

@@ -74,6 +74,26 @@ pub const BASELINES: [&str; 8] = [
     "memcpy",
 ];
 
+/// How a record was timed, from its implementation's name: `_graph` (CUDA-graph replay), `_sustained` (alone under
+/// sustained load), or "" (in turn with the others). A ratio compares records timed the same way.
+pub fn timing_mode(implementation: &str) -> &'static str {
+    if implementation.ends_with("_graph") {
+        "_graph"
+    } else if implementation.contains("_sustained") {
+        "_sustained"
+    } else {
+        ""
+    }
+}
+
+/// The baseline implementation a record is (`cublas_fp16_sustained` → `cublas_fp16`), if it is one.
+pub fn baseline_stem(implementation: &str) -> Option<&str> {
+    let stem = implementation
+        .strip_suffix(timing_mode(implementation))
+        .unwrap_or(implementation);
+    BASELINES.contains(&stem).then_some(stem)
+}
+
 /// The baseline a baseline implementation stands for: cuBLASLt's dense product is another way of running
 /// `cublas_fp16` (`cublas_bf16`), and a ratio is taken against the faster of the two in the same run.
 pub fn baseline_family(implementation: &str) -> &str {
@@ -313,21 +333,36 @@ fn print_table(records: &[BenchRecord]) {
     );
     for r in records {
         // The baseline of the same op and shape, preferring one of the same dtype (cublas_fp16 vs cublas_bf16).
+        // Baselines timed the way this record was, or in turn where there are none (graph replays).
+        let same_problem = |b: &&BenchRecord| {
+            baseline_stem(&b.implementation).is_some()
+                && (b.op.as_str(), b.m, b.k, b.n) == (r.op.as_str(), r.m, r.k, r.n)
+        };
+        let mode = if records
+            .iter()
+            .filter(same_problem)
+            .any(|b| timing_mode(&b.implementation) == timing_mode(&r.implementation))
+        {
+            timing_mode(&r.implementation)
+        } else {
+            ""
+        };
         let candidates = || {
-            records.iter().filter(|b| {
-                BASELINES.contains(&b.implementation.as_str())
-                    && (b.op.as_str(), b.m, b.k, b.n) == (r.op.as_str(), r.m, r.k, r.n)
-            })
+            records
+                .iter()
+                .filter(same_problem)
+                .filter(move |b| timing_mode(&b.implementation) == mode)
         };
         // The first baseline found, or the fastest of its family (cuBLAS and cuBLASLt).
+        fn family(b: &BenchRecord) -> &str {
+            baseline_family(baseline_stem(&b.implementation).unwrap_or_default())
+        }
         let first = candidates()
             .find(|b| b.dtype == r.dtype)
             .or_else(|| candidates().next());
         let baseline_us = first.map(|f| {
             candidates()
-                .filter(|b| {
-                    b.dtype == f.dtype && baseline_family(&b.implementation) == baseline_family(&f.implementation)
-                })
+                .filter(|b| b.dtype == f.dtype && family(b) == family(f))
                 .map(|b| b.us)
                 .fold(f.us, f64::min)
         });
@@ -338,10 +373,7 @@ fn print_table(records: &[BenchRecord]) {
         );
     }
     let mut baselines: Vec<String> = Vec::new();
-    for b in records
-        .iter()
-        .filter(|b| BASELINES.contains(&b.implementation.as_str()))
-    {
+    for b in records.iter().filter(|b| baseline_stem(&b.implementation).is_some()) {
         let name = format!("{} for {}", b.implementation, b.op);
         if !baselines.contains(&name) {
             baselines.push(name);
