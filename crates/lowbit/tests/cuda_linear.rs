@@ -852,6 +852,10 @@ fn int8_layout() {
         // 106 tiles: on an H200 two splits at two CTAs per SM (cluster_splits' 8-bit rule); M > 16 then takes
         // the global fix-up of the same partition, in two waves.
         (27136, 512, 128, true, false, Data::ExactInteger, None),
+        // The 8-bit rule's 4 splits: 56 tiles as clusters of 4 (224 CTAs); 112 tiles through the global fix-up
+        // (448 CTAs, two waves).
+        (14336, 1024, 128, true, false, Data::ExactInteger, None),
+        (28672, 1024, 128, true, false, Data::ExactInteger, None),
     ] {
         let case = Case {
             zeros,

@@ -919,15 +919,28 @@ pub struct Tuning {
 /// H200, M = 1, µs against stream-K: 4096 x 14336 int4 at 2 splits 15.1 against 17.9 (85% of the SMs: a 90%
 /// rule had refused it), int8 19.4 against 26.0; 8192 x 28672 int8 at 2 splits, two CTAs per SM, 62.0 against
 /// 66.7, where int4 gains nothing (39.4 against 39.5) and loses at M = 16.
+///
+/// 8-bit codes first try 4 splits, when their CTAs fill between 80% of one wave and two whole waves of two CTAs per
+/// SM (`bench/results/2026-11-27-h200-linear-w8-splits.jsonl`, M = 1 / 4, µs, back-to-back launches):
+/// 4096 x 14336 17.0 / 17.4 against 20.0 / 20.4 at 2 splits (one cluster of 4 per tile, 224 CTAs); 8192 x 28672
+/// 60.1 / 60.9 against 62.1 / 63.0 (448 CTAs, too many clusters to be resident, so the global fix-up: the second
+/// wave fills the first one's tail). 8 splits were slower on both.
 pub fn cluster_splits(n_tiles: usize, k_tiles: usize, sms: usize, code_bits: usize) -> usize {
     let fill = |slots: usize| {
         [8, 4, 2]
             .into_iter()
             .find(|&s| n_tiles * s <= slots && n_tiles * s * 10 >= slots * 8 && k_tiles >= 2 * s)
     };
-    fill(sms)
-        .or_else(|| if code_bits == 8 { fill(2 * sms) } else { None })
-        .unwrap_or(1)
+    let two_waves_of_four =
+        |slots: usize| (n_tiles * 4 <= 2 * slots && n_tiles * 4 * 10 >= slots * 8 && k_tiles >= 2 * 4).then_some(4);
+    let two_per_sm = 2 * sms;
+    if code_bits == 8 {
+        return two_waves_of_four(two_per_sm)
+            .or_else(|| fill(sms))
+            .or_else(|| fill(two_per_sm))
+            .unwrap_or(1);
+    }
+    fill(sms).unwrap_or(1)
 }
 
 /// CTAs per SM for a weight of `units` (128-k x tile-width pieces) on `sms` SMs: two when each CTA still gets at
