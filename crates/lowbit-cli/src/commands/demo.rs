@@ -395,7 +395,7 @@ fn cuda_linear(dev: &Arc<CudaDevice>, q: &QuantMatrix, weight: &[f32], batches: 
         .map(|_| dev.upload(&dense))
         .collect::<Result<_>>()?;
     drop(dense);
-    let blas = CublasLinear::new(&dev, n, k)?;
+    let blas = CublasLinear::new(dev, n, k)?;
     let mut ws = dev.alloc_zeros::<u8>(layers[0].workspace_bytes(max_m).max(1))?;
     let stream = dev.stream();
 
