@@ -5,7 +5,7 @@
 //! convolution's GEMM are this plan.
 
 use crate::cuda::{driver_error, CudaSlice, CudaStream, DevicePtrMut};
-use crate::error::{Error, Result};
+use crate::error::{ensure, Error, Result};
 use cudarc::cublaslt::{result as lt, sys as lts};
 use std::sync::Arc;
 
@@ -138,6 +138,14 @@ impl LtMatmul {
         unsafe { lt::destroy_matmul_pref(pref) }.map_err(lt_error("cublasLtMatmulPreferenceDestroy"))?;
         plan.algo = heuristic.map_err(lt_error("cublasLtMatmulAlgoGetHeuristic"))?.algo;
         Ok(plan)
+    }
+
+    /// Checks that `w`, `x` and `y` hold the N·K, M·K and M·N elements the product reads and writes.
+    pub fn check_lengths(&self, w: usize, x: usize, y: usize) -> Result<()> {
+        let (m, n, k) = self.dims;
+        ensure(w >= n * k, "w", w, "needs N · K elements")?;
+        ensure(x >= m * k, "x", x, "needs M · K elements")?;
+        ensure(y >= m * n, "y", y, "needs M · N elements")
     }
 
     /// The element types it was planned for.

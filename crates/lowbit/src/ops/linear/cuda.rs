@@ -1774,7 +1774,6 @@ impl CublasLtLinear {
         x: &CudaSlice<T>,
         y: &mut CudaSlice<T>,
     ) -> Result<()> {
-        let (m, n, k) = self.plan.dims;
         if T::LT_TYPES != self.plan.types() {
             return Err(Error::invalid(
                 "x",
@@ -1782,9 +1781,7 @@ impl CublasLtLinear {
                 "must be the type the product was planned for",
             ));
         }
-        crate::error::ensure(w.len() >= n * k, "w", w.len(), "needs N · K elements")?;
-        crate::error::ensure(x.len() >= m * k, "x", x.len(), "needs M · K elements")?;
-        crate::error::ensure(y.len() >= m * n, "y", y.len(), "needs M · N elements")?;
+        self.plan.check_lengths(w.len(), x.len(), y.len())?;
         let (w, x) = (w.device_ptr(stream).0, x.device_ptr(stream).0);
         let y = y.device_ptr_mut(stream).0;
         // SAFETY: the three buffers were checked to hold the elements the product reads and writes.

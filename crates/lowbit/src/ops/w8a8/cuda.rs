@@ -1060,10 +1060,7 @@ impl CublasLtInt8 {
         x: &CudaSlice<i8>,
         y: &mut CudaSlice<i32>,
     ) -> Result<()> {
-        let (m, n, k) = self.plan.dims;
-        ensure(w.len() >= n * k, "w", w.len(), "needs N · K elements")?;
-        ensure(x.len() >= m * k, "x", x.len(), "needs M · K elements")?;
-        ensure(y.len() >= m * n, "y", y.len(), "needs M · N elements")?;
+        self.plan.check_lengths(w.len(), x.len(), y.len())?;
         let (w, x) = (w.device_ptr(stream).0, x.device_ptr(stream).0);
         let y = y.device_ptr_mut(stream).0;
         self.run_raw(stream, w, x, y)
