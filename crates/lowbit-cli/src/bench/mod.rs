@@ -446,6 +446,19 @@ mod tests {
     use super::*;
 
     #[test]
+    fn records_compare_with_baselines_timed_the_same_way() {
+        assert_eq!(timing_mode("lowbit"), "");
+        assert_eq!(timing_mode("lowbit_graph"), "_graph");
+        assert_eq!(timing_mode("lowbit_sustained"), "_sustained");
+        assert_eq!(timing_mode("lowbit_sustained_silu"), "_sustained");
+        assert_eq!(baseline_stem("cublas_fp16_sustained"), Some("cublas_fp16"));
+        assert_eq!(baseline_stem("cublaslt_bf16"), Some("cublaslt_bf16"));
+        assert_eq!(baseline_stem("lowbit_sustained"), None);
+        assert_eq!(baseline_family("cublaslt_fp16"), "cublas_fp16");
+        assert_eq!(baseline_family("cublaslt_int8"), "cublaslt_int8");
+    }
+
+    #[test]
     fn shapes_parse_or_name_the_rule() {
         assert_eq!(
             parse_shape("1x4096x11008").unwrap(),

@@ -1901,6 +1901,32 @@ mod tests {
     use super::*;
     use crate::testing::SplitMix64 as Rng;
 
+    /// The decode kernel's split counts for the anchor layers on an H200's 132 SMs (256-column tiles, 128-k
+    /// units), as `cluster_splits` documents them: the measured plans of `docs/notes/w4a16-decode.md`.
+    #[test]
+    fn split_counts_of_the_anchor_layers() {
+        let sms = 132;
+        // (n tiles, k tiles, bits, splits)
+        for (n_tiles, k_tiles, bits, splits) in [
+            (16, 32, 4, 8),  // 4096 x 4096
+            (56, 32, 4, 2),  // 4096 x 14336
+            (16, 112, 4, 8), // 14336 x 4096
+            (112, 64, 4, 1), // 8192 x 28672: stream-K
+            (16, 32, 8, 8),  // int8 4096 x 4096
+            (56, 32, 8, 4),  // int8 4096 x 14336: one cluster of 4 per tile
+            (112, 64, 8, 4), // int8 8192 x 28672: 448 CTAs, the global fix-up
+            (106, 4, 8, 2),  // too few k tiles for 4 splits: two per SM at 2 splits
+            (56, 6, 8, 2),   // 4 splits need 8 k tiles
+            (300, 64, 8, 1), // too wide for any split
+        ] {
+            assert_eq!(
+                cluster_splits(n_tiles, k_tiles, sms, bits),
+                splits,
+                "{n_tiles} x {k_tiles} tiles, {bits}-bit"
+            );
+        }
+    }
+
     fn random_weight(rng: &mut Rng, n: usize, k: usize, g: usize, zeros: bool, act_order: bool) -> QuantMatrix {
         let groups = k / g;
         let codes = (0..n * k).map(|_| rng.below(16) as u8).collect();
