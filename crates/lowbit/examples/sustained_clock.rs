@@ -71,7 +71,7 @@ fn main() -> lowbit::Result<()> {
     let x = dev.upload(&x)?;
     let mut y = dev.alloc_zeros::<f16>(m * n)?;
     let blas = CublasLinear::new(&dev, n, k)?;
-    let mut lt = CublasLtLinear::new::<f16>(&dev, m, n, k)?;
+    let mut lt = CublasLtLinear::<f16>::new(&dev, m, n, k)?;
     let timer = StreamTimer::new(&dev)?;
 
     println!("{m}x{k}x{n}, f16, group 128; window: launcher, us/launch, SM MHz, W, throttle reasons");

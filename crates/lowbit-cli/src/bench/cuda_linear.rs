@@ -404,15 +404,15 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
             r
         };
 
-        let baseline = if dtype == DType::Bf16 {
-            "cublas_bf16"
+        let (baseline, lt_baseline) = if dtype == DType::Bf16 {
+            ("cublas_bf16", "cublaslt_bf16")
         } else {
-            "cublas_fp16"
+            ("cublas_fp16", "cublaslt_fp16")
         };
         // Every launcher of this M, timed in turn (`Rounds`): cuBLAS; each kernel QuantLinear has for this M, forced
         // (the fastest goes into the dispatch table); the two-plane and no-PDL comparisons; QuantLinear with its
         // own dispatch.
-        let mut lt = CublasLtLinear::new::<T>(dev, m, n, k)?;
+        let mut lt = CublasLtLinear::<T>::new(dev, m, n, k)?;
         let kernels = layers[0].available(m);
         let dispatched = layers[0].kernel_for(m).name();
         let times = {
@@ -471,7 +471,7 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
                 lt_c.borrow_mut()
                     .run(stream, &dense_w[i], &xs[i], &mut ys_c.borrow_mut()[i])
             });
-            timed.push((baseline.replace("cublas", "cublaslt"), dense_bytes));
+            timed.push((lt_baseline.into(), dense_bytes));
             sink.status(format!(
                 "linear {m}x{k}x{n} {dtype}: {} launchers in turn (QuantLinear: {dispatched})",
                 timed.len()
@@ -521,8 +521,7 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
             let us = sustained_us(dev, &stream, dense_sets, |i| {
                 lt.run(&stream, &dense_w[i], &xs[i], &mut ys[i])
             })?;
-            let lt_name = baseline.replace("cublas", "cublaslt");
-            sink.push(record(&format!("{lt_name}_sustained"), dense_bytes, us))?;
+            sink.push(record(&format!("{lt_baseline}_sustained"), dense_bytes, us))?;
         }
 
         for (label, v) in variant_ops.iter().filter(|_| m <= MAX_DECODE_M) {

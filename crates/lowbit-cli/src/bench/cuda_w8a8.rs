@@ -145,7 +145,7 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
         let mut a_token = QuantizedActivationsCuda::alloc(dev, m, k, k)?;
         let mut ws_smooth = dev.alloc_zeros::<u8>(smooth[0].workspace_bytes(m))?;
         let mut lt = CublasLtInt8::new(dev, m, n, k)?;
-        let mut dense_lt = CublasLtLinear::new::<T>(dev, m, n, k)?;
+        let mut dense_lt = CublasLtLinear::<T>::new(dev, m, n, k)?;
         let mut ys_i32: Vec<CudaSlice<i32>> = (0..2).map(|_| dev.alloc_zeros(m * n)).collect::<Result<_>>()?;
         // Every launcher in turn (`Rounds`), so that all run at the same clocks.
         sink.status(format!(

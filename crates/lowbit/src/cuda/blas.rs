@@ -63,9 +63,10 @@ impl std::fmt::Debug for LtMatmul {
     }
 }
 
-fn lt_error(what: &'static str) -> impl Fn(lt::CublasError) -> Error {
+/// A cuBLAS or cuBLASLt status as [`Error::Cuda`], `context` naming the call.
+pub(crate) fn blas_error<E: std::fmt::Debug>(context: &'static str) -> impl Fn(E) -> Error {
     move |e| Error::Cuda {
-        context: what.into(),
+        context: context.into(),
         message: format!("{e:?}"),
     }
 }
@@ -86,7 +87,7 @@ impl LtMatmul {
         }
         context.bind_to_thread().map_err(driver_error("cuCtxSetCurrent"))?;
         let (operand, output, compute, scale) = types.types();
-        let handle = lt::create_handle().map_err(lt_error("cublasLtCreate"))?;
+        let handle = lt::create_handle().map_err(blas_error("cublasLtCreate"))?;
         // From here on `plan` owns what is created, so an error drops (destroys) it.
         let mut plan = Self {
             handle,
@@ -100,7 +101,7 @@ impl LtMatmul {
             types,
             dims: (m, n, k),
         };
-        plan.desc = lt::create_matmul_desc(compute, scale).map_err(lt_error("cublasLtMatmulDescCreate"))?;
+        plan.desc = lt::create_matmul_desc(compute, scale).map_err(blas_error("cublasLtMatmulDescCreate"))?;
         let transpose = cudarc::cublas::sys::cublasOperation_t::CUBLAS_OP_T;
         // SAFETY: a live descriptor; the value is a cublasOperation_t as the attribute requires.
         unsafe {
@@ -111,15 +112,15 @@ impl LtMatmul {
                 std::mem::size_of_val(&transpose),
             )
         }
-        .map_err(lt_error("cublasLtMatmulDescSetAttribute"))?;
+        .map_err(blas_error("cublasLtMatmulDescSetAttribute"))?;
         let layout = |t, rows: usize, cols: usize| {
             lt::create_matrix_layout(t, rows as u64, cols as u64, rows as i64)
-                .map_err(lt_error("cublasLtMatrixLayoutCreate"))
+                .map_err(blas_error("cublasLtMatrixLayoutCreate"))
         };
         plan.layouts[0] = layout(operand, k, n)?;
         plan.layouts[1] = layout(operand, k, m)?;
         plan.layouts[2] = layout(output, n, m)?;
-        let pref = lt::create_matmul_pref().map_err(lt_error("cublasLtMatmulPreferenceCreate"))?;
+        let pref = lt::create_matmul_pref().map_err(blas_error("cublasLtMatmulPreferenceCreate"))?;
         // SAFETY: live preference, the value is the u64 the attribute takes.
         let set = unsafe {
             lt::set_matmul_pref_attribute(
@@ -135,8 +136,8 @@ impl LtMatmul {
             lt::get_matmul_algo_heuristic(plan.handle, plan.desc, l[0], l[1], l[2], l[2], pref)
         });
         // SAFETY: created above, destroyed once.
-        unsafe { lt::destroy_matmul_pref(pref) }.map_err(lt_error("cublasLtMatmulPreferenceDestroy"))?;
-        plan.algo = heuristic.map_err(lt_error("cublasLtMatmulAlgoGetHeuristic"))?.algo;
+        unsafe { lt::destroy_matmul_pref(pref) }.map_err(blas_error("cublasLtMatmulPreferenceDestroy"))?;
+        plan.algo = heuristic.map_err(blas_error("cublasLtMatmulAlgoGetHeuristic"))?.algo;
         Ok(plan)
     }
 
@@ -146,11 +147,6 @@ impl LtMatmul {
         ensure(w >= n * k, "w", w, "needs N · K elements")?;
         ensure(x >= m * k, "x", x, "needs M · K elements")?;
         ensure(y >= m * n, "y", y, "needs M · N elements")
-    }
-
-    /// The element types it was planned for.
-    pub fn types(&self) -> LtTypes {
-        self.types
     }
 
     /// Runs the product on `stream` from device addresses: `w` N·K, `x` M·K operands, `y` M·N outputs.
@@ -188,7 +184,7 @@ impl LtMatmul {
                 stream.cu_stream() as *mut _,
             )
         }
-        .map_err(lt_error("cublasLtMatmul"))
+        .map_err(blas_error("cublasLtMatmul"))
     }
 }
 

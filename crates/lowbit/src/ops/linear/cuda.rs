@@ -33,7 +33,7 @@
 
 pub mod gemm;
 
-use crate::cuda::blas::{LtMatmul, LtTypes};
+use crate::cuda::blas::{blas_error, LtMatmul, LtTypes};
 use crate::cuda::checked_buffer as buffer;
 use crate::cuda::{launch_error, CudaDevice, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
 use crate::cuda::{tensor_map_2d, KernelSource, LaunchConfig, MapElement, TensorMap};
@@ -926,19 +926,14 @@ pub struct Tuning {
 /// 60.1 / 60.9 against 62.1 / 63.0 (448 CTAs, too many clusters to be resident, so the global fix-up: the second
 /// wave fills the first one's tail). 8 splits were slower on both.
 pub fn cluster_splits(n_tiles: usize, k_tiles: usize, sms: usize, code_bits: usize) -> usize {
-    let fill = |slots: usize| {
-        [8, 4, 2]
-            .into_iter()
-            .find(|&s| n_tiles * s <= slots && n_tiles * s * 10 >= slots * 8 && k_tiles >= 2 * s)
-    };
-    let two_waves_of_four =
-        |slots: usize| (n_tiles * 4 <= 2 * slots && n_tiles * 4 * 10 >= slots * 8 && k_tiles >= 2 * 4).then_some(4);
+    // `splits` per tile fill at least 80% of `slots` CTAs, with at least two units per split.
+    let fills = |splits: usize, slots: usize| n_tiles * splits * 10 >= slots * 8 && k_tiles >= 2 * splits;
+    let fill = |slots: usize| [8, 4, 2].into_iter().find(|&s| n_tiles * s <= slots && fills(s, slots));
     let two_per_sm = 2 * sms;
     if code_bits == 8 {
-        return two_waves_of_four(two_per_sm)
-            .or_else(|| fill(sms))
-            .or_else(|| fill(two_per_sm))
-            .unwrap_or(1);
+        // Four splits over at most two waves of two CTAs per SM.
+        let four = (n_tiles * 4 <= 2 * two_per_sm && fills(4, two_per_sm)).then_some(4);
+        return four.or_else(|| fill(sms)).or_else(|| fill(two_per_sm)).unwrap_or(1);
     }
     fill(sms).unwrap_or(1)
 }
@@ -1634,22 +1629,15 @@ impl CublasLinear {
         if !crate::cuda::cublas_present() {
             return Err(Error::CudaUnavailable("cuBLAS (libcublas.so.13) not found".into()));
         }
-        let cublas_error = |context: &str| {
-            let context = context.to_string();
-            move |e: cudarc::cublas::result::CublasError| Error::Cuda {
-                context: context.clone(),
-                message: format!("{e:?}"),
-            }
-        };
         let stream = device.stream();
-        let blas = cudarc::cublas::CudaBlas::new(stream.clone()).map_err(cublas_error("cublasCreate"))?;
+        let blas = cudarc::cublas::CudaBlas::new(stream.clone()).map_err(blas_error("cublasCreate"))?;
         let workspace = device.blas_workspace()?;
         let ptr = workspace.device_ptr(stream).0;
         // SAFETY: a live handle; the buffer outlives it (held in `Self`), and every handle given it runs on the same
         // stream, so their calls never overlap.
         unsafe { cudarc::cublas::sys::cublasSetWorkspace_v2(*blas.handle(), ptr as *mut _, workspace.len()) }
             .result()
-            .map_err(cublas_error("cublasSetWorkspace"))?;
+            .map_err(blas_error("cublasSetWorkspace"))?;
         Ok(Self {
             blas,
             _workspace: workspace,
@@ -1696,10 +1684,7 @@ impl CublasLinear {
             ldc: n as i32,
         };
         // SAFETY: the three buffers were checked to hold the elements the GEMM reads and writes.
-        unsafe { T::gemm(&self.blas, cfg, w, x, y) }.map_err(|e| Error::Cuda {
-            context: "cublasGemmEx".into(),
-            message: format!("{e:?}"),
-        })
+        unsafe { T::gemm(&self.blas, cfg, w, x, y) }.map_err(blas_error("cublasGemmEx"))
     }
 }
 
@@ -1754,33 +1739,22 @@ dense_element!(bf16, LtTypes::Bf16);
 /// algorithm, planned once per batch size): the second cuBLAS baseline of `lowbit bench --op linear`, the path
 /// PyTorch takes for many of its linear layers.
 #[derive(Debug)]
-pub struct CublasLtLinear {
+pub struct CublasLtLinear<T: DenseElement> {
     plan: LtMatmul,
+    element: std::marker::PhantomData<T>,
 }
 
-impl CublasLtLinear {
+impl<T: DenseElement> CublasLtLinear<T> {
     /// Plans `y = x · W^T` for `m` rows of `T`, an `n x k` weight, on the device's stream.
-    pub fn new<T: DenseElement>(device: &CudaDevice, m: usize, n: usize, k: usize) -> Result<Self> {
+    pub fn new(device: &CudaDevice, m: usize, n: usize, k: usize) -> Result<Self> {
         Ok(Self {
             plan: LtMatmul::new(device.context(), device.stream(), T::LT_TYPES, m, n, k)?,
+            element: std::marker::PhantomData,
         })
     }
 
-    /// `y = x · W^T` on `stream` (x `[M, K]`, w `[N, K]` row-major, y `[M, N]`, all of the planned type).
-    pub fn run<T: DenseElement>(
-        &mut self,
-        stream: &CudaStream,
-        w: &CudaSlice<T>,
-        x: &CudaSlice<T>,
-        y: &mut CudaSlice<T>,
-    ) -> Result<()> {
-        if T::LT_TYPES != self.plan.types() {
-            return Err(Error::invalid(
-                "x",
-                T::DTYPE,
-                "must be the type the product was planned for",
-            ));
-        }
+    /// `y = x · W^T` on `stream` (x `[M, K]`, w `[N, K]` row-major, y `[M, N]`).
+    pub fn run(&mut self, stream: &CudaStream, w: &CudaSlice<T>, x: &CudaSlice<T>, y: &mut CudaSlice<T>) -> Result<()> {
         self.plan.check_lengths(w.len(), x.len(), y.len())?;
         let (w, x) = (w.device_ptr(stream).0, x.device_ptr(stream).0);
         let y = y.device_ptr_mut(stream).0;
