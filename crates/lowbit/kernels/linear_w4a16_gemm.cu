@@ -21,6 +21,15 @@
 //   quarter of the 64-token tile's tensor work) 16. A third warpgroup is the TMA producer; setmaxnreg moves its
 //   registers to the consumers.
 //
+// * K-SPLIT TILE (LB_KSPLIT; linear batches of up to a few hundred rows on narrow layers). A CTA owns 128 columns x
+//   64 tokens, and its two consumer warpgroups split the k of every stage: warpgroup wg issues steps 4 wg .. 4 wg + 3
+//   (x box wg) and converts only their codes, so no weight is converted twice. At M = 64 on a 4096-wide layer the
+//   256-column tile had 16 tiles to split six ways, each CTA pushing a 64 KB fp32 partial over DSMEM; half tiles
+//   make 32, whose partials are half the size and whose CTAs each do the same tensor work. Over a 256-column
+//   weight a tile is half a repacked unit (LB_UNIT_N 256): the unit is warp-major, so its half is one contiguous
+//   copy, and the scale rows come whole. The warpgroups' two partials meet in shared memory (exchange_halves);
+//   then each holds 32 tokens, and every epilogue runs as for the token-split 128-column tile.
+//
 // * OVERLAP. Each k16 step: wgmma.fence, two wgmmas, commit, wait until at most LOOK - 1 groups are in flight,
 //   then convert the A fragments of the step LOOK ahead (LB_LOOKAHEAD, 2 or 3; 4 or 8 fragment buffers, so the one
 //   written is read by no group in flight). The tensor cores always have the next step queued while a warp
@@ -91,7 +100,7 @@
 //   MB of weights and of x in L2 instead of streaming both from memory.
 //
 // The host prepends the #defines selecting one variant (LB_DTYPE, LB_ZEROS, LB_WG_N, LB_WG_TOKENS, LB_STAGES,
-// LB_UNIT_GROUPS, LB_CONV, LB_LOOKAHEAD, LB_WBITS, LB_RAMP, LB_LAG).
+// LB_UNIT_GROUPS, LB_CONV, LB_LOOKAHEAD, LB_WBITS, LB_RAMP, LB_LAG, LB_KSPLIT, LB_UNIT_N).
 #include "common.cuh"
 
 namespace lowbit {
@@ -157,11 +166,16 @@ constexpr int MAX_CLUSTER = 8;  // counters per tile
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 
 // WG_TOKENS: the wgmma N, tokens per consumer warpgroup (16 or 64 for small batches, 128 otherwise).
+// KSPLIT: the two consumer warpgroups split each stage's k (WG_N 1; see the header's K-SPLIT TILE). UNIT_N: columns of
+// a repacked unit, N_CTA or (K-split tile over a 256-column weight) 2 N_CTA.
 template <class T, int ZMODE, int WG_N, int WG_TOKENS, int STAGES, bool UNIT_GROUPS, bool CONV, int LOOK, int WBITS,
-          int RAMP, int LAG>
+          int RAMP, int LAG, bool KSPLIT, int UNIT_N>
 struct Gemm {
     static_assert(LOOK == 2 || LOOK == 3, "k16 steps converted ahead of the wgmmas: 2 or 3");
     static_assert(LAG >= 0 && LAG < STAGES, "STAGGER: warpgroup 1 at most STAGES - 1 k tiles behind");
+    static_assert(!KSPLIT || (WG_N == 1 && LOOK == 2 && LAG == 0 && !CONV && WG_TOKENS >= 16),
+                  "K-split tile: 128 columns, lookahead 2 (4 steps a stage), no STAGGER, linear only");
+    static_assert(UNIT_N == 128 * WG_N || (KSPLIT && UNIT_N == 256), "a tile is a unit, or half of one");
     static constexpr int STAGGER_BARRIER = 2;  // named barrier 1 is consumer_sync's
     static_assert(WBITS == 4 || (WBITS == 8 && T::MAGIC == F16::MAGIC),
                   "int8 codes: fp16 activations only (bf16 cannot hold 1024 + u; see INT8 CODES)");
@@ -169,17 +183,24 @@ struct Gemm {
     static constexpr bool HAS_ZEROS = ZMODE == ZEROS_CODES;
     static constexpr bool OFFSETS = ZMODE == ZEROS_OFFSETS;
     static constexpr int ACC = WG_TOKENS / 2;  // fp32 accumulators per thread per 64-row tile
-    static constexpr int N_CTA = 128 * WG_N;  // output columns per tile (the repacked tile width)
-    static constexpr int WG_M = 2 / WG_N;     // consumer warpgroups along tokens
+    static constexpr int N_CTA = 128 * WG_N;  // output columns per tile
+    static constexpr int HALVES = UNIT_N / N_CTA;  // tiles per repacked unit's columns: 1, or 2 (K-split half tiles)
+    static constexpr int WG_M = KSPLIT ? 1 : 2 / WG_N;  // consumer warpgroups along tokens
     static constexpr int BM = WG_M * WG_TOKENS;
+    // k16 steps of a stage per warpgroup: all 8, or (KSPLIT) warpgroup wg's 4, steps 4 wg .. 4 wg + 3.
+    static constexpr int STEPS = KSPLIT ? 4 : 8;
+    // Tokens per warpgroup in the epilogue: a K-split tile's warpgroups first trade halves (exchange_halves), so
+    // each then holds the sums of 32 tokens, as the token-split tile's do.
+    static constexpr int EPI_TOKENS = KSPLIT ? WG_TOKENS / 2 : WG_TOKENS;
     static constexpr int CONSUMERS = 256;     // two consumer warpgroups
     static constexpr int BLOCK = 384;         // + the producer warpgroup
     static constexpr int X_BYTES = BM * K_TILE * 2;  // two boxes of BM rows x 128 B
-    static constexpr int W_BYTES = N_CTA * K_TILE * WBITS / 8;
+    static constexpr int W_BYTES = N_CTA * K_TILE * WBITS / 8;  // the tile's codes: a unit, or its half
     static constexpr int GROUP_ROWS = UNIT_GROUPS ? 1 : K_TILE / 16;
-    static constexpr int S_BYTES = GROUP_ROWS * N_CTA * 2;
+    // Scale and zero rows are the unit's whole rows (a half tile reads its half of them: ParamWarp).
+    static constexpr int S_BYTES = GROUP_ROWS * UNIT_N * 2;
     // Zero rows: 4- or 8-bit codes, or fp16 offsets laid out like the scales.
-    static constexpr int Z_ROW_BYTES = HAS_ZEROS ? N_CTA * WBITS / 8 : OFFSETS ? N_CTA * 2 : 0;
+    static constexpr int Z_ROW_BYTES = HAS_ZEROS ? UNIT_N * WBITS / 8 : OFFSETS ? UNIT_N * 2 : 0;
     static constexpr int Z_BYTES = GROUP_ROWS * Z_ROW_BYTES;
     // x first: swizzled tiles must be 1024-byte aligned, so stages are padded to a multiple of 1024.
     static constexpr int STAGE_BYTES = (X_BYTES + W_BYTES + S_BYTES + Z_BYTES + 1023) / 1024 * 1024;
@@ -191,11 +212,13 @@ struct Gemm {
     // [32 channels][8 tokens] slices, 16 bytes of padding apart (epilogue_conv).
     static constexpr int CONV_SLICE_BYTES = 32 * 16 + 16;
     static constexpr int STAGING_BYTES = CONV ? 8 * 4 * CONV_SLICE_BYTES : 8 * 1024;
-    static constexpr int PIPE_BYTES = STAGES * STAGE_BYTES + STAGING_BYTES;
+    // KSPLIT: the halves the warpgroups trade, past the staging (exchange_halves): ACC / 2 floats per tile and thread.
+    static constexpr int EXCHANGE_BYTES = KSPLIT ? CONSUMERS * ACC * 4 : 0;
+    static constexpr int PIPE_BYTES = STAGES * STAGE_BYTES + STAGING_BYTES + EXCHANGE_BYTES;
     static constexpr int DATA_BYTES = PIPE_BYTES > Y_BYTES ? PIPE_BYTES : Y_BYTES;
     static constexpr int TILE_FLOATS = BM * N_CTA;
     // Tiles that may take STREAM-K (the host's STREAM_MAX_TOKENS): the 128-token tile's fix-up would spill.
-    static constexpr bool STREAM = WG_TOKENS <= 64 && !CONV;
+    static constexpr bool STREAM = WG_TOKENS <= 64 && !CONV && !KSPLIT;
 
     __device__ static __forceinline__ void wgmma(float (&d)[ACC], uint4 a, u64 desc, int accumulate) {
         wgmma_m64k16<T, WG_TOKENS>(d, a, desc, accumulate);
@@ -291,10 +314,14 @@ struct Gemm {
                                                          const Work& w, int kt) {
         const int k0 = kt * K_TILE;
         const int g_lo = group_row(s, k0), rows = group_row(s, k0 + K_TILE - 1) - g_lo + 1;
-        const size_t row0 = (size_t)w.nt * s.GP + g_lo;
-        mbar_arrive_expect_tx(full, X_BYTES + W_BYTES + rows * (N_CTA * 2 + Z_ROW_BYTES));
-        bulk_copy(stage + X_BYTES, a.qweight + ((size_t)w.nt * s.KT + kt) * (W_BYTES / 16), W_BYTES, full);
-        bulk_copy(stage + X_BYTES + W_BYTES, a.scales + row0 * N_CTA, rows * (N_CTA * 2), full);
+        // A half tile's codes are the unit's second half or its first: a unit is warp-major (decode warp w's 32
+        // columns at w W_BYTES / 4 in a 128-column tile's terms), so 4 warps' columns are contiguous.
+        const int unit_nt = w.nt / HALVES, half = w.nt % HALVES;
+        const size_t row0 = (size_t)unit_nt * s.GP + g_lo;
+        mbar_arrive_expect_tx(full, X_BYTES + W_BYTES + rows * (UNIT_N * 2 + Z_ROW_BYTES));
+        bulk_copy(stage + X_BYTES, a.qweight + (((size_t)unit_nt * s.KT + kt) * HALVES + half) * (W_BYTES / 16), W_BYTES,
+                  full);
+        bulk_copy(stage + X_BYTES + W_BYTES, a.scales + row0 * UNIT_N, rows * (UNIT_N * 2), full);
         if (Z_ROW_BYTES)
             bulk_copy(stage + X_BYTES + W_BYTES + S_BYTES, a.zeros + row0 * Z_ROW_BYTES, rows * Z_ROW_BYTES, full);
     }
@@ -356,17 +383,19 @@ struct Gemm {
     }
 
     // The conversion side of the main loop: the stage it reads, its words and group terms, two steps ahead of the
-    // wgmmas (see mainloop).
+    // wgmmas (see mainloop). `pw`: the warp's 32-column slice in the unit's scale rows (its decode warp dw, plus 4
+    // in a unit's second half tile); `step0`: the warpgroup's first k16 step of a stage (KSPLIT: 4 for warpgroup 1).
     struct Converter {
         u32 ws, params, starts;
+        int pw, step0;
         uint4 wq;
         GroupTerms gt;
         u32 o2[2][2];  // OFFSETS: the offsets of rows g / g + 8 per tile as packed pairs {o, o}
 
-        __device__ __forceinline__ void load_terms(int row, int dw, int lane) {
-            gt = load_group_terms<T, HAS_ZEROS, N_CTA, WBITS>(params, S_BYTES, row, dw, lane);
+        __device__ __forceinline__ void load_terms(int row, int lane) {
+            gt = load_group_terms<T, HAS_ZEROS, UNIT_N, WBITS>(params, S_BYTES, row, pw, lane);
             if (OFFSETS) {  // laid out like the scales (one 8-byte load per lane group)
-                const uint2 ov = lds64(params + S_BYTES + row * (N_CTA * 2) + dw * 64 + (lane >> 2) * 8);
+                const uint2 ov = lds64(params + S_BYTES + row * (UNIT_N * 2) + pw * 64 + (lane >> 2) * 8);
                 o2[0][0] = prmt(ov.x, ov.x, 0x1010), o2[0][1] = prmt(ov.x, ov.x, 0x3232);
                 o2[1][0] = prmt(ov.y, ov.y, 0x1010), o2[1][1] = prmt(ov.y, ov.y, 0x3232);
             }
@@ -379,7 +408,8 @@ struct Gemm {
 
         // Points at the stage of k tile `kt` in buffer `stage` (waits for it to be full first: done by the caller).
         __device__ __forceinline__ void begin(const Shape& s, u32 stage, int kt, int dw, int lane) {
-            ws = stage + X_BYTES + dw * (W_BYTES / (N_CTA / 32)) + lane * 16;
+            // int4 codes: 16 bytes per lane and two steps; int8: per step.
+            ws = stage + X_BYTES + dw * (W_BYTES / (N_CTA / 32)) + lane * 16 + step0 * (WBITS == 8 ? 512 : 256);
             params = stage + X_BYTES + W_BYTES;
             // Bit j set: a group starts at k16 step j (j >= 1) of this unit; its row is the popcount up to j.
             starts = 0;
@@ -388,7 +418,7 @@ struct Gemm {
                 for (int j = ((group_row(s, k0) + 1) * s.group - k0) >> 4; j < K_TILE / 16; j += s.group >> 4)
                     starts |= 1u << j;
             }
-            load_terms(0, dw, lane);
+            load_terms(UNIT_GROUPS ? 0 : __popc(starts & ((2u << step0) - 1)), lane);
         }
 
         // Step j of the stage as the two A fragments (q - z) * s (registers x, z: row g; y, w: row g + 8).
@@ -399,12 +429,14 @@ struct Gemm {
             return FragmentOps<F16>::dequant8(t == 0 ? w.x : w.z, t == 0 ? w.y : w.w, gt.lo[t], gt.hi[t]);
         }
 
+        // Step J of the warpgroup's steps (step0 + J of the stage).
         template <int J>
-        __device__ __forceinline__ void convert(uint4 (&frag)[2], int dw, int lane) {
+        __device__ __forceinline__ void convert(uint4 (&frag)[2], int lane) {
             // int4: one 16-byte read per two steps (words x, y: step 2i; z, w: 2i + 1); int8: one per step.
             if (WBITS == 8) wq = lds128(ws + J * 512);
             else if (J % 2 == 0) wq = lds128(ws + (J / 2) * 512);
-            if (!UNIT_GROUPS && J > 0 && (starts >> J) & 1) load_terms(__popc(starts & ((2u << J) - 1)), dw, lane);
+            if (!UNIT_GROUPS && J > 0 && (starts >> (step0 + J)) & 1)
+                load_terms(__popc(starts & ((2u << (step0 + J)) - 1)), lane);
             const uint4 w = WBITS == 8 || J % 2 == 0 ? wq : make_uint4(wq.z, wq.w, 0, 0);
 #pragma unroll
             for (int t = 0; t < 2; ++t) {
@@ -416,16 +448,18 @@ struct Gemm {
         }
     };
 
-    // One stage's 8 k16 steps of wgmma, converting LOOK steps ahead: after step j's wgmmas the wait leaves at most
-    // LOOK - 1 groups (j - LOOK + 2 .. j) in flight, and the fragments of step j + LOOK go to buffer
+    // One stage's STEPS k16 steps of wgmma, converting LOOK steps ahead: after step j's wgmmas the wait leaves at
+    // most LOOK - 1 groups (j - LOOK + 2 .. j) in flight, and the fragments of step j + LOOK go to buffer
     // (j + LOOK) % FRAG_BUFS, which neither those groups nor the pending steps j + 1 .. j + LOOK - 1 use
-    // (2 LOOK - 1 <= FRAG_BUFS). The last LOOK steps convert the first of the next stage (waiting for it to be full).
+    // (2 LOOK - 1 <= FRAG_BUFS, which divides STEPS). The last LOOK steps convert the first of the next stage
+    // (waiting for it to be full).
     template <int J>
     __device__ static __forceinline__ void stage_step(const Shape& s, u32 base, u32 bars, int kt, int kt0, int kt1, int buf,
                                                u32 phase, u64 x_desc, int dw, int lane, Converter& cv,
                                                uint4 (&frag)[FRAG_BUFS][2], float (&acc)[2][ACC]) {
         // Step J reads k [16J, 16J + 16): box J / 4, 32 bytes per step inside its rows (the descriptor's address
-        // field counts 16-byte units and the offset never carries out of it).
+        // field counts 16-byte units and the offset never carries out of it). KSPLIT: x_desc is already at the
+        // warpgroup's box.
         const u64 desc = x_desc + (((J >> 2) * (BM * 128) + (J & 3) * 32) >> 4);
         const int accumulate = kt > kt0 || J > 0;  // the first product overwrites D: no zeroing
         fence_accumulators(acc);
@@ -438,43 +472,49 @@ struct Gemm {
         if (J == LOOK - 2 && kt > kt0) {  // the previous stage's last group is done: release its buffer
             mbar_arrive(bars + (STAGES + (buf == 0 ? STAGES - 1 : buf - 1)) * 8);
         }
-        if (J + LOOK < 8) {
-            cv.template convert<(J + LOOK) % 8>(frag[(J + LOOK) % FRAG_BUFS], dw, lane);
+        if (J + LOOK < STEPS) {
+            cv.template convert<(J + LOOK) % STEPS>(frag[(J + LOOK) % FRAG_BUFS], lane);
         } else if (kt + 1 < kt1) {
-            if (J == 8 - LOOK) {
+            if (J == STEPS - LOOK) {
                 const int next = buf + 1 == STAGES ? 0 : buf + 1;
                 mbar_wait(bars + next * 8, next == 0 ? phase ^ 1 : phase);
                 cv.begin(s, base + next * STAGE_BYTES, kt + 1, dw, lane);
             }
-            cv.template convert<(J + LOOK) % 8>(frag[(J + LOOK) % FRAG_BUFS], dw, lane);
+            cv.template convert<(J + LOOK) % STEPS>(frag[(J + LOOK) % FRAG_BUFS], lane);
         }
     }
 
     // The consumer warpgroups' main loop; returns with every wgmma complete and the accumulators in `acc`.
     // `buf`/`phase`: the stage the next k tile is in and the parity of its use, carried across items.
     // `arrive_kt` (STAGGER): after that k tile warpgroup 0 lets warpgroup 1 start; -1: none.
-    __device__ static __forceinline__ void mainloop(const Shape& s, u32 base, u32 bars, int kt0, int kt1, int wg,
+    // `nt`: the item's column tile (a half tile reads the unit's second half of the scale rows when odd).
+    __device__ static __forceinline__ void mainloop(const Shape& s, u32 base, u32 bars, int nt, int kt0, int kt1, int wg,
                                                     int arrive_kt, int& buf, u32& phase, float (&acc)[2][ACC]) {
         const int lane = threadIdx.x & 31;
         const int dw = (WG_N == 2 ? wg * 4 : 0) + ((threadIdx.x >> 5) & 3);  // this warp's 32-column decode slice
-        const int wm = WG_N == 2 ? 0 : wg;                                   // this warpgroup's token half
+        // x rows from: this warpgroup's token half (WG_N 1), or (KSPLIT) all BM tokens of its 64-k box.
+        const int x_offset = KSPLIT ? wg * (BM * 128) : WG_N == 2 ? 0 : wg * (WG_TOKENS * 128);
         Converter cv;
+        cv.pw = dw + (HALVES == 2 ? (nt & 1) * (N_CTA / 32) : 0);
+        cv.step0 = KSPLIT ? wg * STEPS : 0;
         uint4 frag[FRAG_BUFS][2];
         mbar_wait(bars + buf * 8, phase);
         cv.begin(s, base + buf * STAGE_BYTES, kt0, dw, lane);
-        cv.template convert<0>(frag[0], dw, lane);
-        cv.template convert<1>(frag[1], dw, lane);
-        if (LOOK > 2) cv.template convert<2>(frag[2], dw, lane);
+        cv.template convert<0>(frag[0], lane);
+        cv.template convert<1>(frag[1], lane);
+        if (LOOK > 2) cv.template convert<2>(frag[2], lane);
         for (int kt = kt0; kt < kt1; ++kt) {
-            const u64 xd = smem_desc_sw128(base + buf * STAGE_BYTES + wm * (WG_TOKENS * 128));
+            const u64 xd = smem_desc_sw128(base + buf * STAGE_BYTES + x_offset);
             stage_step<0>(s, base, bars, kt, kt0, kt1, buf, phase, xd, dw, lane, cv, frag, acc);
             stage_step<1>(s, base, bars, kt, kt0, kt1, buf, phase, xd, dw, lane, cv, frag, acc);
             stage_step<2>(s, base, bars, kt, kt0, kt1, buf, phase, xd, dw, lane, cv, frag, acc);
             stage_step<3>(s, base, bars, kt, kt0, kt1, buf, phase, xd, dw, lane, cv, frag, acc);
-            stage_step<4>(s, base, bars, kt, kt0, kt1, buf, phase, xd, dw, lane, cv, frag, acc);
-            stage_step<5>(s, base, bars, kt, kt0, kt1, buf, phase, xd, dw, lane, cv, frag, acc);
-            stage_step<6>(s, base, bars, kt, kt0, kt1, buf, phase, xd, dw, lane, cv, frag, acc);
-            stage_step<7>(s, base, bars, kt, kt0, kt1, buf, phase, xd, dw, lane, cv, frag, acc);
+            if (STEPS == 8) {
+                stage_step<4>(s, base, bars, kt, kt0, kt1, buf, phase, xd, dw, lane, cv, frag, acc);
+                stage_step<5>(s, base, bars, kt, kt0, kt1, buf, phase, xd, dw, lane, cv, frag, acc);
+                stage_step<6>(s, base, bars, kt, kt0, kt1, buf, phase, xd, dw, lane, cv, frag, acc);
+                stage_step<7>(s, base, bars, kt, kt0, kt1, buf, phase, xd, dw, lane, cv, frag, acc);
+            }
             if (++buf == STAGES) buf = 0, phase ^= 1;
             if (LAG > 0 && kt == arrive_kt) named_barrier_arrive(STAGGER_BARRIER, CONSUMERS);
         }
@@ -568,8 +608,8 @@ struct Gemm {
         const u32 slab = base + rank * slab_bytes + g * 16;  // this CTA's slab in every owner, at this lane's quad
         cluster_sync();
 #pragma unroll
-        for (int j = 0; j < WG_TOKENS / 8; ++j) {
-            const int pair = wm * (WG_TOKENS / 2) + j * 4 + t4;  // rows 2 pair, 2 pair + 1 of the tile
+        for (int j = 0; j < EPI_TOKENS / 8; ++j) {
+            const int pair = wm * (EPI_TOKENS / 2) + j * 4 + t4;  // rows 2 pair, 2 pair + 1 of the tile
             const int owner = (pair * s.split_pairs_recip) >> 16;
             const u32 pair_at = slab + (pair - owner * share) * (PAIR_FLOATS * 4);
 #pragma unroll
@@ -754,7 +794,7 @@ struct Gemm {
         const u32 get = buf + (p >> 2) * CONV_SLICE_BYTES + half * 16 + (p & 3) * 4;
         const int grid_h = s.grid_tokens / s.grid_w;
 #pragma unroll
-        for (int round = 0; round < WG_TOKENS / 32; ++round) {
+        for (int round = 0; round < EPI_TOKENS / 32; ++round) {
             __syncwarp();  // every lane has read the previous round
 #pragma unroll
             for (int jj = 0; jj < 4; ++jj) {
@@ -765,7 +805,7 @@ struct Gemm {
             }
             __syncwarp();
             // Tokens m, m + 1 -> their offsets in image plane 0 (-1: a padding position or past M).
-            const int m = mt * BM + wt.wm * WG_TOKENS + round * 32 + 2 * p;
+            const int m = mt * BM + wt.wm * EPI_TOKENS + round * 32 + 2 * p;
             const int b = m / s.grid_tokens, rest = m - b * s.grid_tokens, ho = rest / s.grid_w, wo = rest - ho * s.grid_w;
             int b1 = b, ho1 = ho, wo1 = wo + 1;
             if (wo1 == s.grid_w) {
@@ -819,7 +859,7 @@ struct Gemm {
         u16* dst = a.y + (size_t)(m0 + row) * s.y_stride + n;
         const size_t slice_stride = (size_t)8 * s.y_stride;
 #pragma unroll
-        for (int j = 0; j < WG_TOKENS / 8; ++j) {
+        for (int j = 0; j < EPI_TOKENS / 8; ++j) {
             u32 v[4];
             pack_slice<ACT>(acc, j, wt.bias, v);
             const u32 slot = (j & 1) * 512;
@@ -845,7 +885,7 @@ struct Gemm {
                                                            int wg, const float (&acc)[2][ACC]) {
         const WarpTile wt = warp_tile(a, s, nt, wg);
         const u32 buf = staging + wt.warp * 1024;
-        const int m0 = mt * BM + wt.wm * WG_TOKENS;
+        const int m0 = mt * BM + wt.wm * EPI_TOKENS;
         // Decided per tile, which ptxas sees to be uniform: a per-warp condition made it treat the main loop of the
         // next item as divergent (descriptors out of uniform registers in the 16- and 64-token tiles).
         if (s.y_vector && (nt + 1) * N_CTA <= s.N)
@@ -869,6 +909,47 @@ struct Gemm {
         auto counter_of = [&] { return a.counters + (w.mt * s.NT + w.nt) * MAX_CLUSTER + (ctid >> 5); };
         return warp_fixup<ACC / 2, BATCH>(a.partials, TILE_FLOATS, w.slot, counter_of, w.pieces, slot_of, [] {},
                                           ctid >> 5, ctid & 31, &acc[0][0]);
+    }
+
+    // KSPLIT: the two warpgroups hold partial sums of the same 64 x 128 outputs, over the two halves of every stage's
+    // k. Warpgroup 0 keeps tokens 0..31 (accumulators 0 .. ACC / 2 - 1 of each tile), warpgroup 1 tokens 32..63: each
+    // hands the other the half it does not keep, through shared memory past the staging (thread i of one warpgroup
+    // and thread i of the other hold the same outputs), and adds the half it receives. A sum of two terms is the same
+    // whichever adds it, so the result does not depend on timing. Warpgroup 1 leaves its sums in accumulators
+    // 0 .. ACC / 2 - 1 too, and both run the epilogue of a token-split tile of EPI_TOKENS tokens each.
+    __device__ static __forceinline__ void exchange_halves(u32 exchange, int wg, float (&acc)[2][ACC]) {
+        constexpr u32 SIDE = CONSUMERS / 2 * ACC * 4;  // what one warpgroup hands over: 2 tiles x ACC / 2 floats a thread
+        const u32 out = exchange + wg * SIDE, in = exchange + (1 - wg) * SIDE;
+        // Accumulator indices must be compile-time constants (registers): one instance per warpgroup.
+        if (wg == 0) trade_half<ACC / 2>(out, in, acc);
+        else trade_half<0>(out, in, acc);
+        consumer_sync(CONSUMERS);  // both have read: the next item may write again
+    }
+    // Hands over accumulators GIVE .. GIVE + ACC / 2 - 1 of each tile and adds the other warpgroup's into the rest,
+    // then leaves the sums in 0 .. ACC / 2 - 1.
+    template <int GIVE>
+    __device__ static __forceinline__ void trade_half(u32 out, u32 in, float (&acc)[2][ACC]) {
+        constexpr int HALF = ACC / 2, QUADS = HALF / 4, KEEP = HALF - GIVE;
+        const int i = thread_index() & 127;
+#pragma unroll
+        for (int t = 0; t < 2; ++t)
+#pragma unroll
+            for (int q = 0; q < QUADS; ++q) {
+                const int at = GIVE + 4 * q;
+                sts128f(out + ((t * QUADS + q) * 128 + i) * 16,
+                        make_float4(acc[t][at], acc[t][at + 1], acc[t][at + 2], acc[t][at + 3]));
+            }
+        consumer_sync(CONSUMERS);
+#pragma unroll
+        for (int t = 0; t < 2; ++t)
+#pragma unroll
+            for (int q = 0; q < QUADS; ++q) {
+                const float4 v = lds128f(in + ((t * QUADS + q) * 128 + i) * 16);
+                const int at = KEEP + 4 * q;
+                // Into slot 4 q: for warpgroup 0 (KEEP 0) in place, for warpgroup 1 moved down.
+                acc[t][4 * q] = acc[t][at] + v.x, acc[t][4 * q + 1] = acc[t][at + 1] + v.y;
+                acc[t][4 * q + 2] = acc[t][at + 2] + v.z, acc[t][4 * q + 3] = acc[t][at + 3] + v.w;
+            }
     }
 
     // The epilogue of one work item.
@@ -926,7 +1007,8 @@ struct Gemm {
         for (Cursor items(s); items.next(s, w);) {
             float acc[2][ACC];  // written by the first wgmma (accumulate = 0)
             const int arrive_kt = LAG > 0 && wg == 0 && taken == 0 ? min(w.kt0 + LAG, w.kt1) - 1 : -1;
-            mainloop(s, base, bars, w.kt0, w.kt1, wg, arrive_kt, buf, phase, acc);
+            mainloop(s, base, bars, w.nt, w.kt0, w.kt1, wg, arrive_kt, buf, phase, acc);
+            if (KSPLIT) exchange_halves(base + STAGES * STAGE_BYTES + STAGING_BYTES, wg, acc);
             if (taken == 0) trace_stamp(a.trace, TRACE_MAINLOOP_END);
             // One compile-time activation per launch keeps the unrolled epilogue small (see activate). A
             // convolution clamps at most (none/relu/relu6): its variants leave GELU and SiLU out.
@@ -974,10 +1056,16 @@ struct Gemm {
 #ifndef LB_LAG
 #define LB_LAG 0
 #endif
+#ifndef LB_KSPLIT
+#define LB_KSPLIT 0
+#endif
+#ifndef LB_UNIT_N
+#define LB_UNIT_N (128 * LB_WG_N)
+#endif
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 typedef lowbit::w4a16_gemm::Gemm<lowbit::LB_DTYPE, LB_ZEROS, LB_WG_N, LB_WG_TOKENS, LB_STAGES, LB_UNIT_GROUPS != 0,
-                                 LB_CONV != 0, LB_LOOKAHEAD, LB_WBITS, LB_RAMP, LB_LAG>
+                                 LB_CONV != 0, LB_LOOKAHEAD, LB_WBITS, LB_RAMP, LB_LAG, LB_KSPLIT != 0, LB_UNIT_N>
     GemmVariant;
 
 extern "C" __global__ void __launch_bounds__(GemmVariant::BLOCK, 1)

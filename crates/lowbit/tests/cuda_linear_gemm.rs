@@ -598,6 +598,64 @@ fn back_to_back_launches_see_each_others_writes() {
 }
 
 #[test]
+fn k_split_tile_over_whole_and_half_units() {
+    let Some(dev) = hopper() else { return };
+    // The K-split tile (forced): 128 columns x 64 tokens, the two consumer warpgroups on the two halves of every
+    // stage's k, their partials added in shared memory. N = 512 has 256-column units, so each tile is half a unit;
+    // N = 384 has 128-column units. Exact integers bit-equal to the reference, with split-K of 1 to 4 CTAs (4 as
+    // two cluster groups of 2), token tails, and a unit with several scale rows (group 32, act-order; group 64
+    // and a partial last k tile).
+    let k_split = |op: &mut LinearW4A16Gemm| op.force_k_split(Some(true));
+    let mut seen = Vec::new();
+    let c = Case {
+        k: 2048,
+        exact: true,
+        bias: true,
+        ..BASE
+    };
+    check_with::<f16>(&dev, c, &[1, 17, 64, 100, 200], &[None, Some(1), Some(3)], |op| {
+        k_split(op);
+        seen.extend([1, 100].map(|m| op.variant(m)));
+    });
+    assert!(seen.iter().all(|v| v.ksplit && v.halves() == 2), "{seen:?}");
+    check_with::<f16>(&dev, c, &[64, 130], &[Some(4)], |op| {
+        k_split(op);
+        op.set_max_cluster(2);
+    });
+    let group_32 = Case {
+        n: 256,
+        k: 512,
+        group: 32,
+        act_order: true,
+        ..BASE
+    };
+    check_with::<f16>(&dev, group_32, &[16, 64, 130], &[None, Some(2)], k_split);
+    let narrow = Case {
+        n: 384,
+        k: 4160,
+        group: 64,
+        act: DType::Bf16,
+        bias: true,
+        activation: Activation::Silu,
+        ..BASE
+    };
+    let mut seen = Vec::new();
+    check_with::<bf16>(&dev, narrow, &[5, 64, 333], &[None, Some(3)], |op| {
+        k_split(op);
+        seen.push(op.variant(64));
+    });
+    assert!(seen.iter().all(|v| v.ksplit && v.halves() == 1), "{seen:?}");
+    // 8-bit codes in the int8 layout.
+    let int8 = Case {
+        bits: 8,
+        int8_layout: true,
+        exact: true,
+        ..c
+    };
+    check_with::<f16>(&dev, int8, &[33, 64], &[None, Some(2)], k_split);
+}
+
+#[test]
 fn stream_k_splits_tiles_between_ctas() {
     let Some(dev) = hopper() else { return };
     // STREAM-K (forced): CTA c takes k tiles [c U / G, (c + 1) U / G) of the U = tiles x k tiles, and a tile split

@@ -31,7 +31,9 @@
 //! `LOWBIT_BENCH_GEMM_STAGES=3,4` with at most that many pipeline stages in its 16- and 64-token tiles
 //! (`lowbit_gemm_s3`, ...), `LOWBIT_BENCH_GEMM_RAMP=0,1` with at most that many stages in flight while its
 //! pipeline first fills, 0 being all of them, on every tile (`lowbit_gemm_ramp0`, ...), `LOWBIT_BENCH_GEMM_LAG=0,1`
-//! with the 64- and 128-token tiles' second consumer warpgroup that many k tiles behind (`lowbit_gemm_lag0`, ...).
+//! with the 64- and 128-token tiles' second consumer warpgroup that many k tiles behind (`lowbit_gemm_lag0`, ...),
+//! `LOWBIT_BENCH_GEMM_KSPLIT=off,on,3` without the K-split tile, with it at every M > 16, or with it split that many
+//! ways (`lowbit_gemm_ksoff`, `lowbit_gemm_kson`, `lowbit_gemm_ks3`).
 //! `LOWBIT_BENCH_ACTIVATION=silu` builds QuantLinear's layers with that fused epilogue (records `lowbit_silu`, ...).
 
 use super::{graph_replay_us, median_of_batches, sustained_us, BenchArgs, BenchRecord, Rounds, Shape, Sink};
@@ -326,6 +328,31 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
                 g.set_stages(&dev, 64, stages)
             },
         ));
+    }
+    // LOWBIT_BENCH_GEMM_KSPLIT=off,on,3: the GEMM without its K-split tile (`lowbit_gemm_ksoff`), with it at every M
+    // (`lowbit_gemm_kson`, the cost model's splits), or with it and that many splits (`lowbit_gemm_ks3`).
+    if let Ok(list) = std::env::var("LOWBIT_BENCH_GEMM_KSPLIT") {
+        for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let (on, splits) = match item {
+                "off" => (false, None),
+                "on" => (true, None),
+                n => (
+                    true,
+                    Some(n.parse::<usize>().map_err(|_| {
+                        Error::invalid("LOWBIT_BENCH_GEMM_KSPLIT", n, "must list off, on or split counts")
+                    })?),
+                ),
+            };
+            knobs.push(GemmKnob::new(
+                format!("lowbit_gemm_ks{item}"),
+                |m| m > 16,
+                move |g| {
+                    g.force_k_split(Some(on));
+                    g.force_splits(splits);
+                    Ok(())
+                },
+            ));
+        }
     }
     for knob in &mut knobs {
         if !ms.iter().any(|&m| (knob.takes)(m)) {

@@ -87,14 +87,21 @@ impl SplitPlan {
 
 /// The launch-cost model that picks the tile and the split (`estimated_cost`), in microseconds of an H200
 /// (examples/gemm_trace timelines, M = 64 and 256, K = 4096 and 14336; M = 16 on 8192 x 28672 for 16 tokens). One k
-/// tile (128 k) of a 256-column tile with 16, 64 and 128 tokens per warpgroup:
-fn kt_us(wg_tokens: usize) -> f64 {
-    match wg_tokens {
+/// tile (128 k) of a 256-column tile with 16, 64 and 128 tokens per warpgroup, or of the K-split tile (128 columns,
+/// 64 tokens: half the codes and the tensor work of the 64-token tile's k tile, the same x):
+fn kt_us(v: &GemmVariant) -> f64 {
+    match v.wg_tokens {
+        _ if v.ksplit => KSPLIT_KT_US,
         16 => 0.65,
         64 => 0.97,
         _ => 1.42,
     }
 }
+const KSPLIT_KT_US: f64 = 0.55;
+/// Tokens of the K-split tile (its wgmma N).
+const KSPLIT_TOKENS: usize = 64;
+/// The K-split tile's exchange of the warpgroups' partial sums per item (16 KB each way through shared memory).
+const KSPLIT_EXCHANGE_US: f64 = 0.3;
 /// The split-K epilogue: a fixed part, then the partial's bytes pushed to other CTAs of the cluster through
 /// distributed shared memory (~15 GB/s per SM; 64-token tiles: 3.3 us at 2 splits, 5.6 at 6; 128-token: 7.0 at 3).
 const SPLIT_EPILOGUE_US: f64 = 1.0;
@@ -183,6 +190,10 @@ pub struct GemmVariant {
     pub ramp: usize,
     /// k tiles the second consumer warpgroup runs behind the first (the kernel's STAGGER), below `stages`; 0: none.
     pub lag: usize,
+    /// The kernel's K-SPLIT TILE: 128 columns whose two consumer warpgroups split each stage's k (`wg_n` 1).
+    pub ksplit: bool,
+    /// Columns of a repacked unit: `n_cta()`, or twice that for a K-split tile over a 256-column weight.
+    pub unit_n: usize,
 }
 
 impl GemmVariant {
@@ -211,12 +222,35 @@ impl GemmVariant {
             wbits,
             ramp: default_ramp(wg_tokens, conv),
             lag: default_lag(wg_n, wg_tokens, conv),
+            ksplit: false,
+            unit_n: 128 * wg_n,
+        }
+    }
+
+    /// The K-split tile of a linear layer whose repacked units are `unit_n` (128 or 256) columns wide: 128 columns
+    /// x [`KSPLIT_TOKENS`] tokens, the two consumer warpgroups on the two halves of each stage's k. Its 4 steps a
+    /// stage per warpgroup take a lookahead of 2 (3 would need 5 distinct fragment buffers in a cycle of 4).
+    fn k_split(act: DType, wbits: usize, zeros: bool, unit_groups: bool, unit_n: usize) -> Self {
+        GemmVariant {
+            lookahead: 2,
+            ksplit: true,
+            unit_n,
+            ..Self::with_defaults(act, wbits, zeros, unit_groups, false, 1, KSPLIT_TOKENS)
         }
     }
 
     /// Tokens per CTA tile.
     pub fn bm(&self) -> usize {
-        (2 / self.wg_n) * self.wg_tokens
+        if self.ksplit {
+            self.wg_tokens
+        } else {
+            (2 / self.wg_n) * self.wg_tokens
+        }
+    }
+
+    /// CTA tiles per repacked unit's columns: 1, or 2 for K-split half tiles.
+    pub fn halves(&self) -> usize {
+        self.unit_n / self.n_cta()
     }
 
     /// Output columns per CTA tile.
@@ -227,9 +261,10 @@ impl GemmVariant {
     fn stage_bytes(&self) -> usize {
         let group_rows = if self.unit_groups { 1 } else { MAX_GROUP_ROWS };
         let n_cta = self.n_cta();
+        // Codes of the tile's columns; scale and zero rows of the whole unit.
         let bytes = self.bm() * K_TILE * 2
             + n_cta * K_TILE * self.wbits / 8
-            + group_rows * n_cta * 2
+            + group_rows * self.unit_n * 2
             + group_rows * self.zero_row_bytes();
         bytes.next_multiple_of(1024)
     }
@@ -246,12 +281,12 @@ impl GemmVariant {
         self
     }
 
-    /// Bytes of one stage's zero (or offset) row.
+    /// Bytes of one stage's zero (or offset) row: the unit's.
     fn zero_row_bytes(&self) -> usize {
         if self.offsets {
-            self.n_cta() * 2
+            self.unit_n * 2
         } else if self.zeros {
-            self.n_cta() * self.wbits / 8
+            self.unit_n * self.wbits / 8
         } else {
             0
         }
@@ -271,12 +306,14 @@ impl GemmVariant {
         1024 + self.data_bytes() + self.stages * 16 + 16
     }
 
-    /// `Gemm::DATA_BYTES`: the pipeline and the epilogue's staging, or the split-K slabs (`Y_BYTES`: BM / 2 + 8
-    /// row pairs of N_CTA / 16 blocks of 36 floats and 4 of padding) where larger.
+    /// `Gemm::DATA_BYTES`: the pipeline, the epilogue's staging and (K-split tile) the warpgroups' exchange
+    /// (`EXCHANGE_BYTES`: 256 threads x wg_tokens / 2 floats), or the split-K slabs (`Y_BYTES`: BM / 2 + 8 row pairs
+    /// of N_CTA / 16 blocks of 36 floats and 4 of padding) where larger.
     fn data_bytes(&self) -> usize {
         let split_k_tile = (self.bm() / 2 + 8) * self.pair_bytes();
         let staging = EPILOGUE_STAGING[usize::from(self.conv)];
-        (self.stages * self.stage_bytes() + staging).max(split_k_tile)
+        let exchange = if self.ksplit { 256 * self.wg_tokens / 2 * 4 } else { 0 };
+        (self.stages * self.stage_bytes() + staging + exchange).max(split_k_tile)
     }
 
     /// Bytes of one row pair of a split-K slab (`Gemm::PAIR_FLOATS`).
@@ -293,7 +330,7 @@ impl GemmVariant {
 
     fn name(&self) -> String {
         format!(
-            "linear_w4a16_gemm_{}_w{}_z{}_g{}_wgn{}_t{}_s{}_l{}_r{}_d{}{}",
+            "linear_w4a16_gemm_{}_w{}_z{}_g{}_wgn{}_t{}_s{}_l{}_r{}_d{}{}{}",
             self.act.name(),
             self.wbits,
             self.zero_mode(),
@@ -304,7 +341,12 @@ impl GemmVariant {
             self.lookahead,
             self.ramp,
             self.lag,
-            if self.conv { "_conv" } else { "" }
+            if self.conv { "_conv" } else { "" },
+            if self.ksplit {
+                format!("_ks{}", self.unit_n)
+            } else {
+                String::new()
+            }
         )
     }
 
@@ -315,7 +357,8 @@ impl GemmVariant {
                 format!(
                     "#define LB_DTYPE {}\n#define LB_ZEROS {}\n#define LB_WG_N {}\n#define LB_WG_TOKENS {}\n\
                  #define LB_STAGES {}\n#define LB_UNIT_GROUPS {}\n#define LB_CONV {}\n#define LB_LOOKAHEAD {}\n\
-                 #define LB_WBITS {}\n#define LB_RAMP {}\n#define LB_LAG {}\n",
+                 #define LB_WBITS {}\n#define LB_RAMP {}\n#define LB_LAG {}\n#define LB_KSPLIT {}\n\
+                 #define LB_UNIT_N {}\n",
                     if self.act == DType::Bf16 { "BF16" } else { "F16" },
                     self.zero_mode(),
                     self.wg_n,
@@ -326,7 +369,9 @@ impl GemmVariant {
                     self.lookahead,
                     self.wbits,
                     self.ramp,
-                    self.lag
+                    self.lag,
+                    u8::from(self.ksplit),
+                    self.unit_n
                 )
             },
             SOURCE,
@@ -437,6 +482,9 @@ pub struct LinearW4A16Gemm {
     forced_stream: bool,
     /// Forced tokens per warpgroup (benchmarking); `None`: chosen by batch size.
     forced_tokens: Option<usize>,
+    /// The K-split tile forced on for every batch (`Some(true)`) or off (`Some(false)`; testing, benchmarking);
+    /// `None`: taken where the cost model finds it cheaper.
+    forced_ksplit: Option<bool>,
     /// Largest cluster a split tile may use (testing the cluster groups on small shapes); normally 8.
     max_cluster: usize,
     /// Diagnostics: device address of a per-CTA timeline buffer, or 0 ([`LinearW4A16Gemm::set_trace`]).
@@ -533,7 +581,17 @@ impl LinearW4A16Gemm {
         };
         // The 16-token tile is the linear layer's: the convolution epilogue stores 32 tokens per round.
         let tokens: &[usize] = if conv { &[64, 128] } else { &[16, 64, 128] };
-        let kernels = tokens.iter().map(|&t| load(t)).collect::<Result<Vec<_>>>()?;
+        let mut kernels = tokens.iter().map(|&t| load(t)).collect::<Result<Vec<_>>>()?;
+        if !conv {
+            let variant = GemmVariant::k_split(
+                weight.act,
+                plan.code_bits,
+                weight.zeros.is_some(),
+                plan.group % K_TILE == 0,
+                plan.n_cta,
+            );
+            kernels.push(load_variant(device, variant)?);
+        }
         let stage_x = device.function(kernels[0].variant.source(), "w4a16_gemm_stage_x")?;
         let sms = device.info().sm_count as usize;
         let counters = device
@@ -550,6 +608,7 @@ impl LinearW4A16Gemm {
             forced_splits: splits,
             forced_stream: false,
             forced_tokens: None,
+            forced_ksplit: None,
             max_cluster: MAX_SPLITS,
             trace: 0,
             dependent_launch: true,
@@ -563,10 +622,32 @@ impl LinearW4A16Gemm {
     }
 
     /// The 16-token kernel for a linear layer's batches of up to [`TINY_BATCH`] rows, the 64-token one up to
-    /// [`SMALL_BATCH`]; above, the kernel whose launch [`LinearW4A16Gemm::estimated_cost`] finds cheaper. A
-    /// convolution keeps the rule it was tuned with: 64 tokens when the 128-token tiles would not cover half the
-    /// SMs.
+    /// [`SMALL_BATCH`]; above, the kernel whose launch [`LinearW4A16Gemm::estimated_cost`] finds cheaper. Above
+    /// [`TINY_BATCH`] rows, the K-split tile where that cost is lower still. A convolution keeps the rule it was
+    /// tuned with: 64 tokens when the 128-token tiles would not cover half the SMs.
     fn kernel(&self, m: usize) -> &GemmKernel {
+        let k_split = self.kernels.iter().find(|k| k.variant.ksplit);
+        let chosen = self.tile_kernel(m);
+        match (k_split, self.forced_ksplit) {
+            (Some(k), Some(true)) => k,
+            (Some(k), None)
+                if self.forced_tokens.is_none()
+                    && chosen.variant.wg_tokens > 16
+                    && self.cost(k, m) < self.cost(chosen, m) =>
+            {
+                k
+            }
+            _ => chosen,
+        }
+    }
+
+    /// The cost model's figure for `kernel` at `m` rows with its split plan.
+    fn cost(&self, kernel: &GemmKernel, m: usize) -> f64 {
+        self.estimated_cost(kernel, m, self.split_plan_for(kernel, m))
+    }
+
+    /// [`LinearW4A16Gemm::kernel`]'s choice among the tiles of 16, 64 and 128 tokens.
+    fn tile_kernel(&self, m: usize) -> &GemmKernel {
         let (small, large) = (&self.kernels[self.slot(64)], &self.kernels[self.slot(128)]);
         let tokens = match self.forced_tokens {
             Some(tokens) if self.has_tile(tokens) => tokens,
@@ -580,8 +661,7 @@ impl LinearW4A16Gemm {
                 }
             }
             _ => {
-                let cost = |k: &GemmKernel| self.estimated_cost(k, m, self.split_plan_for(k, m));
-                if cost(small) <= cost(large) {
+                if self.cost(small, m) <= self.cost(large, m) {
                     64
                 } else {
                     128
@@ -591,19 +671,31 @@ impl LinearW4A16Gemm {
         &self.kernels[self.slot(tokens)]
     }
 
-    /// Whether this operator has a tile of `tokens` per warpgroup (64 and 128 always; 16 for a linear layer).
+    /// Whether this operator has a tile of `tokens` per warpgroup (64 and 128 always; 16 for a linear layer), the
+    /// K-split tile aside.
     fn has_tile(&self, tokens: usize) -> bool {
-        self.kernels.iter().any(|k| k.variant.wg_tokens == tokens)
+        self.kernels
+            .iter()
+            .any(|k| k.variant.wg_tokens == tokens && !k.variant.ksplit)
     }
 
-    /// The index in `kernels` of the tile with `tokens` per warpgroup, which the caller checked exists.
+    /// The index in `kernels` of the tile with `tokens` per warpgroup (not the K-split tile), which the caller
+    /// checked exists.
     fn slot(&self, tokens: usize) -> usize {
-        let slot = self.kernels.iter().position(|k| k.variant.wg_tokens == tokens);
+        let slot = self
+            .kernels
+            .iter()
+            .position(|k| k.variant.wg_tokens == tokens && !k.variant.ksplit);
         slot.expect("64 and 128 always exist; other tiles are checked with has_tile")
     }
 
+    /// Column tiles of `kernel`: the weight's, or twice as many half tiles.
+    fn column_tiles(&self, kernel: &GemmKernel) -> usize {
+        self.weight.plan.n_tiles() * kernel.variant.halves()
+    }
+
     fn tiles(&self, kernel: &GemmKernel, m: usize) -> usize {
-        self.weight.plan.n_tiles() * m.div_ceil(kernel.variant.bm())
+        self.column_tiles(kernel) * m.div_ceil(kernel.variant.bm())
     }
 
     /// A launch's main loop and split-K epilogue in microseconds (see [`KT_US`]): waves of CTAs x the k tiles of a
@@ -616,12 +708,15 @@ impl LinearW4A16Gemm {
             let units = self.tiles(kernel, m) * k_tiles;
             let per_cta = units.div_ceil(units.min(self.sms));
             let pieces = k_tiles.div_ceil(per_cta) + 1; // the most CTAs sharing a tile
-            return per_cta as f64 * kt_us(v.wg_tokens) + STREAM_FIXUP_US + pieces as f64 * STREAM_PIECE_US;
+            return per_cta as f64 * kt_us(v) + STREAM_FIXUP_US + pieces as f64 * STREAM_PIECE_US;
         }
         let whole_waves = plan.whole.div_ceil(self.hybrid_grid());
         let waves = ((self.tiles(kernel, m) - plan.whole) * plan.splits).div_ceil(self.sms);
         let kt = k_tiles.div_ceil(plan.splits);
-        let mut cost = (whole_waves * k_tiles + waves * kt) as f64 * kt_us(v.wg_tokens);
+        let mut cost = (whole_waves * k_tiles + waves * kt) as f64 * kt_us(v);
+        if v.ksplit {
+            cost += (whole_waves + waves) as f64 * KSPLIT_EXCHANGE_US;
+        }
         if plan.splits > 1 {
             let tile_kb = (v.bm() * v.n_cta() * 4) as f64 / 1024.0;
             let pushed = tile_kb * (plan.cluster - 1) as f64 / plan.cluster as f64;
@@ -667,7 +762,8 @@ impl LinearW4A16Gemm {
         // STREAM-K, only when forced (`force_stream_k`): linear tiles of up to STREAM_MAX_TOKENS tokens, at most one
         // per SM (the counters). Measured on the H200 it matched the whole-tile plan with RAMP on the one layer where
         // it had gained (`w4a16-gemm.md`), so the model does not offer it.
-        let stream = !kernel.variant.conv && kernel.variant.wg_tokens <= STREAM_MAX_TOKENS && tiles <= self.sms;
+        let v = &kernel.variant;
+        let stream = !v.conv && !v.ksplit && v.wg_tokens <= STREAM_MAX_TOKENS && tiles <= self.sms;
         if stream && self.forced_stream {
             return SplitPlan::STREAM;
         }
@@ -798,6 +894,20 @@ impl LinearW4A16Gemm {
         self.forced_tokens = tokens;
     }
 
+    /// Runs every batch on the K-split tile (`Some(true)`, a linear layer's), or never (`Some(false)`); `None`
+    /// restores the cost model's choice (testing, benchmarking).
+    #[doc(hidden)]
+    pub fn force_k_split(&mut self, on: Option<bool>) {
+        self.forced_ksplit = on;
+    }
+
+    /// Forces the split count of every batch (capped as [`LinearW4A16Gemm::with_weight`]'s); `None`: the cost
+    /// model's (benchmarking).
+    #[doc(hidden)]
+    pub fn force_splits(&mut self, splits: Option<usize>) {
+        self.forced_splits = splits;
+    }
+
     /// Diagnostics: every later launch writes its CTAs' timelines (`TRACE_SLOTS` = 10 `u64` per CTA, see the kernel's
     /// `Trace`) to the device buffer at `address`, which must hold 8 x SMs values; 0 turns tracing off.
     #[doc(hidden)]
@@ -851,7 +961,7 @@ impl LinearW4A16Gemm {
             .kernels
             .iter()
             .map(|k| &k.variant)
-            .filter(|v| v.wg_tokens <= STREAM_MAX_TOKENS);
+            .filter(|v| v.wg_tokens <= STREAM_MAX_TOKENS && !v.ksplit);
         let slots = stream.map(|v| 2 * self.sms * v.bm() * v.n_cta() * 4).max().unwrap_or(0);
         groups.max(slots)
     }
@@ -994,7 +1104,8 @@ impl LinearW4A16Gemm {
         let splits = split.splits;
         // The split-K epilogue's share of the tile per CTA of a cluster, in row pairs (see `epilogue_split`).
         let split_pairs = (bm / 2).div_ceil(split.cluster);
-        let tiles = p.n_tiles() * m_tiles;
+        let column_tiles = self.column_tiles(kernel);
+        let tiles = column_tiles * m_tiles;
         let items = if split.stream {
             tiles * p.k_tiles()
         } else {
@@ -1013,7 +1124,7 @@ impl LinearW4A16Gemm {
             n: p.n as i32,
             k: p.k as i32,
             kt: p.k_tiles() as i32,
-            nt: p.n_tiles() as i32,
+            nt: column_tiles as i32,
             mt: m_tiles as i32,
             group: p.group as i32,
             gp: p.group_rows as i32,
@@ -1126,38 +1237,60 @@ mod tests {
     /// memory once cost 30% of the main loop's speed with every GPU test passing.
     #[test]
     fn gemm_variants_compile_without_local_memory() {
+        let mut variants = Vec::new();
+        for (act, wbits) in [(DType::F16, 4), (DType::Bf16, 4), (DType::F16, 8)] {
+            let tiles = [(1, 16), (1, 64), (1, 128), (2, 16), (2, 64), (2, 128)];
+            for (wg_n, wg_tokens) in tiles {
+                // A linear layer with zero codes; a convolution (MNN offsets, no zero codes), f16 only, on 64- and
+                // 128-token tiles.
+                for (zeros, conv) in [(true, false), (false, true)] {
+                    if !conv || (act == DType::F16 && wg_tokens != 16) {
+                        variants.push(GemmVariant::with_defaults(
+                            act, wbits, zeros, true, conv, wg_n, wg_tokens,
+                        ));
+                    }
+                }
+            }
+        }
+        assert_compile_without_local_memory(&variants);
+    }
+
+    /// The same for the K-split tile: over 256- and 128-column units, with one scale row a stage or several.
+    #[test]
+    fn k_split_tiles_compile_without_local_memory() {
+        let mut variants = Vec::new();
+        for (act, wbits) in [(DType::F16, 4), (DType::Bf16, 4), (DType::F16, 8)] {
+            for (unit_n, unit_groups) in [(256, true), (128, false)] {
+                variants.push(GemmVariant::k_split(act, wbits, true, unit_groups, unit_n));
+            }
+        }
+        assert_compile_without_local_memory(&variants);
+    }
+
+    fn assert_compile_without_local_memory(variants: &[GemmVariant]) {
         if !crate::cuda::nvrtc_present() || crate::cuda::include_dir().is_none() {
             println!("skipped: NVRTC or cuda_fp16.h not found");
             return;
         }
         let limits = smem_limits((9, 0));
-        for (act, wbits) in [(DType::F16, 4), (DType::Bf16, 4), (DType::F16, 8)] {
-            for (wg_n, wg_tokens) in [(1, 16), (1, 64), (1, 128), (2, 16), (2, 64), (2, 128)] {
-                // A linear layer with zero codes; a convolution (MNN offsets, no zero codes).
-                for (zeros, conv) in [(true, false), (false, true)] {
-                    if conv && (act != DType::F16 || wg_tokens == 16) {
-                        continue; // the convolution path is f16 only, on 64- and 128-token tiles
-                    }
-                    let v = GemmVariant::with_defaults(act, wbits, zeros, true, conv, wg_n, wg_tokens)
-                        .fitted(limits.per_cta);
-                    let compiled = crate::cuda::compile(v.source(), "sm_90a").unwrap();
-                    if let Ok(dir) = std::env::var("LOWBIT_DUMP_CUBIN") {
-                        std::fs::write(format!("{dir}/{}.cubin", v.name()), &compiled.cubin).unwrap();
-                    }
-                    let local = compiled.local_memory();
-                    println!(
-                        "{}: {} stages, {} bytes of shared memory",
-                        v.name(),
-                        v.stages,
-                        v.smem_bytes()
-                    );
-                    assert!(local.is_empty(), "{}: {local:?}", v.name());
-                    // Nor a wgmma pipeline that ptxas serialised or had to add waits to (what `lowbit doctor`
-                    // refuses for the default variant).
-                    let serialised = compiled.wgmma_serialisation();
-                    assert!(serialised.is_empty(), "{}: {serialised:?}", v.name());
-                }
+        for v in variants {
+            let v = v.fitted(limits.per_cta);
+            let compiled = crate::cuda::compile(v.source(), "sm_90a").unwrap();
+            if let Ok(dir) = std::env::var("LOWBIT_DUMP_CUBIN") {
+                std::fs::write(format!("{dir}/{}.cubin", v.name()), &compiled.cubin).unwrap();
             }
+            let local = compiled.local_memory();
+            println!(
+                "{}: {} stages, {} bytes of shared memory",
+                v.name(),
+                v.stages,
+                v.smem_bytes()
+            );
+            assert!(local.is_empty(), "{}: {local:?}", v.name());
+            // Nor a wgmma pipeline that ptxas serialised or had to add waits to (what `lowbit doctor` refuses
+            // for the default variant).
+            let serialised = compiled.wgmma_serialisation();
+            assert!(serialised.is_empty(), "{}: {serialised:?}", v.name());
         }
     }
 }
