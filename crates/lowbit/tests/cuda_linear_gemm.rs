@@ -605,7 +605,7 @@ fn k_split_tile_over_whole_and_half_units() {
     // N = 384 has 128-column units. Exact integers bit-equal to the reference, with split-K of 1 to 4 CTAs (4 as
     // two cluster groups of 2), token tails, and a unit with several scale rows (group 32, act-order; group 64
     // and a partial last k tile).
-    let k_split = |op: &mut LinearW4A16Gemm| op.force_k_split(Some(true));
+    let k_split = |op: &mut LinearW4A16Gemm| op.force_k_split(true);
     let mut seen = Vec::new();
     let c = Case {
         k: 2048,

@@ -32,8 +32,8 @@
 //! (`lowbit_gemm_s3`, ...), `LOWBIT_BENCH_GEMM_RAMP=0,1` with at most that many stages in flight while its
 //! pipeline first fills, 0 being all of them, on every tile (`lowbit_gemm_ramp0`, ...), `LOWBIT_BENCH_GEMM_LAG=0,1`
 //! with the 64- and 128-token tiles' second consumer warpgroup that many k tiles behind (`lowbit_gemm_lag0`, ...),
-//! `LOWBIT_BENCH_GEMM_KSPLIT=off,on,3` without the K-split tile, with it at every M > 16, or with it split that many
-//! ways (`lowbit_gemm_ksoff`, `lowbit_gemm_kson`, `lowbit_gemm_ks3`).
+//! `LOWBIT_BENCH_GEMM_KSPLIT=on,3` on its K-split tile at every M > 16, split as the cost model says or that many
+//! ways (`lowbit_gemm_kson`, `lowbit_gemm_ks3`; QuantLinear's own `lowbit_gemm_ksplit` is timed from M = 17 on).
 //! `LOWBIT_BENCH_ACTIVATION=silu` builds QuantLinear's layers with that fused epilogue (records `lowbit_silu`, ...).
 
 use super::{graph_replay_us, median_of_batches, sustained_us, BenchArgs, BenchRecord, Rounds, Shape, Sink};
@@ -329,8 +329,9 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
             },
         ));
     }
-    // LOWBIT_BENCH_GEMM_KSPLIT=off,on,3: the GEMM without its K-split tile (`lowbit_gemm_ksoff`), with it at every M
-    // (`lowbit_gemm_kson`, the cost model's splits), or with it and that many splits (`lowbit_gemm_ks3`).
+    // LOWBIT_BENCH_GEMM_KSPLIT=on,3: the GEMM on its K-split tile at every M > 16 with the cost model's splits
+    // (`lowbit_gemm_kson`), or with that many (`lowbit_gemm_ks3`); `off`: the choice by batch size, the other knobs'
+    // splits (`lowbit_gemm_ksoff`).
     if let Ok(list) = std::env::var("LOWBIT_BENCH_GEMM_KSPLIT") {
         for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
             let (on, splits) = match item {
@@ -347,7 +348,7 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
                 format!("lowbit_gemm_ks{item}"),
                 |m| m > 16,
                 move |g| {
-                    g.force_k_split(Some(on));
+                    g.force_k_split(on);
                     g.force_splits(splits);
                     Ok(())
                 },

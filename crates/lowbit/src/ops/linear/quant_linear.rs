@@ -7,6 +7,7 @@
 //! |---|---|---|
 //! | [`LinearKernel::Decode`] | the fused W4A16 decode kernel (`mma.sync`, stream-K), larger M in chunks of 64 rows | any GPU |
 //! | [`LinearKernel::Gemm`] | the W4A16 prefill GEMM (`wgmma`, TMA) | sm_90 |
+//! | [`LinearKernel::GemmKSplit`] | the same GEMM on its K-split tile (narrow layers at a few dozen rows) | sm_90 |
 //! | [`LinearKernel::DequantCublas`] | dequantize into a dense scratch weight, then cuBLAS | any GPU |
 //! | [`LinearKernel::Cpu`] | [`LinearCpu`] | the host |
 //!
@@ -43,6 +44,10 @@ pub enum LinearKernel {
     Decode,
     /// The Hopper W4A16 GEMM.
     Gemm,
+    /// The Hopper W4A16 GEMM on its K-split tile: 128 columns x 64 tokens, the two consumer warpgroups on the two
+    /// halves of each stage's k, so a split tile pushes half the partial sums.
+    #[serde(rename = "gemm_ksplit")]
+    GemmKSplit,
     /// Dequantize to a dense scratch weight, then cuBLAS.
     DequantCublas,
 }
@@ -54,6 +59,7 @@ impl LinearKernel {
             LinearKernel::Cpu => "cpu",
             LinearKernel::Decode => "decode",
             LinearKernel::Gemm => "gemm",
+            LinearKernel::GemmKSplit => "gemm_ksplit",
             LinearKernel::DequantCublas => "dequant_cublas",
         }
     }
@@ -319,10 +325,13 @@ impl QuantLinear {
         match &self.backend {
             Backend::Cpu { .. } => vec![LinearKernel::Cpu],
             Backend::Cuda(c) => {
-                let _ = m; // every GPU kernel takes every M
                 let mut v = vec![LinearKernel::Decode];
-                if c.gemm.is_some() {
+                if let Some(g) = &c.gemm {
                     v.push(LinearKernel::Gemm);
+                    // Up to 16 rows it would spend three quarters of its tensor work on padding (it runs there too).
+                    if g.has_k_split() && m > gemm::TINY_BATCH {
+                        v.push(LinearKernel::GemmKSplit);
+                    }
                 }
                 if c.weight.dense_planes().is_some() {
                     v.push(LinearKernel::DequantCublas);
@@ -446,6 +455,9 @@ impl QuantLinear {
             (LinearKernel::Gemm, Some(g)) => {
                 g.run_strided(stream, x, self.k, m, bias, self.activation, y, self.n, workspace)
             }
+            (LinearKernel::GemmKSplit, Some(g)) => {
+                g.run_strided_k_split(stream, x, self.k, m, bias, self.activation, y, self.n, workspace)
+            }
             _ => c.run_dense(stream, x, m, self.activation, y),
         }
     }
@@ -514,7 +526,7 @@ impl CudaLinear {
             .or_else(|| self.dispatch.choose(m))
             .unwrap_or_else(|| fallback(m, gemm, dense));
         match choice {
-            LinearKernel::Gemm if !gemm => fallback(m, gemm, dense),
+            LinearKernel::Gemm | LinearKernel::GemmKSplit if !gemm => fallback(m, gemm, dense),
             LinearKernel::DequantCublas if !dense => fallback(m, gemm, dense),
             LinearKernel::Cpu => fallback(m, gemm, dense),
             c => c,

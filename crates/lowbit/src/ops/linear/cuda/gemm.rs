@@ -88,7 +88,10 @@ impl SplitPlan {
 /// The launch-cost model that picks the tile and the split (`estimated_cost`), in microseconds of an H200
 /// (examples/gemm_trace timelines, M = 64 and 256, K = 4096 and 14336; M = 16 on 8192 x 28672 for 16 tokens). One k
 /// tile (128 k) of a 256-column tile with 16, 64 and 128 tokens per warpgroup, or of the K-split tile (128 columns,
-/// 64 tokens: half the codes and the tensor work of the 64-token tile's k tile, the same x):
+/// 64 tokens: half the codes and the tensor work of the 64-token tile's k tile, the same x; `-linear-ksplit.jsonl`,
+/// M = 256 on the wide layers, which take 0.8 us where half the tensor work would take 0.5). Every tile lands
+/// 29-34 GB of codes and x per second in each SM's shared memory, whatever its tensor work (`w4a16-gemm.md`, "The
+/// K-split tile"):
 fn kt_us(v: &GemmVariant) -> f64 {
     match v.wg_tokens {
         _ if v.ksplit => KSPLIT_KT_US,
@@ -97,7 +100,7 @@ fn kt_us(v: &GemmVariant) -> f64 {
         _ => 1.42,
     }
 }
-const KSPLIT_KT_US: f64 = 0.55;
+const KSPLIT_KT_US: f64 = 0.8;
 /// Tokens of the K-split tile (its wgmma N).
 const KSPLIT_TOKENS: usize = 64;
 /// The K-split tile's exchange of the warpgroups' partial sums per item (16 KB each way through shared memory).
@@ -482,9 +485,9 @@ pub struct LinearW4A16Gemm {
     forced_stream: bool,
     /// Forced tokens per warpgroup (benchmarking); `None`: chosen by batch size.
     forced_tokens: Option<usize>,
-    /// The K-split tile forced on for every batch (`Some(true)`) or off (`Some(false)`; testing, benchmarking);
-    /// `None`: taken where the cost model finds it cheaper.
-    forced_ksplit: Option<bool>,
+    /// The K-split tile forced on for every batch (testing, benchmarking); otherwise only
+    /// [`LinearW4A16Gemm::run_strided_k_split`] runs it.
+    forced_ksplit: bool,
     /// Largest cluster a split tile may use (testing the cluster groups on small shapes); normally 8.
     max_cluster: usize,
     /// Diagnostics: device address of a per-CTA timeline buffer, or 0 ([`LinearW4A16Gemm::set_trace`]).
@@ -608,7 +611,7 @@ impl LinearW4A16Gemm {
             forced_splits: splits,
             forced_stream: false,
             forced_tokens: None,
-            forced_ksplit: None,
+            forced_ksplit: false,
             max_cluster: MAX_SPLITS,
             trace: 0,
             dependent_launch: true,
@@ -621,33 +624,26 @@ impl LinearW4A16Gemm {
         self.kernel(m).variant
     }
 
-    /// The 16-token kernel for a linear layer's batches of up to [`TINY_BATCH`] rows, the 64-token one up to
-    /// [`SMALL_BATCH`]; above, the kernel whose launch [`LinearW4A16Gemm::estimated_cost`] finds cheaper. Above
-    /// [`TINY_BATCH`] rows, the K-split tile where that cost is lower still. A convolution keeps the rule it was
-    /// tuned with: 64 tokens when the 128-token tiles would not cover half the SMs.
-    fn kernel(&self, m: usize) -> &GemmKernel {
+    /// The kernel a launch of `m` rows on `tile` runs: the K-split tile, or with [`Tile::Chosen`]
+    /// [`LinearW4A16Gemm::kernel`]'s choice (the K-split tile when forced on).
+    fn launch_kernel(&self, m: usize, tile: Tile) -> Result<&GemmKernel> {
         let k_split = self.kernels.iter().find(|k| k.variant.ksplit);
-        let chosen = self.tile_kernel(m);
-        match (k_split, self.forced_ksplit) {
-            (Some(k), Some(true)) => k,
-            (Some(k), None)
-                if self.forced_tokens.is_none()
-                    && chosen.variant.wg_tokens > 16
-                    && self.cost(k, m) < self.cost(chosen, m) =>
-            {
-                k
-            }
-            _ => chosen,
+        match (tile, k_split) {
+            (Tile::KSplit, Some(k)) => Ok(k),
+            (Tile::KSplit, None) => Err(Error::Unsupported("a convolution's GEMM has no K-split tile".into())),
+            (Tile::Chosen, _) => Ok(self.kernel(m)),
         }
     }
 
-    /// The cost model's figure for `kernel` at `m` rows with its split plan.
-    fn cost(&self, kernel: &GemmKernel, m: usize) -> f64 {
-        self.estimated_cost(kernel, m, self.split_plan_for(kernel, m))
-    }
-
-    /// [`LinearW4A16Gemm::kernel`]'s choice among the tiles of 16, 64 and 128 tokens.
-    fn tile_kernel(&self, m: usize) -> &GemmKernel {
+    /// The 16-token kernel for a linear layer's batches of up to [`TINY_BATCH`] rows, the 64-token one up to
+    /// [`SMALL_BATCH`]; above, the kernel whose launch [`LinearW4A16Gemm::estimated_cost`] finds cheaper. A
+    /// convolution keeps the rule it was tuned with: 64 tokens when the 128-token tiles would not cover half the
+    /// SMs. (The K-split tile is QuantLinear's choice, from its measured table: the cost model does not tell it
+    /// apart from the 64-token tile well enough.)
+    fn kernel(&self, m: usize) -> &GemmKernel {
+        if let Some(k) = self.kernels.iter().find(|k| k.variant.ksplit && self.forced_ksplit) {
+            return k;
+        }
         let (small, large) = (&self.kernels[self.slot(64)], &self.kernels[self.slot(128)]);
         let tokens = match self.forced_tokens {
             Some(tokens) if self.has_tile(tokens) => tokens,
@@ -661,7 +657,8 @@ impl LinearW4A16Gemm {
                 }
             }
             _ => {
-                if self.cost(small, m) <= self.cost(large, m) {
+                let cost = |k: &GemmKernel| self.estimated_cost(k, m, self.split_plan_for(k, m));
+                if cost(small) <= cost(large) {
                     64
                 } else {
                     128
@@ -894,11 +891,16 @@ impl LinearW4A16Gemm {
         self.forced_tokens = tokens;
     }
 
-    /// Runs every batch on the K-split tile (`Some(true)`, a linear layer's), or never (`Some(false)`); `None`
-    /// restores the cost model's choice (testing, benchmarking).
+    /// Runs every batch on the K-split tile (`true`; a linear layer's), or restores the choice by batch size
+    /// (testing, benchmarking).
     #[doc(hidden)]
-    pub fn force_k_split(&mut self, on: Option<bool>) {
+    pub fn force_k_split(&mut self, on: bool) {
         self.forced_ksplit = on;
+    }
+
+    /// Whether this operator has the K-split tile (a linear layer's operator does).
+    pub fn has_k_split(&self) -> bool {
+        self.kernels.iter().any(|k| k.variant.ksplit)
     }
 
     /// Forces the split count of every batch (capped as [`LinearW4A16Gemm::with_weight`]'s); `None`: the cost
@@ -1001,7 +1003,44 @@ impl LinearW4A16Gemm {
         y_stride: usize,
         workspace: &mut dyn DevicePtrMut<u8>,
     ) -> Result<()> {
+        let (xs, ys) = ((x, x_stride), (y, y_stride));
+        self.run_tile(Tile::Chosen, stream, xs, m, bias, activation, ys, workspace)
+    }
+
+    /// [`LinearW4A16Gemm::run_strided`] on the K-split tile (the kernel's K-SPLIT TILE: 128 columns x 64 tokens,
+    /// the two consumer warpgroups on the two halves of each stage's k), whatever `m`: QuantLinear's measured table
+    /// takes it where it was fastest. An error for a convolution's operator, which has none.
+    #[allow(clippy::too_many_arguments)]
+    pub fn run_strided_k_split<T: Float + DeviceRepr>(
+        &self,
+        stream: &CudaStream,
+        x: &dyn DevicePtr<T>,
+        x_stride: usize,
+        m: usize,
+        bias: Option<&dyn DevicePtr<T>>,
+        activation: Activation,
+        y: &mut dyn DevicePtrMut<T>,
+        y_stride: usize,
+        workspace: &mut dyn DevicePtrMut<u8>,
+    ) -> Result<()> {
+        let (xs, ys) = ((x, x_stride), (y, y_stride));
+        self.run_tile(Tile::KSplit, stream, xs, m, bias, activation, ys, workspace)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run_tile<T: Float + DeviceRepr>(
+        &self,
+        tile: Tile,
+        stream: &CudaStream,
+        (x, x_stride): (&dyn DevicePtr<T>, usize),
+        m: usize,
+        bias: Option<&dyn DevicePtr<T>>,
+        activation: Activation,
+        (y, y_stride): (&mut dyn DevicePtrMut<T>, usize),
+        workspace: &mut dyn DevicePtrMut<u8>,
+    ) -> Result<()> {
         let p = &self.weight.plan;
+        let kernel = self.launch_kernel(m, tile)?;
         let call = (self.weight.act, self.max_m, self.workspace_bytes());
         let Some(CallBuffers {
             x: x_ptr,
@@ -1037,6 +1076,7 @@ impl LinearW4A16Gemm {
         // workspace (staged x) were checked above.
         self.launch(
             stream,
+            kernel,
             m,
             (x_ptr, x_cols, x_stride),
             args,
@@ -1070,6 +1110,7 @@ impl LinearW4A16Gemm {
         let channels = g.channels as usize;
         self.launch(
             stream,
+            self.kernel(m),
             m,
             (launch.x, channels, channels),
             args,
@@ -1079,13 +1120,14 @@ impl LinearW4A16Gemm {
         )
     }
 
-    /// Launches the kernel for `m` tokens on a persistent grid (one CTA per SM at most, each taking every
+    /// Launches `kernel` for `m` tokens on a persistent grid (one CTA per SM at most, each taking every
     /// gridDim-th tile x split): x read through a tensor map over `(address, columns, row stride)` of `m` rows, the
     /// other buffers in `args` (the trace hook is filled in here). Every buffer was checked by the caller.
     #[allow(clippy::too_many_arguments)]
     fn launch(
         &self,
         stream: &CudaStream,
+        kernel: &GemmKernel,
         m: usize,
         (x, x_cols, x_stride): (u64, usize, usize),
         mut args: GemmArgs,
@@ -1094,7 +1136,6 @@ impl LinearW4A16Gemm {
         conv: ConvFields,
     ) -> Result<()> {
         let p = &self.weight.plan;
-        let kernel = self.kernel(m);
         let bm = kernel.variant.bm();
         let element = MapElement::activation(self.weight.act);
         // Boxes of 64 columns: one 128-byte swizzled row of 16-bit values.
@@ -1177,6 +1218,15 @@ impl LinearW4A16Gemm {
             })
         }
     }
+}
+
+/// Which tile a launch takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tile {
+    /// [`LinearW4A16Gemm::kernel`]'s choice by batch size.
+    Chosen,
+    /// The K-split tile.
+    KSplit,
 }
 
 /// One compiled GEMM variant and how many clusters of each size (index: CTAs per cluster) it can keep resident.
