@@ -2,7 +2,7 @@
 //! traced launch and summarises its timeline (the kernel's `Trace` events, %globaltimer) over the CTAs.
 //!
 //! ```text
-//! cargo run --release --example gemm_trace -- 256x4096x4096 64x4096x4096 [--rotate-io] [--splits 1] [--small-batch 0] [--tokens 64|128] [--look64 2|3] [--stream on|off] [--stages N] [--decode-splits 1|2|4|8] [--wgmma on|off] [--pdl on|off]
+//! cargo run --release --example gemm_trace -- 256x4096x4096 64x4096x4096 [--rotate-io] [--splits 1] [--small-batch 0] [--tokens 64|128] [--ksplit] [--look64 2|3] [--stream on|off] [--stages N] [--decode-splits 1|2|4|8] [--wgmma on|off] [--pdl on|off]
 //! ```
 //! Each shape is `MxKxN` (f16, group 128, zero points), `decode:MxKxN` for the decode kernel (the same weight; the
 //! stream-K fix-up's partials and counter show as `partials_seen`), or `conv:BxCxHxWxRxCo` for the convolution's
@@ -52,6 +52,7 @@ fn main() -> lowbit::Result<()> {
     let mut wgmma = None;
     let mut dependent_launch = None;
     let mut stream_k = false;
+    let mut k_split = false;
     let mut rotate_io = false;
     let mut stages = None;
     let mut args = std::env::args().skip(1);
@@ -66,6 +67,7 @@ fn main() -> lowbit::Result<()> {
             "--wgmma" => wgmma = args.next().map(|v| v == "on"),
             "--pdl" => dependent_launch = args.next().map(|v| v == "on"),
             "--stream" => stream_k = args.next().is_some_and(|v| v == "on"),
+            "--ksplit" => k_split = true,
             "--stages" => stages = args.next().and_then(|v| v.parse().ok()),
             s if s.starts_with("conv:") => convs.push(s.to_string()),
             s => {
@@ -91,6 +93,7 @@ fn main() -> lowbit::Result<()> {
                 op.set_lookahead(&dev, 64, steps)?;
             }
             op.force_stream_k(stream_k);
+            op.force_k_split(k_split);
             if let Some(n) = stages {
                 for tokens in [16, 64, 128] {
                     op.set_stages(&dev, tokens, n)?;

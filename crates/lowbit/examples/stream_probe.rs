@@ -4,6 +4,11 @@
 //! producer warp's bulk copies into a ring of stages that consumer threads release (`tma`), each CTA on a contiguous
 //! range. Buffers rotate beyond 2x L2, so every pass reads device memory.
 //!
+//! Then the same ring on a 2 MiB window that stays in L2 (unit u of a CTA is read at u mod 128), one CTA on each of
+//! 8 ... 132 SMs: how fast one SM's shared memory fills from L2 when few or all SMs ask. The W4A16 GEMM's tiles all
+//! land 29-34 GB/s per SM (`docs/notes/w4a16-gemm.md`, "The K-split tile"): if the rate per SM stays there with few
+//! SMs asking, an SM's intake is the limit; if it rises, the L2 is (and a TMA multicast of x would pay).
+//!
 //! ```text
 //! cargo run --release --example stream_probe -- [MB per buffer, default 122]
 //! ```
@@ -41,8 +46,9 @@ extern "C" __global__ void ldg4(const uint4* src, long long n, int ctas, unsigne
 extern "C" __global__ void ldg8(const uint4* src, long long n, int ctas, unsigned* out) { ldg_stream<8>(src, n, ctas, out); }
 
 // CTA c copies units [c units / ctas, ...) of `unit` bytes into a ring of `stages`; 256 consumer threads read one
-// word each and release the stage. Thread 256 issues the copies.
-extern "C" __global__ void tma(const char* src, long long units, int ctas, int unit, int stages, unsigned* out) {
+// word each and release the stage. Thread 256 issues the copies. `window` > 0: unit u is read at u mod window.
+extern "C" __global__ void tma(const char* src, long long units, int ctas, int unit, int stages, int window,
+                               unsigned* out) {
     extern __shared__ __align__(128) char smem[];
     const u32 bars = smem_addr(smem + stages * unit);
     const long long b = (long long)blockIdx.x * units / ctas, e = (long long)(blockIdx.x + 1) * units / ctas;
@@ -54,7 +60,8 @@ extern "C" __global__ void tma(const char* src, long long units, int ctas, int u
             for (int i = 0, buf = 0; i < count; ++i) {
                 if (i >= stages) mbar_wait(bars + (stages + buf) * 8, ((i / stages) - 1) & 1);
                 mbar_arrive_expect_tx(bars + buf * 8, unit);
-                bulk_copy(smem + buf * unit, src + (b + i) * unit, unit, bars + buf * 8);
+                const long long u = window > 0 ? (b + i) % window : b + i;
+                bulk_copy(smem + buf * unit, src + u * unit, unit, bars + buf * 8);
                 if (++buf == stages) buf = 0;
             }
         }
@@ -155,6 +162,7 @@ fn main() -> lowbit::Result<()> {
                 .arg(&ctas)
                 .arg(&unit_i)
                 .arg(&stages_i)
+                .arg(&0i32)
                 .arg(&out_ptr);
             let cfg = LaunchConfig {
                 grid_dim: (ctas as u32, 1, 1),
@@ -164,6 +172,50 @@ fn main() -> lowbit::Result<()> {
             // SAFETY: the kernel copies units * unit bytes of p (a live buffer of `bytes`) and may write out[0].
             launched(unsafe { b.launch(cfg) })
         })?;
+    }
+
+    // From L2: 16 KB units of a 2 MiB window, 6 stages (the GEMM's 64-token tile), 512 units (8 MiB) per CTA.
+    let (unit, stages, window, per_cta) = (16usize << 10, 6usize, 128i32, 512i64);
+    let smem = stages * unit + 16 * stages;
+    let f = dev.function_with_shared_memory(&PROBE, "tma", smem)?;
+    let src = bufs[0].device_ptr(&stream).0;
+    println!("from L2 (a 2 MiB window), one CTA per SM, 16 KB x {stages}:");
+    for ctas in [8usize, 16, 33, 66, 99, sms] {
+        let (ctas_i, units, unit_i, stages_i) = (ctas as i32, per_cta * ctas as i64, unit as i32, stages as i32);
+        let launch = || {
+            let mut b = stream.launch_builder(&f);
+            b.arg(&src)
+                .arg(&units)
+                .arg(&ctas_i)
+                .arg(&unit_i)
+                .arg(&stages_i)
+                .arg(&window)
+                .arg(&out_ptr);
+            let cfg = LaunchConfig {
+                grid_dim: (ctas as u32, 1, 1),
+                block_dim: (288, 1, 1),
+                shared_mem_bytes: smem as u32,
+            };
+            // SAFETY: the kernel copies units of the first `window` units of a live buffer of `bytes` (>= 2 MiB) and
+            // may write out[0].
+            launched(unsafe { b.launch(cfg) })
+        };
+        launch()?;
+        let mut runs = Vec::new();
+        for _ in 0..5 {
+            timer.start(&stream)?;
+            for _ in 0..10 {
+                launch()?;
+            }
+            runs.push(timer.stop_ms(&stream)? * 1e3 / 10.0);
+        }
+        runs.sort_by(f64::total_cmp);
+        let us = runs[2];
+        let per_sm = (per_cta as usize * unit) as f64 / us / 1e3; // GB/s
+        println!(
+            "  {ctas:3} SMs {us:8.1} us  {per_sm:6.1} GB/s per SM  {:6.2} TB/s in all",
+            per_sm * ctas as f64 / 1e3
+        );
     }
     Ok(())
 }
