@@ -88,10 +88,7 @@ impl SplitPlan {
 /// The launch-cost model that picks the tile and the split (`estimated_cost`), in microseconds of an H200
 /// (examples/gemm_trace timelines, M = 64 and 256, K = 4096 and 14336; M = 16 on 8192 x 28672 for 16 tokens). One k
 /// tile (128 k) of a 256-column tile with 16, 64 and 128 tokens per warpgroup, or of the K-split tile (128 columns,
-/// 64 tokens: half the codes and the tensor work of the 64-token tile's k tile, the same x; `-linear-ksplit.jsonl`,
-/// M = 256 on the wide layers, which take 0.8 us where half the tensor work would take 0.5). Every tile lands
-/// 29-34 GB of codes and x per second in each SM's shared memory, whatever its tensor work (`w4a16-gemm.md`, "The
-/// K-split tile"):
+/// 64 tokens: half the codes and the tensor work of the 64-token tile's k tile, the same x):
 fn kt_us(v: &GemmVariant) -> f64 {
     match v.wg_tokens {
         _ if v.ksplit => KSPLIT_KT_US,
@@ -100,7 +97,10 @@ fn kt_us(v: &GemmVariant) -> f64 {
         _ => 1.42,
     }
 }
-const KSPLIT_KT_US: f64 = 0.8;
+/// The K-split tile's k tile: 0.62 us at M = 256 on 4096 x 14336 and 0.67 at M = 64 on 4096 x 4096
+/// (`bench/results/2026-11-27-h200-gemm-trace-ksplit.txt`), not half the 64-token tile's 0.97: its m64n64k16 wgmmas
+/// run at ~50% of the tensor rate (`w4a16-gemm.md`, "The K-split tile").
+const KSPLIT_KT_US: f64 = 0.65;
 /// Tokens of the K-split tile (its wgmma N).
 const KSPLIT_TOKENS: usize = 64;
 /// The K-split tile's exchange of the warpgroups' partial sums per item (16 KB each way through shared memory).
