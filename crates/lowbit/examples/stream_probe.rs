@@ -88,6 +88,49 @@ const PROBE: KernelSource = KernelSource {
     source: SOURCE,
 };
 
+/// The `tma` kernel's launch: `ctas` CTAs, each copying its share of the units through a ring of `stages` x `unit`
+/// bytes; `window` > 0 wraps the unit index (reads from L2).
+struct Ring {
+    ctas: usize,
+    unit: usize,
+    stages: usize,
+    window: usize,
+}
+
+impl Ring {
+    fn smem(&self) -> usize {
+        self.stages * self.unit + 16 * self.stages
+    }
+
+    fn launch(
+        &self,
+        stream: &std::sync::Arc<cudarc::driver::CudaStream>,
+        f: &cudarc::driver::CudaFunction,
+        src: u64,
+        units: usize,
+        out: u64,
+    ) -> lowbit::Result<()> {
+        let (units, ctas) = (units as i64, self.ctas as i32);
+        let (unit, stages, window) = (self.unit as i32, self.stages as i32, self.window as i32);
+        let mut b = stream.launch_builder(f);
+        b.arg(&src)
+            .arg(&units)
+            .arg(&ctas)
+            .arg(&unit)
+            .arg(&stages)
+            .arg(&window)
+            .arg(&out);
+        let cfg = LaunchConfig {
+            grid_dim: (self.ctas as u32, 1, 1),
+            block_dim: (288, 1, 1),
+            shared_mem_bytes: self.smem() as u32,
+        };
+        // SAFETY: the kernel copies `units` units of `unit` bytes from src (or, with a window, its first `window`
+        // units), which the caller's buffer holds, and may write out[0].
+        launched(unsafe { b.launch(cfg) })
+    }
+}
+
 fn main() -> lowbit::Result<()> {
     let mb: usize = std::env::args().nth(1).and_then(|v| v.parse().ok()).unwrap_or(122);
     let dev = CudaDevice::new(0)?;
@@ -149,57 +192,32 @@ fn main() -> lowbit::Result<()> {
         })?;
     }
     for (per_sm, unit_kb, stages) in [(2, 16, 3), (2, 16, 4), (1, 16, 6), (2, 32, 3), (3, 16, 3), (4, 8, 4)] {
-        let unit = unit_kb << 10;
-        let smem = stages * unit + 16 * stages;
-        let f = dev.function_with_shared_memory(&PROBE, "tma", smem)?;
-        let ctas = (per_sm * sms) as i32;
-        let units = (bytes / unit) as i64;
-        let (unit_i, stages_i) = (unit as i32, stages as i32);
+        let ring = Ring {
+            ctas: per_sm * sms,
+            unit: unit_kb << 10,
+            stages,
+            window: 0,
+        };
+        let f = dev.function_with_shared_memory(&PROBE, "tma", ring.smem())?;
+        let units = bytes / ring.unit;
         time(&format!("tma {per_sm}/SM {unit_kb} KB x {stages}"), &|p| {
-            let mut b = stream.launch_builder(&f);
-            b.arg(&p)
-                .arg(&units)
-                .arg(&ctas)
-                .arg(&unit_i)
-                .arg(&stages_i)
-                .arg(&0i32)
-                .arg(&out_ptr);
-            let cfg = LaunchConfig {
-                grid_dim: (ctas as u32, 1, 1),
-                block_dim: (288, 1, 1),
-                shared_mem_bytes: smem as u32,
-            };
-            // SAFETY: the kernel copies units * unit bytes of p (a live buffer of `bytes`) and may write out[0].
-            launched(unsafe { b.launch(cfg) })
+            ring.launch(&stream, &f, p, units, out_ptr)
         })?;
     }
 
     // From L2: 16 KB units of a 2 MiB window, 6 stages (the GEMM's 64-token tile), 512 units (8 MiB) per CTA.
-    let (unit, stages, window, per_cta) = (16usize << 10, 6usize, 128i32, 512i64);
-    let smem = stages * unit + 16 * stages;
-    let f = dev.function_with_shared_memory(&PROBE, "tma", smem)?;
+    let per_cta = 512;
     let src = bufs[0].device_ptr(&stream).0;
-    println!("from L2 (a 2 MiB window), one CTA per SM, 16 KB x {stages}:");
+    println!("from L2 (a 2 MiB window), one CTA per SM, 16 KB x 6:");
     for ctas in [8usize, 16, 33, 66, 99, sms] {
-        let (ctas_i, units, unit_i, stages_i) = (ctas as i32, per_cta * ctas as i64, unit as i32, stages as i32);
-        let launch = || {
-            let mut b = stream.launch_builder(&f);
-            b.arg(&src)
-                .arg(&units)
-                .arg(&ctas_i)
-                .arg(&unit_i)
-                .arg(&stages_i)
-                .arg(&window)
-                .arg(&out_ptr);
-            let cfg = LaunchConfig {
-                grid_dim: (ctas as u32, 1, 1),
-                block_dim: (288, 1, 1),
-                shared_mem_bytes: smem as u32,
-            };
-            // SAFETY: the kernel copies units of the first `window` units of a live buffer of `bytes` (>= 2 MiB) and
-            // may write out[0].
-            launched(unsafe { b.launch(cfg) })
+        let ring = Ring {
+            ctas,
+            unit: 16 << 10,
+            stages: 6,
+            window: 128,
         };
+        let f = dev.function_with_shared_memory(&PROBE, "tma", ring.smem())?;
+        let launch = || ring.launch(&stream, &f, src, per_cta * ctas, out_ptr);
         launch()?;
         let mut runs = Vec::new();
         for _ in 0..5 {
@@ -211,7 +229,7 @@ fn main() -> lowbit::Result<()> {
         }
         runs.sort_by(f64::total_cmp);
         let us = runs[2];
-        let per_sm = (per_cta as usize * unit) as f64 / us / 1e3; // GB/s
+        let per_sm = (per_cta * 16384) as f64 / us / 1e3; // GB/s
         println!(
             "  {ctas:3} SMs {us:8.1} us  {per_sm:6.1} GB/s per SM  {:6.2} TB/s in all",
             per_sm * ctas as f64 / 1e3

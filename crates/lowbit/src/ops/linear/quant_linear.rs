@@ -456,7 +456,9 @@ impl QuantLinear {
                 g.run_strided(stream, x, self.k, m, bias, self.activation, y, self.n, workspace)
             }
             (LinearKernel::GemmKSplit, Some(g)) => {
-                g.run_strided_k_split(stream, x, self.k, m, bias, self.activation, y, self.n, workspace)
+                let (xs, ys): ((&dyn DevicePtr<T>, _), (&mut dyn DevicePtrMut<T>, _)) = ((x, self.k), (y, self.n));
+                let tile = gemm::GemmTile::KSplit;
+                g.run_on(tile, stream, xs, m, bias, self.activation, ys, workspace)
             }
             _ => c.run_dense(stream, x, m, self.activation, y),
         }

@@ -486,7 +486,7 @@ pub struct LinearW4A16Gemm {
     /// Forced tokens per warpgroup (benchmarking); `None`: chosen by batch size.
     forced_tokens: Option<usize>,
     /// The K-split tile forced on for every batch (testing, benchmarking); otherwise only
-    /// [`LinearW4A16Gemm::run_strided_k_split`] runs it.
+    /// [`LinearW4A16Gemm::run_on`] with [`GemmTile::KSplit`] runs it.
     forced_ksplit: bool,
     /// Largest cluster a split tile may use (testing the cluster groups on small shapes); normally 8.
     max_cluster: usize,
@@ -624,14 +624,14 @@ impl LinearW4A16Gemm {
         self.kernel(m).variant
     }
 
-    /// The kernel a launch of `m` rows on `tile` runs: the K-split tile, or with [`Tile::Chosen`]
+    /// The kernel a launch of `m` rows on `tile` runs: the K-split tile, or with [`GemmTile::Chosen`]
     /// [`LinearW4A16Gemm::kernel`]'s choice (the K-split tile when forced on).
-    fn launch_kernel(&self, m: usize, tile: Tile) -> Result<&GemmKernel> {
+    fn launch_kernel(&self, m: usize, tile: GemmTile) -> Result<&GemmKernel> {
         let k_split = self.kernels.iter().find(|k| k.variant.ksplit);
         match (tile, k_split) {
-            (Tile::KSplit, Some(k)) => Ok(k),
-            (Tile::KSplit, None) => Err(Error::Unsupported("a convolution's GEMM has no K-split tile".into())),
-            (Tile::Chosen, _) => Ok(self.kernel(m)),
+            (GemmTile::KSplit, Some(k)) => Ok(k),
+            (GemmTile::KSplit, None) => Err(Error::Unsupported("a convolution's GEMM has no K-split tile".into())),
+            (GemmTile::Chosen, _) => Ok(self.kernel(m)),
         }
     }
 
@@ -1004,33 +1004,16 @@ impl LinearW4A16Gemm {
         workspace: &mut dyn DevicePtrMut<u8>,
     ) -> Result<()> {
         let (xs, ys) = ((x, x_stride), (y, y_stride));
-        self.run_tile(Tile::Chosen, stream, xs, m, bias, activation, ys, workspace)
+        self.run_on(GemmTile::Chosen, stream, xs, m, bias, activation, ys, workspace)
     }
 
-    /// [`LinearW4A16Gemm::run_strided`] on the K-split tile (the kernel's K-SPLIT TILE: 128 columns x 64 tokens,
-    /// the two consumer warpgroups on the two halves of each stage's k), whatever `m`: QuantLinear's measured table
-    /// takes it where it was fastest. An error for a convolution's operator, which has none.
+    /// [`LinearW4A16Gemm::run_strided`] on `tile`, x and y given as (buffer, row stride). [`GemmTile::KSplit`] runs
+    /// the K-split tile whatever `m` (QuantLinear's measured table takes it where it was fastest); it is an error
+    /// for a convolution's operator, which has none.
     #[allow(clippy::too_many_arguments)]
-    pub fn run_strided_k_split<T: Float + DeviceRepr>(
+    pub fn run_on<T: Float + DeviceRepr>(
         &self,
-        stream: &CudaStream,
-        x: &dyn DevicePtr<T>,
-        x_stride: usize,
-        m: usize,
-        bias: Option<&dyn DevicePtr<T>>,
-        activation: Activation,
-        y: &mut dyn DevicePtrMut<T>,
-        y_stride: usize,
-        workspace: &mut dyn DevicePtrMut<u8>,
-    ) -> Result<()> {
-        let (xs, ys) = ((x, x_stride), (y, y_stride));
-        self.run_tile(Tile::KSplit, stream, xs, m, bias, activation, ys, workspace)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn run_tile<T: Float + DeviceRepr>(
-        &self,
-        tile: Tile,
+        tile: GemmTile,
         stream: &CudaStream,
         (x, x_stride): (&dyn DevicePtr<T>, usize),
         m: usize,
@@ -1220,9 +1203,9 @@ impl LinearW4A16Gemm {
     }
 }
 
-/// Which tile a launch takes.
+/// Which tile a launch takes ([`LinearW4A16Gemm::run_on`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Tile {
+pub enum GemmTile {
     /// [`LinearW4A16Gemm::kernel`]'s choice by batch size.
     Chosen,
     /// The K-split tile.
