@@ -172,7 +172,13 @@ fn cuda_every_kernel_and_the_dispatch_across_boundaries() {
                 assert!(!layer.available(300).contains(&LinearKernel::DequantCublas));
                 assert_eq!(layer.kernel_for(300), LinearKernel::Decode, "{label}");
             }
-            for kernel in [LinearKernel::Decode, LinearKernel::Gemm, LinearKernel::DequantCublas] {
+            let kernels = [
+                LinearKernel::Decode,
+                LinearKernel::Gemm,
+                LinearKernel::GemmKSplit,
+                LinearKernel::DequantCublas,
+            ];
+            for kernel in kernels {
                 let ms: Vec<usize> = ms
                     .iter()
                     .copied()
