@@ -21,9 +21,9 @@
 //   quarter of the 64-token tile's tensor work) 16. A third warpgroup is the TMA producer; setmaxnreg moves its
 //   registers to the consumers.
 //
-// * K-SPLIT TILE (LB_KSPLIT; linear batches of up to a few hundred rows on narrow layers). A CTA owns 128 columns x
-//   64 tokens, and its two consumer warpgroups split the k of every stage: warpgroup wg issues steps 4 wg .. 4 wg + 3
-//   (x box wg) and converts only their codes, so no weight is converted twice. At M = 64 on a 4096-wide layer the
+// * K-SPLIT TILE (LB_KSPLIT; QuantLinear's table takes it for 4096 x 4096 at 33..128 rows). A CTA owns 128 columns
+//   x 64 tokens, and its two consumer warpgroups split the k of every stage: warpgroup wg issues steps 4 wg ..
+//   4 wg + 3 (x box wg) and converts only their codes, so no weight is converted twice. At M = 64 on a 4096-wide layer the
 //   256-column tile had 16 tiles to split six ways, each CTA pushing a 64 KB fp32 partial over DSMEM; half tiles
 //   make 32, whose partials are half the size and whose CTAs each do the same tensor work. Over a 256-column
 //   weight a tile is half a repacked unit (LB_UNIT_N 256): the unit is warp-major, so its half is one contiguous
@@ -173,8 +173,8 @@ template <class T, int ZMODE, int WG_N, int WG_TOKENS, int STAGES, bool UNIT_GRO
 struct Gemm {
     static_assert(LOOK == 2 || LOOK == 3, "k16 steps converted ahead of the wgmmas: 2 or 3");
     static_assert(LAG >= 0 && LAG < STAGES, "STAGGER: warpgroup 1 at most STAGES - 1 k tiles behind");
-    static_assert(!KSPLIT || (WG_N == 1 && LOOK == 2 && LAG == 0 && !CONV && WG_TOKENS >= 16),
-                  "K-split tile: 128 columns, lookahead 2 (4 steps a stage), no STAGGER, linear only");
+    static_assert(!KSPLIT || (WG_N == 1 && LOOK == 2 && LAG == 0 && !CONV && WG_TOKENS == 64),
+                  "K-split tile: 128 columns x 64 tokens, lookahead 2 (4 steps a stage), no STAGGER, linear only");
     static_assert(UNIT_N == 128 * WG_N || (KSPLIT && UNIT_N == 256), "a tile is a unit, or half of one");
     static constexpr int STAGGER_BARRIER = 2;  // named barrier 1 is consumer_sync's
     static_assert(WBITS == 4 || (WBITS == 8 && T::MAGIC == F16::MAGIC),
@@ -197,7 +197,7 @@ struct Gemm {
     static constexpr int X_BYTES = BM * K_TILE * 2;  // two boxes of BM rows x 128 B
     static constexpr int W_BYTES = N_CTA * K_TILE * WBITS / 8;  // the tile's codes: a unit, or its half
     static constexpr int GROUP_ROWS = UNIT_GROUPS ? 1 : K_TILE / 16;
-    // Scale and zero rows are the unit's whole rows (a half tile reads its half of them: ParamWarp).
+    // Scale and zero rows are the unit's whole rows (a half tile reads its half of them: Converter::pw).
     static constexpr int S_BYTES = GROUP_ROWS * UNIT_N * 2;
     // Zero rows: 4- or 8-bit codes, or fp16 offsets laid out like the scales.
     static constexpr int Z_ROW_BYTES = HAS_ZEROS ? UNIT_N * WBITS / 8 : OFFSETS ? UNIT_N * 2 : 0;
