@@ -432,11 +432,7 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
             r
         };
 
-        let (baseline, lt_baseline) = if dtype == DType::Bf16 {
-            ("cublas_bf16", "cublaslt_bf16")
-        } else {
-            ("cublas_fp16", "cublaslt_fp16")
-        };
+        let (baseline, lt_baseline) = crate::bench::dense_baselines(dtype);
         // Every launcher of this M, timed in turn (`Rounds`): cuBLAS; each kernel QuantLinear has for this M, forced
         // (the fastest goes into the dispatch table); the two-plane and no-PDL comparisons; QuantLinear with its
         // own dispatch.

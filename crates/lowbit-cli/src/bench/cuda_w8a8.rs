@@ -133,11 +133,7 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
         let int8_bytes = n * k + (m * k + m * n) * 2;
         let group = BenchArgs::group_field(block, k);
 
-        let baseline = if dtype == DType::Bf16 {
-            "cublas_bf16"
-        } else {
-            "cublas_fp16"
-        };
+        let (baseline, lt_baseline) = crate::bench::dense_baselines(dtype);
         let mut a = QuantizedActivationsCuda::alloc(dev, m, k, block)?;
         blocks[0].quantizer().run(&stream, &xs[0], m, &mut a)?;
         // The quantizers alone write into codes of their own (the GEMM alone reads `a`).
@@ -192,15 +188,7 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
         rounds.add(dense_sets, |i| {
             dense_lt.run(stream, &dense_w[i], &xs[i], &mut ys.borrow_mut()[i])
         });
-        timed.push((
-            if dtype == DType::Bf16 {
-                "cublaslt_bf16"
-            } else {
-                "cublaslt_fp16"
-            },
-            (n * k + m * k + m * n) * 2,
-            -1,
-        ));
+        timed.push((lt_baseline, (n * k + m * k + m * n) * 2, -1));
         rounds.add(sets, |i| lt.run(stream, &codes_i8[i], &xs_i8[i], &mut ys_i32[i % 2]));
         timed.push(("cublaslt_int8", n * k + m * k + 4 * m * n, -1));
         for ((implementation, bytes, group), us) in timed.into_iter().zip(rounds.run(dev, stream)?) {

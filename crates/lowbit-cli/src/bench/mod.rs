@@ -104,6 +104,15 @@ pub fn baseline_family(implementation: &str) -> &str {
     }
 }
 
+/// The dense baselines of a `dtype` product: (cublasGemmEx, cuBLASLt) record names.
+pub fn dense_baselines(dtype: lowbit::DType) -> (&'static str, &'static str) {
+    if dtype == lowbit::DType::Bf16 {
+        ("cublas_bf16", "cublaslt_bf16")
+    } else {
+        ("cublas_fp16", "cublaslt_fp16")
+    }
+}
+
 /// A problem size `M × K × N` (y[M, N] = x[M, K] · W^T).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Shape {

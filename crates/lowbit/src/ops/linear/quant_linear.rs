@@ -452,13 +452,22 @@ impl QuantLinear {
                 c.decode.run(stream, x, m, bias, y, workspace)?;
                 c.epilogue(stream, y, m, false, self.activation)
             }
-            (LinearKernel::Gemm, Some(g)) => {
-                g.run_strided(stream, x, self.k, m, bias, self.activation, y, self.n, workspace)
-            }
-            (LinearKernel::GemmKSplit, Some(g)) => {
-                let (xs, ys): ((&dyn DevicePtr<T>, _), (&mut dyn DevicePtrMut<T>, _)) = ((x, self.k), (y, self.n));
-                let tile = gemm::GemmTile::KSplit;
-                g.run_on(tile, stream, xs, m, bias, self.activation, ys, workspace)
+            (kernel @ (LinearKernel::Gemm | LinearKernel::GemmKSplit), Some(g)) => {
+                let tile = if kernel == LinearKernel::GemmKSplit {
+                    gemm::GemmTile::KSplit
+                } else {
+                    gemm::GemmTile::Chosen
+                };
+                g.run_on(
+                    tile,
+                    stream,
+                    (x, self.k),
+                    m,
+                    bias,
+                    self.activation,
+                    (y, self.n),
+                    workspace,
+                )
             }
             _ => c.run_dense(stream, x, m, self.activation, y),
         }

@@ -473,6 +473,9 @@ pub struct LinearW4A16Gemm {
     /// The kernels by tokens per warpgroup: 64 (small batches) and 128 (large), and for a linear layer first 16
     /// (up to [`TINY_BATCH`] rows).
     kernels: Vec<GemmKernel>,
+    /// A linear layer's K-split tile (the kernel's K-SPLIT TILE), which only [`LinearW4A16Gemm::run_on`] with
+    /// [`GemmTile::KSplit`] (or `force_k_split`) runs.
+    k_split: Option<GemmKernel>,
     /// Batches up to this many rows use the 64-token kernel (or the 16-token one).
     small_batch: usize,
     stage_x: CudaFunction,
@@ -485,8 +488,7 @@ pub struct LinearW4A16Gemm {
     forced_stream: bool,
     /// Forced tokens per warpgroup (benchmarking); `None`: chosen by batch size.
     forced_tokens: Option<usize>,
-    /// The K-split tile forced on for every batch (testing, benchmarking); otherwise only
-    /// [`LinearW4A16Gemm::run_on`] with [`GemmTile::KSplit`] runs it.
+    /// The K-split tile forced on for every batch (testing, benchmarking).
     forced_ksplit: bool,
     /// Largest cluster a split tile may use (testing the cluster groups on small shapes); normally 8.
     max_cluster: usize,
@@ -504,6 +506,7 @@ impl std::fmt::Debug for LinearW4A16Gemm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LinearW4A16Gemm")
             .field("kernels", &self.kernels.iter().map(|k| k.variant).collect::<Vec<_>>())
+            .field("k_split", &self.k_split.as_ref().map(|k| k.variant))
             .field("max_m", &self.max_m)
             .finish_non_exhaustive()
     }
@@ -584,17 +587,15 @@ impl LinearW4A16Gemm {
         };
         // The 16-token tile is the linear layer's: the convolution epilogue stores 32 tokens per round.
         let tokens: &[usize] = if conv { &[64, 128] } else { &[16, 64, 128] };
-        let mut kernels = tokens.iter().map(|&t| load(t)).collect::<Result<Vec<_>>>()?;
-        if !conv {
-            let variant = GemmVariant::k_split(
-                weight.act,
-                plan.code_bits,
-                weight.zeros.is_some(),
-                plan.group % K_TILE == 0,
-                plan.n_cta,
-            );
-            kernels.push(load_variant(device, variant)?);
-        }
+        let kernels = tokens.iter().map(|&t| load(t)).collect::<Result<Vec<_>>>()?;
+        let k_split = (!conv)
+            .then(|| {
+                let zeros = weight.zeros.is_some();
+                let variant =
+                    GemmVariant::k_split(weight.act, plan.code_bits, zeros, plan.group % K_TILE == 0, plan.n_cta);
+                load_variant(device, variant)
+            })
+            .transpose()?;
         let stage_x = device.function(kernels[0].variant.source(), "w4a16_gemm_stage_x")?;
         let sms = device.info().sm_count as usize;
         let counters = device
@@ -604,6 +605,7 @@ impl LinearW4A16Gemm {
         Ok(Self {
             weight,
             kernels,
+            k_split,
             small_batch: SMALL_BATCH,
             stage_x,
             max_m,
@@ -627,8 +629,7 @@ impl LinearW4A16Gemm {
     /// The kernel a launch of `m` rows on `tile` runs: the K-split tile, or with [`GemmTile::Chosen`]
     /// [`LinearW4A16Gemm::kernel`]'s choice (the K-split tile when forced on).
     fn launch_kernel(&self, m: usize, tile: GemmTile) -> Result<&GemmKernel> {
-        let k_split = self.kernels.iter().find(|k| k.variant.ksplit);
-        match (tile, k_split) {
+        match (tile, &self.k_split) {
             (GemmTile::KSplit, Some(k)) => Ok(k),
             (GemmTile::KSplit, None) => Err(Error::Unsupported("a convolution's GEMM has no K-split tile".into())),
             (GemmTile::Chosen, _) => Ok(self.kernel(m)),
@@ -641,7 +642,7 @@ impl LinearW4A16Gemm {
     /// SMs. (The K-split tile is QuantLinear's choice, from its measured table: the cost model does not tell it
     /// apart from the 64-token tile well enough.)
     fn kernel(&self, m: usize) -> &GemmKernel {
-        if let Some(k) = self.kernels.iter().find(|k| k.variant.ksplit && self.forced_ksplit) {
+        if let (true, Some(k)) = (self.forced_ksplit, &self.k_split) {
             return k;
         }
         let (small, large) = (&self.kernels[self.slot(64)], &self.kernels[self.slot(128)]);
@@ -668,21 +669,14 @@ impl LinearW4A16Gemm {
         &self.kernels[self.slot(tokens)]
     }
 
-    /// Whether this operator has a tile of `tokens` per warpgroup (64 and 128 always; 16 for a linear layer), the
-    /// K-split tile aside.
+    /// Whether this operator has a tile of `tokens` per warpgroup (64 and 128 always; 16 for a linear layer).
     fn has_tile(&self, tokens: usize) -> bool {
-        self.kernels
-            .iter()
-            .any(|k| k.variant.wg_tokens == tokens && !k.variant.ksplit)
+        self.kernels.iter().any(|k| k.variant.wg_tokens == tokens)
     }
 
-    /// The index in `kernels` of the tile with `tokens` per warpgroup (not the K-split tile), which the caller
-    /// checked exists.
+    /// The index in `kernels` of the tile with `tokens` per warpgroup, which the caller checked exists.
     fn slot(&self, tokens: usize) -> usize {
-        let slot = self
-            .kernels
-            .iter()
-            .position(|k| k.variant.wg_tokens == tokens && !k.variant.ksplit);
+        let slot = self.kernels.iter().position(|k| k.variant.wg_tokens == tokens);
         slot.expect("64 and 128 always exist; other tiles are checked with has_tile")
     }
 
@@ -900,7 +894,7 @@ impl LinearW4A16Gemm {
 
     /// Whether this operator has the K-split tile (a linear layer's operator does).
     pub fn has_k_split(&self) -> bool {
-        self.kernels.iter().any(|k| k.variant.ksplit)
+        self.k_split.is_some()
     }
 
     /// Forces the split count of every batch (capped as [`LinearW4A16Gemm::with_weight`]'s); `None`: the cost
@@ -963,7 +957,7 @@ impl LinearW4A16Gemm {
             .kernels
             .iter()
             .map(|k| &k.variant)
-            .filter(|v| v.wg_tokens <= STREAM_MAX_TOKENS && !v.ksplit);
+            .filter(|v| v.wg_tokens <= STREAM_MAX_TOKENS);
         let slots = stream.map(|v| 2 * self.sms * v.bm() * v.n_cta() * 4).max().unwrap_or(0);
         groups.max(slots)
     }
