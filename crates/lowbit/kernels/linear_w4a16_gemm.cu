@@ -22,8 +22,10 @@
 //   registers to the consumers.
 //
 // * K-SPLIT TILE (LB_KSPLIT; QuantLinear's table takes it for 4096 x 4096 at 33..128 rows). A CTA owns 128 columns
-//   x 64 tokens, and its two consumer warpgroups split the k of every stage: warpgroup wg issues steps 4 wg ..
-//   4 wg + 3 (x box wg) and converts only their codes, so no weight is converted twice. At M = 64 on a 4096-wide layer the
+//   x 64 tokens, and its two consumer warpgroups split its k range by stages: warpgroup wg takes the k tiles of the
+//   stages of parity wg, all 8 k16 steps of each, and converts only their codes, so no weight is converted twice.
+//   (Splitting every stage's steps 4 : 4 ran at ~70% of this: a stage boundary every 4 steps, and no room for a
+//   lookahead of 3 in a cycle of 4 fragment buffers.) At M = 64 on a 4096-wide layer the
 //   256-column tile had 16 tiles to split six ways, each CTA pushing a 64 KB fp32 partial over DSMEM; half tiles
 //   make 32, whose partials are half the size and whose CTAs each do the same tensor work. Over a 256-column
 //   weight a tile is half a repacked unit (LB_UNIT_N 256): the unit is warp-major, so its half is one contiguous
@@ -171,15 +173,16 @@ constexpr int MAX_CLUSTER = 8;  // counters per tile
 template <class T, int ZMODE, int WG_N, int WG_TOKENS, int STAGES, bool UNIT_GROUPS, bool CONV, int LOOK, int WBITS,
           int RAMP, int LAG, bool KSPLIT, int UNIT_N>
 struct Gemm {
-    static_assert(LOOK == 2 || LOOK == 3, "k16 steps converted ahead of the wgmmas: 2 or 3");
+    static_assert(LOOK >= 2 && LOOK <= 4, "k16 steps converted ahead of the wgmmas: 2, 3 or 4");
     static_assert(LAG >= 0 && LAG < STAGES, "STAGGER: warpgroup 1 at most STAGES - 1 k tiles behind");
-    static_assert(!KSPLIT || (WG_N == 1 && LOOK == 2 && LAG == 0 && !CONV && WG_TOKENS == 64),
-                  "K-split tile: 128 columns x 64 tokens, lookahead 2 (4 steps a stage), no STAGGER, linear only");
+    static_assert(!KSPLIT || (WG_N == 1 && LAG == 0 && !CONV && WG_TOKENS == 64),
+                  "K-split tile: 128 columns x 64 tokens, no STAGGER, linear only");
     static_assert(UNIT_N == 128 * WG_N || (KSPLIT && UNIT_N == 256), "a tile is a unit, or half of one");
     static constexpr int STAGGER_BARRIER = 2;  // named barrier 1 is consumer_sync's
     static_assert(WBITS == 4 || (WBITS == 8 && T::MAGIC == F16::MAGIC),
                   "int8 codes: fp16 activations only (bf16 cannot hold 1024 + u; see INT8 CODES)");
     static constexpr int FRAG_BUFS = LOOK == 2 ? 4 : 8;  // >= 2 LOOK - 1, dividing the 8 steps of a stage
+    static constexpr int STEPS = K_TILE / 16;           // k16 steps of a stage
     static constexpr bool HAS_ZEROS = ZMODE == ZEROS_CODES;
     static constexpr bool OFFSETS = ZMODE == ZEROS_OFFSETS;
     static constexpr int ACC = WG_TOKENS / 2;  // fp32 accumulators per thread per 64-row tile
@@ -187,8 +190,8 @@ struct Gemm {
     static constexpr int HALVES = UNIT_N / N_CTA;  // tiles per repacked unit's columns: 1, or 2 (K-split half tiles)
     static constexpr int WG_M = KSPLIT ? 1 : 2 / WG_N;  // consumer warpgroups along tokens
     static constexpr int BM = WG_M * WG_TOKENS;
-    // k16 steps of a stage per warpgroup: all 8, or (KSPLIT) warpgroup wg's 4, steps 4 wg .. 4 wg + 3.
-    static constexpr int STEPS = KSPLIT ? 4 : 8;
+    // Stages between two of one warpgroup's: 1, or 2 when the warpgroups take alternate stages (KSPLIT).
+    static constexpr int STRIDE = KSPLIT ? 2 : 1;
     // Tokens per warpgroup in the epilogue: a K-split tile's warpgroups first trade halves (exchange_halves), so
     // each then holds the sums of 32 tokens, as the token-split tile's do.
     static constexpr int EPI_TOKENS = KSPLIT ? WG_TOKENS / 2 : WG_TOKENS;
@@ -384,10 +387,10 @@ struct Gemm {
 
     // The conversion side of the main loop: the stage it reads, its words and group terms, two steps ahead of the
     // wgmmas (see mainloop). `pw`: the warp's 32-column slice in the unit's scale rows (its decode warp dw, plus 4
-    // in a unit's second half tile); `step0`: the warpgroup's first k16 step of a stage (KSPLIT: 4 for warpgroup 1).
+    // in a unit's second half tile).
     struct Converter {
         u32 ws, params, starts;
-        int pw, step0;
+        int pw;
         uint4 wq;
         GroupTerms gt;
         u32 o2[2][2];  // OFFSETS: the offsets of rows g / g + 8 per tile as packed pairs {o, o}
@@ -409,7 +412,7 @@ struct Gemm {
         // Points at the stage of k tile `kt` in buffer `stage` (waits for it to be full first: done by the caller).
         __device__ __forceinline__ void begin(const Shape& s, u32 stage, int kt, int dw, int lane) {
             // int4 codes: 16 bytes per lane and two steps; int8: per step.
-            ws = stage + X_BYTES + dw * (W_BYTES / (N_CTA / 32)) + lane * 16 + step0 * (WBITS == 8 ? 512 : 256);
+            ws = stage + X_BYTES + dw * (W_BYTES / (N_CTA / 32)) + lane * 16;
             params = stage + X_BYTES + W_BYTES;
             // Bit j set: a group starts at k16 step j (j >= 1) of this unit; its row is the popcount up to j.
             starts = 0;
@@ -418,7 +421,7 @@ struct Gemm {
                 for (int j = ((group_row(s, k0) + 1) * s.group - k0) >> 4; j < K_TILE / 16; j += s.group >> 4)
                     starts |= 1u << j;
             }
-            load_terms(UNIT_GROUPS ? 0 : __popc(starts & ((2u << step0) - 1)), lane);
+            load_terms(0, lane);  // a group starting at step 0 is the first row
         }
 
         // Step j of the stage as the two A fragments (q - z) * s (registers x, z: row g; y, w: row g + 8).
@@ -429,14 +432,13 @@ struct Gemm {
             return FragmentOps<F16>::dequant8(t == 0 ? w.x : w.z, t == 0 ? w.y : w.w, gt.lo[t], gt.hi[t]);
         }
 
-        // Step J of the warpgroup's steps (step0 + J of the stage).
+        // Step J of the stage.
         template <int J>
         __device__ __forceinline__ void convert(uint4 (&frag)[2], int lane) {
             // int4: one 16-byte read per two steps (words x, y: step 2i; z, w: 2i + 1); int8: one per step.
             if (WBITS == 8) wq = lds128(ws + J * 512);
             else if (J % 2 == 0) wq = lds128(ws + (J / 2) * 512);
-            if (!UNIT_GROUPS && J > 0 && (starts >> (step0 + J)) & 1)
-                load_terms(__popc(starts & ((2u << (step0 + J)) - 1)), lane);
+            if (!UNIT_GROUPS && J > 0 && (starts >> J) & 1) load_terms(__popc(starts & ((2u << J) - 1)), lane);
             const uint4 w = WBITS == 8 || J % 2 == 0 ? wq : make_uint4(wq.z, wq.w, 0, 0);
 #pragma unroll
             for (int t = 0; t < 2; ++t) {
@@ -448,20 +450,36 @@ struct Gemm {
         }
     };
 
+    // A place in the ring of stages: the buffer and the parity of its use.
+    struct Ring {
+        int buf;
+        u32 phase;
+        // N stages on (N <= STAGES).
+        template <int N>
+        __device__ __forceinline__ Ring ahead() const {
+            const int at = buf + N;
+            return at >= STAGES ? Ring{at - STAGES, phase ^ 1} : Ring{at, phase};
+        }
+        // The buffer N stages back.
+        template <int N>
+        __device__ __forceinline__ int buf_behind() const {
+            return buf >= N ? buf - N : buf + STAGES - N;
+        }
+    };
+
     // One stage's STEPS k16 steps of wgmma, converting LOOK steps ahead: after step j's wgmmas the wait leaves at
     // most LOOK - 1 groups (j - LOOK + 2 .. j) in flight, and the fragments of step j + LOOK go to buffer
     // (j + LOOK) % FRAG_BUFS, which neither those groups nor the pending steps j + 1 .. j + LOOK - 1 use
-    // (2 LOOK - 1 <= FRAG_BUFS, which divides STEPS). The last LOOK steps convert the first of the next stage
-    // (waiting for it to be full).
+    // (2 LOOK - 1 <= FRAG_BUFS, which divides STEPS). The last LOOK steps convert the first of the warpgroup's next
+    // stage (waiting for it to be full). `first`: the warpgroup's first k tile of the item.
     template <int J>
-    __device__ static __forceinline__ void stage_step(const Shape& s, u32 base, u32 bars, int kt, int kt0, int kt1, int buf,
-                                               u32 phase, u64 x_desc, int dw, int lane, Converter& cv,
-                                               uint4 (&frag)[FRAG_BUFS][2], float (&acc)[2][ACC]) {
+    __device__ static __forceinline__ void stage_step(const Shape& s, u32 base, u32 bars, int kt, int first, int kt1,
+                                                      Ring at, u64 x_desc, int dw, int lane, Converter& cv,
+                                                      uint4 (&frag)[FRAG_BUFS][2], float (&acc)[2][ACC]) {
         // Step J reads k [16J, 16J + 16): box J / 4, 32 bytes per step inside its rows (the descriptor's address
-        // field counts 16-byte units and the offset never carries out of it). KSPLIT: x_desc is already at the
-        // warpgroup's box.
+        // field counts 16-byte units and the offset never carries out of it).
         const u64 desc = x_desc + (((J >> 2) * (BM * 128) + (J & 3) * 32) >> 4);
-        const int accumulate = kt > kt0 || J > 0;  // the first product overwrites D: no zeroing
+        const int accumulate = kt > first || J > 0;  // the first product overwrites D: no zeroing
         fence_accumulators(acc);
         wgmma_fence();
         wgmma(acc[0], frag[J % FRAG_BUFS][0], desc, accumulate);
@@ -469,58 +487,72 @@ struct Gemm {
         wgmma_commit();
         fence_accumulators(acc);
         wgmma_wait<LOOK - 1>();
-        if (J == LOOK - 2 && kt > kt0) {  // the previous stage's last group is done: release its buffer
-            mbar_arrive(bars + (STAGES + (buf == 0 ? STAGES - 1 : buf - 1)) * 8);
+        if (J == LOOK - 2 && kt > first) {  // the previous stage's last group is done: release its buffer
+            mbar_arrive(bars + (STAGES + at.template buf_behind<STRIDE>()) * 8);
         }
         if (J + LOOK < STEPS) {
             cv.template convert<(J + LOOK) % STEPS>(frag[(J + LOOK) % FRAG_BUFS], lane);
-        } else if (kt + 1 < kt1) {
+        } else if (kt + STRIDE < kt1) {
             if (J == STEPS - LOOK) {
-                const int next = buf + 1 == STAGES ? 0 : buf + 1;
-                mbar_wait(bars + next * 8, next == 0 ? phase ^ 1 : phase);
-                cv.begin(s, base + next * STAGE_BYTES, kt + 1, dw, lane);
+                const Ring next = at.template ahead<STRIDE>();
+                mbar_wait(bars + next.buf * 8, next.phase);
+                cv.begin(s, base + next.buf * STAGE_BYTES, kt + STRIDE, dw, lane);
             }
             cv.template convert<(J + LOOK) % STEPS>(frag[(J + LOOK) % FRAG_BUFS], lane);
         }
     }
 
     // The consumer warpgroups' main loop; returns with every wgmma complete and the accumulators in `acc`.
-    // `buf`/`phase`: the stage the next k tile is in and the parity of its use, carried across items.
+    // `ring`: the stage the item's first k tile is in, carried across items (on return: the next item's).
     // `arrive_kt` (STAGGER): after that k tile warpgroup 0 lets warpgroup 1 start; -1: none.
     // `nt`: the item's column tile (a half tile reads the unit's second half of the scale rows when odd).
+    // KSPLIT: warpgroup wg takes k tiles kt0 + wg, kt0 + wg + 2, ... (stages of one parity in the ring).
     __device__ static __forceinline__ void mainloop(const Shape& s, u32 base, u32 bars, int nt, int kt0, int kt1, int wg,
-                                                    int arrive_kt, int& buf, u32& phase, float (&acc)[2][ACC]) {
+                                                    int arrive_kt, Ring& ring, float (&acc)[2][ACC]) {
         const int lane = threadIdx.x & 31;
         const int dw = (WG_N == 2 ? wg * 4 : 0) + ((threadIdx.x >> 5) & 3);  // this warp's 32-column decode slice
-        // x rows from: this warpgroup's token half (WG_N 1), or (KSPLIT) all BM tokens of its 64-k box.
-        const int x_offset = KSPLIT ? wg * (BM * 128) : WG_N == 2 ? 0 : wg * (WG_TOKENS * 128);
+        // x rows from: this warpgroup's token half (WG_N 1 with a token split), or all BM tokens.
+        const int x_offset = KSPLIT || WG_N == 2 ? 0 : wg * (WG_TOKENS * 128);
+        const int first = kt0 + (KSPLIT ? wg : 0);
+        Ring at = ring;
+        if (KSPLIT) {
+            const int after = ring.buf + (kt1 - kt0);  // the next item's first stage
+            ring = Ring{after % STAGES, ring.phase ^ ((after / STAGES) & 1)};
+            if (wg == 1) at = at.template ahead<1>();
+            if (first >= kt1) {  // a one-tile item: warpgroup 1 adds nothing
+#pragma unroll
+                for (int t = 0; t < 2; ++t)
+#pragma unroll
+                    for (int i = 0; i < ACC; ++i) acc[t][i] = 0.0f;
+                return;
+            }
+        }
         Converter cv;
         cv.pw = dw + (HALVES == 2 ? (nt & 1) * (N_CTA / 32) : 0);
-        cv.step0 = KSPLIT ? wg * STEPS : 0;
         uint4 frag[FRAG_BUFS][2];
-        mbar_wait(bars + buf * 8, phase);
-        cv.begin(s, base + buf * STAGE_BYTES, kt0, dw, lane);
+        mbar_wait(bars + at.buf * 8, at.phase);
+        cv.begin(s, base + at.buf * STAGE_BYTES, first, dw, lane);
         cv.template convert<0>(frag[0], lane);
         cv.template convert<1>(frag[1], lane);
         if (LOOK > 2) cv.template convert<2>(frag[2], lane);
-        for (int kt = kt0; kt < kt1; ++kt) {
-            const u64 xd = smem_desc_sw128(base + buf * STAGE_BYTES + x_offset);
-            stage_step<0>(s, base, bars, kt, kt0, kt1, buf, phase, xd, dw, lane, cv, frag, acc);
-            stage_step<1>(s, base, bars, kt, kt0, kt1, buf, phase, xd, dw, lane, cv, frag, acc);
-            stage_step<2>(s, base, bars, kt, kt0, kt1, buf, phase, xd, dw, lane, cv, frag, acc);
-            stage_step<3>(s, base, bars, kt, kt0, kt1, buf, phase, xd, dw, lane, cv, frag, acc);
-            if (STEPS == 8) {
-                stage_step<4>(s, base, bars, kt, kt0, kt1, buf, phase, xd, dw, lane, cv, frag, acc);
-                stage_step<5>(s, base, bars, kt, kt0, kt1, buf, phase, xd, dw, lane, cv, frag, acc);
-                stage_step<6>(s, base, bars, kt, kt0, kt1, buf, phase, xd, dw, lane, cv, frag, acc);
-                stage_step<7>(s, base, bars, kt, kt0, kt1, buf, phase, xd, dw, lane, cv, frag, acc);
-            }
-            if (++buf == STAGES) buf = 0, phase ^= 1;
+        if (LOOK > 3) cv.template convert<3>(frag[3], lane);
+        for (int kt = first; kt < kt1; kt += STRIDE) {
+            const u64 xd = smem_desc_sw128(base + at.buf * STAGE_BYTES + x_offset);
+            stage_step<0>(s, base, bars, kt, first, kt1, at, xd, dw, lane, cv, frag, acc);
+            stage_step<1>(s, base, bars, kt, first, kt1, at, xd, dw, lane, cv, frag, acc);
+            stage_step<2>(s, base, bars, kt, first, kt1, at, xd, dw, lane, cv, frag, acc);
+            stage_step<3>(s, base, bars, kt, first, kt1, at, xd, dw, lane, cv, frag, acc);
+            stage_step<4>(s, base, bars, kt, first, kt1, at, xd, dw, lane, cv, frag, acc);
+            stage_step<5>(s, base, bars, kt, first, kt1, at, xd, dw, lane, cv, frag, acc);
+            stage_step<6>(s, base, bars, kt, first, kt1, at, xd, dw, lane, cv, frag, acc);
+            stage_step<7>(s, base, bars, kt, first, kt1, at, xd, dw, lane, cv, frag, acc);
+            at = at.template ahead<STRIDE>();
             if (LAG > 0 && kt == arrive_kt) named_barrier_arrive(STAGGER_BARRIER, CONSUMERS);
         }
         wgmma_wait<0>();
         fence_accumulators(acc);
-        mbar_arrive(bars + (STAGES + (buf == 0 ? STAGES - 1 : buf - 1)) * 8);  // the item's last stage
+        mbar_arrive(bars + (STAGES + at.template buf_behind<STRIDE>()) * 8);  // the warpgroup's last stage
+        if (!KSPLIT) ring = at;
     }
 
     // Bias, activation, one rounding, then 8 columns of token m from column n on: one 16-byte store (8 planes of
@@ -979,7 +1011,7 @@ struct Gemm {
 
         if (tid == 0) {
             mbar_init(bars + STAGES * 16 + 8, 1);  // epilogue_split's global step (after the arrival word)
-            init_pipeline_barriers(bars, STAGES, CONSUMERS);
+            init_pipeline_barriers(bars, STAGES, CONSUMERS / STRIDE);  // KSPLIT: one warpgroup reads a stage
         }
         __syncthreads();
         if (wg == 2) {
@@ -993,8 +1025,7 @@ struct Gemm {
         // DEPENDENT LAUNCH: nothing the previous kernel may read or write (y, bias, the partials, the counters) is
         // touched before it has finished.
         wait_for_prerequisite_grids();
-        int buf = 0;
-        u32 phase = 0;
+        Ring ring{0, 0};
         if (a.trace) mbar_wait(bars, 0), trace_stamp(a.trace, TRACE_FIRST_FULL);
         int taken = 0;
         // STAGGER (LAG > 0): warpgroup 1 starts once warpgroup 0 has done LAG k tiles of its first item (or all of
@@ -1007,7 +1038,7 @@ struct Gemm {
         for (Cursor items(s); items.next(s, w);) {
             float acc[2][ACC];  // written by the first wgmma (accumulate = 0)
             const int arrive_kt = LAG > 0 && wg == 0 && taken == 0 ? min(w.kt0 + LAG, w.kt1) - 1 : -1;
-            mainloop(s, base, bars, w.nt, w.kt0, w.kt1, wg, arrive_kt, buf, phase, acc);
+            mainloop(s, base, bars, w.nt, w.kt0, w.kt1, wg, arrive_kt, ring, acc);
             if (KSPLIT) exchange_halves(base + STAGES * STAGE_BYTES + STAGING_BYTES, wg, acc);
             if (taken == 0) trace_stamp(a.trace, TRACE_MAINLOOP_END);
             // One compile-time activation per launch keeps the unrolled epilogue small (see activate). A

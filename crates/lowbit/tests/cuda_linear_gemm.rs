@@ -600,11 +600,12 @@ fn back_to_back_launches_see_each_others_writes() {
 #[test]
 fn k_split_tile_over_whole_and_half_units() {
     let Some(dev) = hopper() else { return };
-    // The K-split tile (forced): 128 columns x 64 tokens, the two consumer warpgroups on the two halves of every
-    // stage's k, their partials added in shared memory. N = 512 has 256-column units, so each tile is half a unit;
+    // The K-split tile (forced): 128 columns x 64 tokens, the two consumer warpgroups on alternate stages of the
+    // k range, their partials added in shared memory. N = 512 has 256-column units, so each tile is half a unit;
     // N = 384 has 128-column units. Exact integers bit-equal to the reference, with split-K of 1 to 4 CTAs (4 as
     // two cluster groups of 2), token tails, and a unit with several scale rows (group 32, act-order; group 64
-    // and a partial last k tile).
+    // and a partial last k tile). Items of one k tile (the second warpgroup adds nothing) and CTAs taking several
+    // items of an odd number of k tiles (the warpgroups' stage parity changes from one item to the next).
     let k_split = |op: &mut LinearW4A16Gemm| op.force_k_split(true);
     let mut seen = Vec::new();
     let c = Case {
@@ -618,6 +619,11 @@ fn k_split_tile_over_whole_and_half_units() {
         seen.extend([1, 100].map(|m| op.variant(m)));
     });
     assert!(seen.iter().all(|v| v.ksplit && v.halves() == 2), "{seen:?}");
+    let one_tile = Case { k: 128, ..c };
+    check_with::<f16>(&dev, one_tile, &[64, 200], &[None], k_split);
+    // 32 x 6 = 192 tiles of 3 k tiles: two items for most CTAs; split in two, items of 1 and 2 k tiles.
+    let odd = Case { n: 4096, k: 384, ..c };
+    check_with::<f16>(&dev, odd, &[333], &[None, Some(2)], k_split);
     check_with::<f16>(&dev, c, &[64, 130], &[Some(4)], |op| {
         k_split(op);
         op.set_max_cluster(2);

@@ -329,6 +329,28 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
             },
         ));
     }
+    // LOWBIT_BENCH_GEMM_LOOK=2,3,4: the 16- and 64-token tiles converting that many k16 steps ahead of their wgmmas
+    // (`lowbit_gemm_look4`), and the K-split tile, forced, likewise (`lowbit_gemm_kslook4`).
+    for look in list_var("LOWBIT_BENCH_GEMM_LOOK")? {
+        let d = dev.clone();
+        knobs.push(GemmKnob::new(
+            format!("lowbit_gemm_look{look}"),
+            |m| m <= 64,
+            move |g| {
+                g.set_lookahead(&d, 16, look)?;
+                g.set_lookahead(&d, 64, look)
+            },
+        ));
+        let d = dev.clone();
+        knobs.push(GemmKnob::new(
+            format!("lowbit_gemm_kslook{look}"),
+            |m| m > 16,
+            move |g| {
+                g.force_k_split(true);
+                g.set_k_split_lookahead(&d, look)
+            },
+        ));
+    }
     // LOWBIT_BENCH_GEMM_KSPLIT=on,3: the GEMM on its K-split tile at every M > 16 with the cost model's splits
     // (`lowbit_gemm_kson`), or with that many (`lowbit_gemm_ks3`); `off`: the choice by batch size, the other knobs'
     // splits (`lowbit_gemm_ksoff`).

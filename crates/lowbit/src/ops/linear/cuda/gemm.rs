@@ -231,11 +231,9 @@ impl GemmVariant {
     }
 
     /// The K-split tile of a linear layer whose repacked units are `unit_n` (128 or 256) columns wide: 128 columns
-    /// x [`KSPLIT_TOKENS`] tokens, the two consumer warpgroups on the two halves of each stage's k. Its 4 steps a
-    /// stage per warpgroup take a lookahead of 2 (3 would need 5 distinct fragment buffers in a cycle of 4).
+    /// x [`KSPLIT_TOKENS`] tokens, the two consumer warpgroups on alternate stages of its k range.
     fn k_split(act: DType, wbits: usize, zeros: bool, unit_groups: bool, unit_n: usize) -> Self {
         GemmVariant {
-            lookahead: 2,
             ksplit: true,
             unit_n,
             ..Self::with_defaults(act, wbits, zeros, unit_groups, false, 1, KSPLIT_TOKENS)
@@ -842,14 +840,24 @@ impl LinearW4A16Gemm {
         self.small_batch = rows;
     }
 
-    /// Reloads the kernel with `tokens` (16, 64 or 128) tokens per warpgroup to convert `steps` (2 or 3) k16
+    /// Reloads the kernel with `tokens` (16, 64 or 128) tokens per warpgroup to convert `steps` (2, 3 or 4) k16
     /// steps ahead (benchmarking).
     #[doc(hidden)]
     pub fn set_lookahead(&mut self, device: &CudaDevice, tokens: usize, steps: usize) -> Result<()> {
-        if !matches!(steps, 2 | 3) {
-            return Err(Error::invalid("lookahead", steps, "must be 2 or 3"));
-        }
+        check_lookahead(steps)?;
         self.reload(device, tokens, |v| v.lookahead = steps)
+    }
+
+    /// Reloads the K-split tile to convert `steps` (2, 3 or 4) k16 steps ahead (benchmarking); without one, nothing.
+    #[doc(hidden)]
+    pub fn set_k_split_lookahead(&mut self, device: &CudaDevice, steps: usize) -> Result<()> {
+        check_lookahead(steps)?;
+        if let Some(k) = &mut self.k_split {
+            let mut variant = k.variant;
+            variant.lookahead = steps;
+            *k = load_variant(device, variant)?;
+        }
+        Ok(())
     }
 
     /// Reloads the kernel with `tokens` tokens per warpgroup with at most `stages` pipeline stages (2 or more;
@@ -1213,6 +1221,15 @@ struct GemmKernel {
     resident_clusters: [usize; MAX_SPLITS + 1],
 }
 
+/// The kernel's LB_LOOKAHEAD: 2, 3 or 4 steps (4 and more fragment buffers than 8 would not fit its cycle).
+fn check_lookahead(steps: usize) -> Result<()> {
+    if (2..=4).contains(&steps) {
+        Ok(())
+    } else {
+        Err(Error::invalid("lookahead", steps, "must be 2, 3 or 4"))
+    }
+}
+
 /// The lookahead a variant is built with: 3 for 16- and 64-token tiles, whose wgmma groups are too short to cover
 /// a conversion two steps ahead; 2 for 128-token tiles, whose 128 accumulators leave no registers for 8 buffers.
 fn default_lookahead(wg_tokens: usize) -> usize {
@@ -1288,7 +1305,23 @@ mod tests {
         let mut variants = Vec::new();
         for (act, wbits) in [(DType::F16, 4), (DType::Bf16, 4), (DType::F16, 8)] {
             for (unit_n, unit_groups) in [(256, true), (128, false)] {
-                variants.push(GemmVariant::k_split(act, wbits, true, unit_groups, unit_n));
+                for lookahead in [2, 3, 4] {
+                    let v = GemmVariant::k_split(act, wbits, true, unit_groups, unit_n);
+                    variants.push(GemmVariant { lookahead, ..v });
+                }
+            }
+        }
+        assert_compile_without_local_memory(&variants);
+    }
+
+    /// The 16- and 64-token tiles converting four steps ahead (benchmarking's `set_lookahead`).
+    #[test]
+    fn deeper_lookahead_tiles_compile_without_local_memory() {
+        let mut variants = Vec::new();
+        for act in [DType::F16, DType::Bf16] {
+            for (wg_n, tokens) in [(1, 16), (2, 16), (1, 64), (2, 64)] {
+                let v = GemmVariant::with_defaults(act, 4, true, true, false, wg_n, tokens);
+                variants.push(GemmVariant { lookahead: 4, ..v });
             }
         }
         assert_compile_without_local_memory(&variants);
