@@ -2,7 +2,7 @@
 //! traced launch and summarises its timeline (the kernel's `Trace` events, %globaltimer) over the CTAs.
 //!
 //! ```text
-//! cargo run --release --example gemm_trace -- 256x4096x4096 64x4096x4096 [--rotate-io] [--splits 1] [--small-batch 0] [--tokens 64|128] [--ksplit] [--look64 2|3] [--stream on|off] [--stages N] [--decode-splits 1|2|4|8] [--wgmma on|off] [--pdl on|off]
+//! cargo run --release --example gemm_trace -- 256x4096x4096 64x4096x4096 [--rotate-io] [--splits 1] [--small-batch 0] [--tokens 64|128] [--ksplit] [--look64 2|3|4] [--look-ksplit 2|3|4] [--stream on|off] [--stages N] [--decode-splits 1|2|4|8] [--wgmma on|off] [--pdl on|off]
 //! ```
 //! Each shape is `MxKxN` (f16, group 128, zero points), `decode:MxKxN` for the decode kernel (the same weight; the
 //! stream-K fix-up's partials and counter show as `partials_seen`), or `conv:BxCxHxWxRxCo` for the convolution's
@@ -48,6 +48,7 @@ fn main() -> lowbit::Result<()> {
     let mut small_batch = None;
     let mut tokens = None;
     let mut look64 = None;
+    let mut look_ksplit = None;
     let mut decode_splits = None;
     let mut wgmma = None;
     let mut dependent_launch = None;
@@ -63,6 +64,7 @@ fn main() -> lowbit::Result<()> {
             "--rotate-io" => rotate_io = true,
             "--tokens" => tokens = args.next().and_then(|v| v.parse().ok()),
             "--look64" => look64 = args.next().and_then(|v| v.parse().ok()),
+            "--look-ksplit" => look_ksplit = args.next().and_then(|v| v.parse().ok()),
             "--decode-splits" => decode_splits = args.next().and_then(|v| v.parse().ok()),
             "--wgmma" => wgmma = args.next().map(|v| v == "on"),
             "--pdl" => dependent_launch = args.next().map(|v| v == "on"),
@@ -91,6 +93,9 @@ fn main() -> lowbit::Result<()> {
             op.force_tile_tokens(tokens);
             if let Some(steps) = look64 {
                 op.set_lookahead(&dev, 64, steps)?;
+            }
+            if let Some(steps) = look_ksplit {
+                op.set_k_split_lookahead(&dev, steps)?;
             }
             op.force_stream_k(stream_k);
             op.force_k_split(k_split);
