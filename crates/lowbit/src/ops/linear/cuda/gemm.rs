@@ -231,9 +231,11 @@ impl GemmVariant {
     }
 
     /// The K-split tile of a linear layer whose repacked units are `unit_n` (128 or 256) columns wide: 128 columns
-    /// x [`KSPLIT_TOKENS`] tokens, the two consumer warpgroups on alternate stages of its k range.
+    /// x [`KSPLIT_TOKENS`] tokens, the two consumer warpgroups on alternate stages of its k range. Lookahead 2:
+    /// 3 and 4 were 2-3% slower at 4096² M = 64 and 128 (`bench/results/2026-11-28-h200-linear-lookahead.jsonl`).
     fn k_split(act: DType, wbits: usize, zeros: bool, unit_groups: bool, unit_n: usize) -> Self {
         GemmVariant {
+            lookahead: 2,
             ksplit: true,
             unit_n,
             ..Self::with_defaults(act, wbits, zeros, unit_groups, false, 1, KSPLIT_TOKENS)
