@@ -22,18 +22,18 @@
 //   registers to the consumers.
 //
 // * K-SPLIT TILE (LB_KSPLIT; QuantLinear's table takes it for 4096 x 4096 at 33..128 rows). A CTA owns 128 columns
-//   x 64 tokens, and its two consumer warpgroups split its k range by stages: warpgroup wg takes the k tiles of the
-//   stages of parity wg, all 8 k16 steps of each, and converts only their codes, so no weight is converted twice.
-//   (Splitting every stage's steps 4 : 4 ran at ~70% of this: a stage boundary every 4 steps, and no room for a
-//   lookahead of 3 in a cycle of 4 fragment buffers.) At M = 64 on a 4096-wide layer the
-//   256-column tile had 16 tiles to split six ways, each CTA pushing a 64 KB fp32 partial over DSMEM; half tiles
+//   x 64 tokens, and its two consumer warpgroups split an item's k range by stages: warpgroup wg takes k tiles
+//   kt0 + wg, kt0 + wg + 2, ..., all 8 k16 steps of each, and converts only their codes, so no weight is converted
+//   twice. (Splitting every stage's steps 4 : 4 ran as fast, with a second x descriptor and conversion path, and
+//   no lookahead but 2.) At M = 64 on a 4096-wide layer the 256-column tile had 16 tiles to split six ways, each
+//   CTA pushing a 64 KB fp32 partial over DSMEM; half tiles
 //   make 32, whose partials are half the size and whose CTAs each do the same tensor work. Over a 256-column
 //   weight a tile is half a repacked unit (LB_UNIT_N 256): the unit is warp-major, so its half is one contiguous
 //   copy, and the scale rows come whole. The warpgroups' two partials meet in shared memory (exchange_halves);
 //   then each holds 32 tokens, and every epilogue runs as for the token-split 128-column tile.
 //
 // * OVERLAP. Each k16 step: wgmma.fence, two wgmmas, commit, wait until at most LOOK - 1 groups are in flight,
-//   then convert the A fragments of the step LOOK ahead (LB_LOOKAHEAD, 2 or 3; 4 or 8 fragment buffers, so the one
+//   then convert the A fragments of the step LOOK ahead (LB_LOOKAHEAD, 2 to 4; 4 or 8 fragment buffers, so the one
 //   written is read by no group in flight). The tensor cores always have the next step queued while a warp
 //   converts, which a one-step lookahead did not guarantee at the 64-token tile (conversion latency ~ one group's
 //   run time). A stage is released to the producer (its "empty" mbarrier) as soon as a wait has retired its last
@@ -943,7 +943,7 @@ struct Gemm {
                                           ctid >> 5, ctid & 31, &acc[0][0]);
     }
 
-    // KSPLIT: the two warpgroups hold partial sums of the same 64 x 128 outputs, over the two halves of every stage's
+    // KSPLIT: the two warpgroups hold partial sums of the same 64 x 128 outputs, over alternate stages of the item's
     // k. Warpgroup 0 keeps tokens 0..31 (accumulators 0 .. ACC / 2 - 1 of each tile), warpgroup 1 tokens 32..63: each
     // hands the other the half it does not keep, through shared memory past the staging (thread i of one warpgroup
     // and thread i of the other hold the same outputs), and adds the half it receives. A sum of two terms is the same

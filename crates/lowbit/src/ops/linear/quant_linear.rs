@@ -44,8 +44,8 @@ pub enum LinearKernel {
     Decode,
     /// The Hopper W4A16 GEMM.
     Gemm,
-    /// The Hopper W4A16 GEMM on its K-split tile: 128 columns x 64 tokens, the two consumer warpgroups on the two
-    /// halves of each stage's k, so a split tile pushes half the partial sums.
+    /// The Hopper W4A16 GEMM on its K-split tile: 128 columns x 64 tokens, the two consumer warpgroups on alternate
+    /// stages of the k range, so a split tile pushes half the partial sums.
     #[serde(rename = "gemm_ksplit")]
     GemmKSplit,
     /// Dequantize to a dense scratch weight, then cuBLAS.

@@ -193,7 +193,7 @@ pub struct GemmVariant {
     pub ramp: usize,
     /// k tiles the second consumer warpgroup runs behind the first (the kernel's STAGGER), below `stages`; 0: none.
     pub lag: usize,
-    /// The kernel's K-SPLIT TILE: 128 columns whose two consumer warpgroups split each stage's k (`wg_n` 1).
+    /// The kernel's K-SPLIT TILE: 128 columns whose two consumer warpgroups take alternate stages of a k range (`wg_n` 1).
     pub ksplit: bool,
     /// Columns of a repacked unit: `n_cta()`, or twice that for a K-split tile over a 256-column weight.
     pub unit_n: usize,
