@@ -9,6 +9,9 @@
 //! land 29-34 GB/s per SM (`docs/notes/w4a16-gemm.md`, "The K-split tile"): if the rate per SM stays there with few
 //! SMs asking, an SM's intake is the limit; if it rises, the L2 is (and a TMA multicast of x would pay).
 //!
+//! Last, the GEMM's stages without its math: x from L2 and the codes from memory per stage, at the sizes of the
+//! K-split, 64- and 128-token tiles, with the consumers reading x from shared memory as the wgmmas do, or not.
+//!
 //! ```text
 //! cargo run --release --example stream_probe -- [MB per buffer, default 122]
 //! ```
@@ -73,6 +76,46 @@ extern "C" __global__ void tma(const char* src, long long units, int ctas, int u
         acc ^= reinterpret_cast<const unsigned*>(smem + buf * unit)[threadIdx.x];
         mbar_arrive(bars + (stages + buf) * 8);
         if (++buf == stages) buf = 0;
+    }
+    if (acc == 0x9e3779b9u) out[0] = acc;
+}
+
+// The GEMM's stages without its math: each stage is `x_unit` bytes from an L2 window (x: unit u at u mod window) and
+// `w_unit` bytes from device memory (the codes: CTA c's contiguous range, wrapping at w_units), by two bulk copies.
+// The 256 consumer threads wait for a stage, read its x part `reads` times with 16-byte shared loads (as the wgmmas
+// read x as their B operand: 2 passes a stage for the K-split tile, 4 for the 64- and 128-token tiles), and release.
+extern "C" __global__ void stages(const char* x, int window, const char* w, long long w_units, int count,
+                                  int x_unit, int w_unit, int nstages, int reads, unsigned* out) {
+    extern __shared__ __align__(128) char smem[];
+    const int unit = x_unit + w_unit;
+    const u32 bars = smem_addr(smem + nstages * unit);
+    if (threadIdx.x == 0) init_pipeline_barriers(bars, nstages, 256);
+    __syncthreads();
+    if (threadIdx.x >= 256) {
+        if (threadIdx.x == 256) {
+            for (int i = 0, buf = 0; i < count; ++i) {
+                if (i >= nstages) mbar_wait(bars + (nstages + buf) * 8, ((i / nstages) - 1) & 1);
+                mbar_arrive_expect_tx(bars + buf * 8, unit);
+                const long long wu = ((long long)blockIdx.x * count + i) % w_units;
+                bulk_copy(smem + buf * unit, x + (long long)((blockIdx.x + i) % window) * x_unit, x_unit, bars + buf * 8);
+                bulk_copy(smem + buf * unit + x_unit, w + wu * w_unit, w_unit, bars + buf * 8);
+                if (++buf == nstages) buf = 0;
+            }
+        }
+        return;
+    }
+    unsigned acc = 0;
+    for (int i = 0, buf = 0; i < count; ++i) {
+        mbar_wait(bars + buf * 8, (i / nstages) & 1);
+        const u32 stage = smem_addr(smem + buf * unit);
+        for (int r = 0; r < reads; ++r)
+            for (int at = threadIdx.x * 16; at < x_unit; at += 256 * 16) {
+                const uint4 v = lds128(stage + ((at + r * 528) % x_unit));
+                acc ^= v.x ^ v.y ^ v.z ^ v.w;
+            }
+        acc ^= reinterpret_cast<const unsigned*>(smem + buf * unit + x_unit)[threadIdx.x];
+        mbar_arrive(bars + (nstages + buf) * 8);
+        if (++buf == nstages) buf = 0;
     }
     if (acc == 0x9e3779b9u) out[0] = acc;
 }
@@ -234,6 +277,63 @@ fn main() -> lowbit::Result<()> {
             "  {ctas:3} SMs {us:8.1} us  {per_sm:6.1} GB/s per SM  {:6.2} TB/s in all",
             per_sm * ctas as f64 / 1e3
         );
+    }
+
+    // The GEMM's stages without its math (the `stages` kernel): x from a 512 KB window in L2, the codes from the
+    // rotated buffers, 64 stages per CTA, the consumers reading x as the wgmmas would (`reads` passes) or not at all.
+    println!("the GEMM's stages (x from L2 + codes from memory), one CTA per SM, 64 stages a CTA:");
+    let count = 64usize;
+    for (label, x_kb, w_kb, nstages) in [("K-split", 16, 8, 6), ("64-token", 16, 16, 6), ("128-token", 32, 16, 4)] {
+        for ctas in [96usize, sms] {
+            for reads in [0i32, 2, 4] {
+                let (x_unit, w_unit) = (x_kb << 10, w_kb << 10);
+                let smem = nstages * (x_unit + w_unit) + 16 * nstages;
+                let f = dev.function_with_shared_memory(&PROBE, "stages", smem)?;
+                let window = (512 << 10) / x_unit;
+                let w_units = (bytes / w_unit) as i64;
+                let stage_us = |p: u64, x: u64| -> lowbit::Result<()> {
+                    let mut b = stream.launch_builder(&f);
+                    let (window, count, xu, wu) = (window as i32, count as i32, x_unit as i32, w_unit as i32);
+                    let (ns, r) = (nstages as i32, reads);
+                    b.arg(&x)
+                        .arg(&window)
+                        .arg(&p)
+                        .arg(&w_units)
+                        .arg(&count)
+                        .arg(&xu)
+                        .arg(&wu)
+                        .arg(&ns);
+                    b.arg(&r).arg(&out_ptr);
+                    let cfg = LaunchConfig {
+                        grid_dim: (ctas as u32, 1, 1),
+                        block_dim: (288, 1, 1),
+                        shared_mem_bytes: smem as u32,
+                    };
+                    // SAFETY: the kernel reads `window` x units of bufs[0] and w units below w_units of p (live
+                    // buffers of `bytes`), and may write out[0].
+                    launched(unsafe { b.launch(cfg) })
+                };
+                let ptrs: Vec<u64> = bufs[1..].iter().map(|b| b.device_ptr(&stream).0).collect();
+                for &p in &ptrs {
+                    stage_us(p, src)?;
+                }
+                let mut runs = Vec::new();
+                for _ in 0..5 {
+                    timer.start(&stream)?;
+                    for p in ptrs.iter().cycle().take(20) {
+                        stage_us(*p, src)?;
+                    }
+                    runs.push(timer.stop_ms(&stream)? * 1e3 / 20.0);
+                }
+                runs.sort_by(f64::total_cmp);
+                let us = runs[2];
+                let per_sm = (count * (x_unit + w_unit)) as f64 / us / 1e3; // GB/s
+                println!(
+                    "  {label:<9} {x_kb} + {w_kb} KB x {nstages}, {ctas:3} CTAs, {reads} reads: {:5.3} us a stage, {per_sm:6.1} GB/s per SM",
+                    us / count as f64
+                );
+            }
+        }
     }
     Ok(())
 }
