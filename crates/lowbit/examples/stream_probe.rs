@@ -108,11 +108,17 @@ extern "C" __global__ void stages(const char* x, int window, const char* w, long
     for (int i = 0, buf = 0; i < count; ++i) {
         mbar_wait(bars + buf * 8, (i / nstages) & 1);
         const u32 stage = smem_addr(smem + buf * unit);
-        for (int r = 0; r < reads; ++r)
-            for (int at = threadIdx.x * 16; at < x_unit; at += 256 * 16) {
-                const uint4 v = lds128(stage + ((at + r * 528) % x_unit));
-                acc ^= v.x ^ v.y ^ v.z ^ v.w;
+        // Up to 8 independent 16-byte loads a thread per pass (x_unit <= 32 KB, a power of two), all in flight.
+        for (int r = 0; r < reads; ++r) {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                const int at = (threadIdx.x + j * 256) * 16;
+                if (at < x_unit) {
+                    const uint4 v = lds128(stage + ((at + r * 528) & (x_unit - 1)));
+                    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+                }
             }
+        }
         acc ^= reinterpret_cast<const unsigned*>(smem + buf * unit + x_unit)[threadIdx.x];
         mbar_arrive(bars + (nstages + buf) * 8);
         if (++buf == nstages) buf = 0;
