@@ -10,7 +10,8 @@
 //! SMs asking, an SM's intake is the limit; if it rises, the L2 is (and a TMA multicast of x would pay).
 //!
 //! Last, the GEMM's stages without its math: x from L2 and the codes from memory per stage, at the sizes of the
-//! K-split, 64- and 128-token tiles, with the consumers reading x from shared memory as the wgmmas do, or not.
+//! K-split, 64- and 128-token tiles, with the consumers reading x from shared memory as the wgmmas do, or not; and in
+//! clusters of two CTAs that share x, each copying it or each multicasting half of it to both.
 //!
 //! ```text
 //! cargo run --release --example stream_probe -- [MB per buffer, default 122]
@@ -123,6 +124,61 @@ extern "C" __global__ void stages(const char* x, int window, const char* w, long
         mbar_arrive(bars + (nstages + buf) * 8);
         if (++buf == nstages) buf = 0;
     }
+    if (acc == 0x9e3779b9u) out[0] = acc;
+}
+
+// The same stages in clusters of two CTAs that stream the same x (cluster c's units) and their own codes. With
+// `multicast`, CTA r copies half r of each x unit into both CTAs' stages (.multicast::cluster): each SM requests half
+// the x bytes and still receives all of them. Consumers release a stage with one arrival per warp on both CTAs'
+// empty barriers, since the peer's producer writes into it too. Without, each CTA copies all of x itself.
+extern "C" __global__ void __cluster_dims__(2, 1, 1)
+    stages_mc(const char* x, int window, const char* w, long long w_units, int count, int x_unit, int w_unit,
+              int nstages, int multicast, unsigned* out) {
+    extern __shared__ __align__(128) char smem[];
+    const int unit = x_unit + w_unit;
+    const u32 bars = smem_addr(smem + nstages * unit);
+    u32 rank;
+    asm("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+    if (threadIdx.x == 0) init_pipeline_barriers(bars, nstages, multicast ? 16 : 8);
+    cluster_sync();  // both CTAs' barriers exist before any remote arrival or copy
+    unsigned acc = 0;
+    if (threadIdx.x == 256) {
+        const int half = x_unit / 2;
+        for (int i = 0, buf = 0; i < count; ++i) {
+            if (i >= nstages) mbar_wait(bars + (nstages + buf) * 8, ((i / nstages) - 1) & 1);
+            const u32 full = bars + buf * 8, dst = smem_addr(smem + buf * unit);
+            mbar_arrive_expect_tx(full, unit);
+            const char* xs = x + (long long)((blockIdx.x / 2 + i) % window) * x_unit;
+            if (multicast) {
+                asm volatile(
+                    "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+                    " [%0], [%1], %2, [%3], %4;\n" ::"r"(dst + rank * half),
+                    "l"(xs + rank * half), "r"(half), "r"(full), "h"((unsigned short)3)
+                    : "memory");
+            } else {
+                bulk_copy(dst, xs, x_unit, full);
+            }
+            const long long wu = ((long long)blockIdx.x * count + i) % w_units;
+            bulk_copy(dst + x_unit, w + wu * w_unit, w_unit, full);
+            if (++buf == nstages) buf = 0;
+        }
+    } else if (threadIdx.x < 256) {
+        for (int i = 0, buf = 0; i < count; ++i) {
+            mbar_wait(bars + buf * 8, (i / nstages) & 1);
+            acc ^= reinterpret_cast<const unsigned*>(smem + buf * unit)[threadIdx.x];
+            __syncwarp();
+            const u32 empty = bars + (nstages + buf) * 8;
+            if ((threadIdx.x & 31) == 0) {
+                mbar_arrive(empty);
+                if (multicast)
+                    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(
+                                     cluster_map(empty, rank ^ 1))
+                                 : "memory");
+            }
+            if (++buf == nstages) buf = 0;
+        }
+    }
+    cluster_sync();  // no CTA exits while its peer may still copy into it or arrive on its barriers
     if (acc == 0x9e3779b9u) out[0] = acc;
 }
 "#;
@@ -289,12 +345,20 @@ fn main() -> lowbit::Result<()> {
     // rotated buffers, 64 stages per CTA, the consumers reading x as the wgmmas would (`reads` passes) or not at all.
     println!("the GEMM's stages (x from L2 + codes from memory), one CTA per SM, 64 stages a CTA:");
     let count = 64usize;
+    // Then in clusters of two (`stages_mc`), x copied by each CTA (`copy`) or half by each, multicast to both (`mc`).
+    let variants = [
+        ("stages", 0i32, "0 reads"),
+        ("stages", 2, "2 reads"),
+        ("stages", 4, "4 reads"),
+        ("stages_mc", 0, "pairs, copy"),
+        ("stages_mc", 1, "pairs, mc"),
+    ];
     for (label, x_kb, w_kb, nstages) in [("K-split", 16, 8, 6), ("64-token", 16, 16, 6), ("128-token", 32, 16, 4)] {
         for ctas in [96usize, sms] {
-            for reads in [0i32, 2, 4] {
+            for (kernel, reads, what) in variants {
                 let (x_unit, w_unit) = (x_kb << 10, w_kb << 10);
                 let smem = nstages * (x_unit + w_unit) + 16 * nstages;
-                let f = dev.function_with_shared_memory(&PROBE, "stages", smem)?;
+                let f = dev.function_with_shared_memory(&PROBE, kernel, smem)?;
                 let window = (512 << 10) / x_unit;
                 let w_units = (bytes / w_unit) as i64;
                 let stage_us = |p: u64, x: u64| -> lowbit::Result<()> {
@@ -335,7 +399,7 @@ fn main() -> lowbit::Result<()> {
                 let us = runs[2];
                 let per_sm = (count * (x_unit + w_unit)) as f64 / us / 1e3; // GB/s
                 println!(
-                    "  {label:<9} {x_kb} + {w_kb} KB x {nstages}, {ctas:3} CTAs, {reads} reads: {:5.3} us a stage, {per_sm:6.1} GB/s per SM",
+                    "  {label:<9} {x_kb} + {w_kb} KB x {nstages}, {ctas:3} CTAs, {what:<11}: {:5.3} us a stage, {per_sm:6.1} GB/s per SM",
                     us / count as f64
                 );
             }
