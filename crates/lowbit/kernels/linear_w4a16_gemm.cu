@@ -33,7 +33,7 @@
 //   then each holds 32 tokens, and every epilogue runs as for the token-split 128-column tile.
 //
 // * OVERLAP. Each k16 step: wgmma.fence, two wgmmas, commit, wait until at most LOOK - 1 groups are in flight,
-//   then convert the A fragments of the step LOOK ahead (LB_LOOKAHEAD, 2 to 4; 4 or 8 fragment buffers, so the one
+//   then convert the A fragments of the step LOOK ahead (LB_LOOKAHEAD, 2 or 3; 4 or 8 fragment buffers, so the one
 //   written is read by no group in flight). The tensor cores always have the next step queued while a warp
 //   converts, which a one-step lookahead did not guarantee at the 64-token tile (conversion latency ~ one group's
 //   run time). A stage is released to the producer (its "empty" mbarrier) as soon as a wait has retired its last
@@ -173,7 +173,7 @@ constexpr int MAX_CLUSTER = 8;  // counters per tile
 template <class T, int ZMODE, int WG_N, int WG_TOKENS, int STAGES, bool UNIT_GROUPS, bool CONV, int LOOK, int WBITS,
           int RAMP, int LAG, bool KSPLIT, int UNIT_N>
 struct Gemm {
-    static_assert(LOOK >= 2 && LOOK <= 4, "k16 steps converted ahead of the wgmmas: 2, 3 or 4");
+    static_assert(LOOK == 2 || LOOK == 3, "k16 steps converted ahead of the wgmmas: 2 or 3");
     static_assert(LAG >= 0 && LAG < STAGES, "STAGGER: warpgroup 1 at most STAGES - 1 k tiles behind");
     static_assert(!KSPLIT || (WG_N == 1 && LAG == 0 && !CONV && WG_TOKENS == 64),
                   "K-split tile: 128 columns x 64 tokens, no STAGGER, linear only");
@@ -535,7 +535,6 @@ struct Gemm {
         cv.template convert<0>(frag[0], lane);
         cv.template convert<1>(frag[1], lane);
         if (LOOK > 2) cv.template convert<2>(frag[2], lane);
-        if (LOOK > 3) cv.template convert<3>(frag[3], lane);
         for (int kt = first; kt < kt1; kt += STRIDE) {
             const u64 xd = smem_desc_sw128(base + at.buf * STAGE_BYTES + x_offset);
             stage_step<0>(s, base, bars, kt, first, kt1, at, xd, dw, lane, cv, frag, acc);

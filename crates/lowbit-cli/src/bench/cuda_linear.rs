@@ -329,8 +329,8 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
             },
         ));
     }
-    // LOWBIT_BENCH_GEMM_LOOK=2,3,4: the 16- and 64-token tiles converting that many k16 steps ahead of their wgmmas
-    // (`lowbit_gemm_look4`), and the K-split tile, forced, likewise (`lowbit_gemm_kslook4`).
+    // LOWBIT_BENCH_GEMM_LOOK=2,3: the 16- and 64-token tiles converting that many k16 steps ahead of their wgmmas
+    // (`lowbit_gemm_look2`), and the K-split tile, forced, likewise (`lowbit_gemm_kslook2`).
     for look in list_var("LOWBIT_BENCH_GEMM_LOOK")? {
         let d = dev.clone();
         knobs.push(GemmKnob::new(
