@@ -26,9 +26,8 @@
 //   kt0 + wg, kt0 + wg + 2, ..., all 8 k16 steps of each, and converts only their codes, so no weight is converted
 //   twice. (Splitting every stage's steps 4 : 4 ran as fast, with a second x descriptor and conversion path, and
 //   no lookahead but 2.) At M = 64 on a 4096-wide layer the 256-column tile had 16 tiles to split six ways, each
-//   CTA pushing a 64 KB fp32 partial over DSMEM; half tiles
-//   make 32, whose partials are half the size and whose CTAs each do the same tensor work. Over a 256-column
-//   weight a tile is half a repacked unit (LB_UNIT_N 256): the unit is warp-major, so its half is one contiguous
+//   CTA pushing a 64 KB fp32 partial over DSMEM; half tiles make 32, whose partials are half the size and whose
+//   CTAs each do the same tensor work. Over a 256-column weight a tile is half a repacked unit (LB_UNIT_N 256): the unit is warp-major, so its half is one contiguous
 //   copy, and the scale rows come whole. The warpgroups' two partials meet in shared memory (exchange_halves);
 //   then each holds 32 tokens, and every epilogue runs as for the token-split 128-column tile.
 //
@@ -168,8 +167,8 @@ constexpr int MAX_CLUSTER = 8;  // counters per tile
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 
 // WG_TOKENS: the wgmma N, tokens per consumer warpgroup (16 or 64 for small batches, 128 otherwise).
-// KSPLIT: the two consumer warpgroups split each stage's k (WG_N 1; see the header's K-SPLIT TILE). UNIT_N: columns of
-// a repacked unit, N_CTA or (K-split tile over a 256-column weight) 2 N_CTA.
+// KSPLIT: the two consumer warpgroups take alternate stages of an item's k range (WG_N 1; see the header's K-SPLIT
+// TILE). UNIT_N: columns of a repacked unit, N_CTA or (K-split tile over a 256-column weight) 2 N_CTA.
 template <class T, int ZMODE, int WG_N, int WG_TOKENS, int STAGES, bool UNIT_GROUPS, bool CONV, int LOOK, int WBITS,
           int RAMP, int LAG, bool KSPLIT, int UNIT_N>
 struct Gemm {
@@ -460,6 +459,11 @@ struct Gemm {
             const int at = buf + N;
             return at >= STAGES ? Ring{at - STAGES, phase ^ 1} : Ring{at, phase};
         }
+        // n stages on (any n >= 0).
+        __device__ __forceinline__ Ring advanced(int n) const {
+            const int to = buf + n;
+            return Ring{to % STAGES, phase ^ ((to / STAGES) & 1)};
+        }
         // The buffer N stages back.
         template <int N>
         __device__ __forceinline__ int buf_behind() const {
@@ -516,8 +520,7 @@ struct Gemm {
         const int first = kt0 + (KSPLIT ? wg : 0);
         Ring at = ring;
         if (KSPLIT) {
-            const int after = ring.buf + (kt1 - kt0);  // the next item's first stage
-            ring = Ring{after % STAGES, ring.phase ^ ((after / STAGES) & 1)};
+            ring = ring.advanced(kt1 - kt0);  // the next item's first stage (the other tiles': where their loop ends)
             if (wg == 1) at = at.template ahead<1>();
             if (first >= kt1) {  // a one-tile item: warpgroup 1 adds nothing
 #pragma unroll

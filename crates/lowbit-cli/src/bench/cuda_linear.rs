@@ -33,7 +33,9 @@
 //! pipeline first fills, 0 being all of them, on every tile (`lowbit_gemm_ramp0`, ...), `LOWBIT_BENCH_GEMM_LAG=0,1`
 //! with the 64- and 128-token tiles' second consumer warpgroup that many k tiles behind (`lowbit_gemm_lag0`, ...),
 //! `LOWBIT_BENCH_GEMM_KSPLIT=on,3` on its K-split tile at every M > 16, split as the cost model says or that many
-//! ways (`lowbit_gemm_kson`, `lowbit_gemm_ks3`; QuantLinear's own `lowbit_gemm_ksplit` is timed from M = 17 on).
+//! ways (`lowbit_gemm_kson`, `lowbit_gemm_ks3`; QuantLinear's own `lowbit_gemm_ksplit` is timed from M = 17 on),
+//! `LOWBIT_BENCH_GEMM_LOOK=2,3` with its 16- and 64-token tiles, and its K-split tile forced, converting that many
+//! k16 steps ahead of their wgmmas (`lowbit_gemm_look2`, `lowbit_gemm_kslook2`, ...).
 //! `LOWBIT_BENCH_ACTIVATION=silu` builds QuantLinear's layers with that fused epilogue (records `lowbit_silu`, ...).
 
 use super::{graph_replay_us, median_of_batches, sustained_us, BenchArgs, BenchRecord, Rounds, Shape, Sink};

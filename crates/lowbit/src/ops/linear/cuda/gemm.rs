@@ -98,8 +98,8 @@ fn kt_us(v: &GemmVariant) -> f64 {
     }
 }
 /// The K-split tile's k tile: 0.62 us at M = 256 on 4096 x 14336 and 0.67 at M = 64 on 4096 x 4096
-/// (`bench/results/2026-11-27-h200-gemm-trace-ksplit.txt`), not half the 64-token tile's 0.97: its m64n64k16 wgmmas
-/// run at ~50% of the tensor rate (`w4a16-gemm.md`, "The K-split tile").
+/// (`bench/results/2026-11-27-h200-gemm-trace-ksplit.txt`), not half the 64-token tile's 0.97: a stage of its size
+/// takes 0.40 us to land even with idle consumers (`w4a16-gemm.md`, "Alternate stages, and deeper wgmma queues").
 const KSPLIT_KT_US: f64 = 0.65;
 /// Tokens of the K-split tile (its wgmma N).
 const KSPLIT_TOKENS: usize = 64;
