@@ -21,15 +21,17 @@
 //   quarter of the 64-token tile's tensor work) 16. A third warpgroup is the TMA producer; setmaxnreg moves its
 //   registers to the consumers.
 //
-// * K-SPLIT TILE (LB_KSPLIT; QuantLinear's table takes it for 4096 x 4096 at 33..128 rows). A CTA owns 128 columns
-//   x 64 tokens, and its two consumer warpgroups split an item's k range by stages: warpgroup wg takes k tiles
+// * K-SPLIT TILE (LB_KSPLIT; QuantLinear's table takes it where it measured fastest, such as 4096 x 4096 from 33
+//   rows on). A CTA owns 128 columns x 64 or 128 tokens (WG_TOKENS: the wgmma N; 128 runs m64n128k16, the shape
+//   whose rate the 128-token tile reaches, on a stage of 32 KB of x and 8 KB of codes), and its two consumer
+//   warpgroups split an item's k range by stages: warpgroup wg takes k tiles
 //   kt0 + wg, kt0 + wg + 2, ..., all 8 k16 steps of each, and converts only their codes, so no weight is converted
 //   twice. (Splitting every stage's steps 4 : 4 ran as fast, with a second x descriptor and conversion path, and
 //   no lookahead but 2.) At M = 64 on a 4096-wide layer the 256-column tile had 16 tiles to split six ways, each
 //   CTA pushing a 64 KB fp32 partial over DSMEM; half tiles make 32, whose partials are half the size and whose
 //   CTAs each do the same tensor work. Over a 256-column weight a tile is half a repacked unit (LB_UNIT_N 256): the unit is warp-major, so its half is one contiguous
 //   copy, and the scale rows come whole. The warpgroups' two partials meet in shared memory (exchange_halves);
-//   then each holds 32 tokens, and every epilogue runs as for the token-split 128-column tile.
+//   then each holds half the tokens, and every epilogue runs as for the token-split 128-column tile.
 //
 // * OVERLAP. Each k16 step: wgmma.fence, two wgmmas, commit, wait until at most LOOK - 1 groups are in flight,
 //   then convert the A fragments of the step LOOK ahead (LB_LOOKAHEAD, 2 or 3; 4 or 8 fragment buffers, so the one
@@ -174,8 +176,8 @@ template <class T, int ZMODE, int WG_N, int WG_TOKENS, int STAGES, bool UNIT_GRO
 struct Gemm {
     static_assert(LOOK == 2 || LOOK == 3, "k16 steps converted ahead of the wgmmas: 2 or 3");
     static_assert(LAG >= 0 && LAG < STAGES, "STAGGER: warpgroup 1 at most STAGES - 1 k tiles behind");
-    static_assert(!KSPLIT || (WG_N == 1 && LAG == 0 && !CONV && WG_TOKENS == 64),
-                  "K-split tile: 128 columns x 64 tokens, no STAGGER, linear only");
+    static_assert(!KSPLIT || (WG_N == 1 && LAG == 0 && !CONV && (WG_TOKENS == 64 || WG_TOKENS == 128)),
+                  "K-split tile: 128 columns x 64 or 128 tokens, no STAGGER, linear only");
     static_assert(UNIT_N == 128 * WG_N || (KSPLIT && UNIT_N == 256), "a tile is a unit, or half of one");
     static constexpr int STAGGER_BARRIER = 2;  // named barrier 1 is consumer_sync's
     static_assert(WBITS == 4 || (WBITS == 8 && T::MAGIC == F16::MAGIC),
@@ -214,8 +216,10 @@ struct Gemm {
     // [32 channels][8 tokens] slices, 16 bytes of padding apart (epilogue_conv).
     static constexpr int CONV_SLICE_BYTES = 32 * 16 + 16;
     static constexpr int STAGING_BYTES = CONV ? 8 * 4 * CONV_SLICE_BYTES : 8 * 1024;
-    // KSPLIT: the halves the warpgroups trade, past the staging (exchange_halves): ACC / 2 floats per tile and thread.
-    static constexpr int EXCHANGE_BYTES = KSPLIT ? CONSUMERS * ACC * 4 : 0;
+    // KSPLIT: the halves the warpgroups trade, past the staging (exchange_halves): ACC / 2 floats per tile and thread,
+    // both tiles at once, or (128 tokens: 64 KB would cost a stage) one tile per pass.
+    static constexpr int EXCHANGE_PASSES = KSPLIT && WG_TOKENS > 64 ? 2 : 1;
+    static constexpr int EXCHANGE_BYTES = KSPLIT ? CONSUMERS * ACC * 4 / EXCHANGE_PASSES : 0;
     static constexpr int PIPE_BYTES = STAGES * STAGE_BYTES + STAGING_BYTES + EXCHANGE_BYTES;
     static constexpr int DATA_BYTES = PIPE_BYTES > Y_BYTES ? PIPE_BYTES : Y_BYTES;
     static constexpr int TILE_FLOATS = BM * N_CTA;
@@ -522,13 +526,9 @@ struct Gemm {
         if (KSPLIT) {
             ring = ring.advanced(kt1 - kt0);  // the next item's first stage (the other tiles': where their loop ends)
             if (wg == 1) at = at.template ahead<1>();
-            if (first >= kt1) {  // a one-tile item: warpgroup 1 adds nothing
-#pragma unroll
-                for (int t = 0; t < 2; ++t)
-#pragma unroll
-                    for (int i = 0; i < ACC; ++i) acc[t][i] = 0.0f;
-                return;
-            }
+            // A one-tile item: warpgroup 1 has no stage, and exchange_halves leaves its accumulators out. (Zeroing
+            // them here spilled the 128-token tile: a second definition of 128 registers that wgmma pins.)
+            if (first >= kt1) return;
         }
         Converter cv;
         cv.pw = dw + (HALVES == 2 ? (nt & 1) * (N_CTA / 32) : 0);
@@ -945,45 +945,61 @@ struct Gemm {
                                           ctid >> 5, ctid & 31, &acc[0][0]);
     }
 
-    // KSPLIT: the two warpgroups hold partial sums of the same 64 x 128 outputs, over alternate stages of the item's
-    // k. Warpgroup 0 keeps tokens 0..31 (accumulators 0 .. ACC / 2 - 1 of each tile), warpgroup 1 tokens 32..63: each
+    // KSPLIT: the two warpgroups hold partial sums of the same WG_TOKENS x 128 outputs, over alternate stages of the
+    // item's k. Warpgroup 0 keeps the first half of the tokens (accumulators 0 .. ACC / 2 - 1 of each tile),
+    // warpgroup 1 the second: each
     // hands the other the half it does not keep, through shared memory past the staging (thread i of one warpgroup
     // and thread i of the other hold the same outputs), and adds the half it receives. A sum of two terms is the same
     // whichever adds it, so the result does not depend on timing. Warpgroup 1 leaves its sums in accumulators
     // 0 .. ACC / 2 - 1 too, and both run the epilogue of a token-split tile of EPI_TOKENS tokens each.
-    __device__ static __forceinline__ void exchange_halves(u32 exchange, int wg, float (&acc)[2][ACC]) {
-        constexpr u32 SIDE = CONSUMERS / 2 * ACC * 4;  // what one warpgroup hands over: 2 tiles x ACC / 2 floats a thread
+    // `alone`: the item has one k tile, so warpgroup 1's accumulators hold nothing (mainloop) and count as zeros.
+    __device__ static __forceinline__ void exchange_halves(u32 exchange, int wg, bool alone, float (&acc)[2][ACC]) {
+        // What one warpgroup hands over per pass: the tiles of the pass x ACC / 2 floats a thread.
+        constexpr u32 SIDE = CONSUMERS / 2 * ACC * 4 / EXCHANGE_PASSES;
         const u32 out = exchange + wg * SIDE, in = exchange + (1 - wg) * SIDE;
         // Accumulator indices must be compile-time constants (registers): one instance per warpgroup.
-        if (wg == 0) trade_half<ACC / 2>(out, in, acc);
-        else trade_half<0>(out, in, acc);
+        if (wg == 0) trade_half<ACC / 2, 0>(out, in, alone, acc);
+        else trade_half<0, 0>(out, in, alone, acc);
+        if (EXCHANGE_PASSES == 2) {
+            consumer_sync(CONSUMERS);  // both have read the first pass
+            if (wg == 0) trade_half<ACC / 2, 1>(out, in, alone, acc);
+            else trade_half<0, 1>(out, in, alone, acc);
+        }
         consumer_sync(CONSUMERS);  // both have read: the next item may write again
     }
-    // Hands over accumulators GIVE .. GIVE + ACC / 2 - 1 of each tile and adds the other warpgroup's into the rest,
-    // then leaves the sums in 0 .. ACC / 2 - 1.
-    template <int GIVE>
-    __device__ static __forceinline__ void trade_half(u32 out, u32 in, float (&acc)[2][ACC]) {
-        constexpr int HALF = ACC / 2, QUADS = HALF / 4, KEEP = HALF - GIVE;
+    // Hands over accumulators GIVE .. GIVE + ACC / 2 - 1 of the pass's tiles and adds the other warpgroup's into the
+    // rest, then leaves the sums in 0 .. ACC / 2 - 1. Warpgroup 1's terms are zeros when `alone` (0 + v and v + 0,
+    // as if it had summed nothing into zeroed accumulators).
+    template <int GIVE, int PASS>
+    __device__ static __forceinline__ void trade_half(u32 out, u32 in, bool alone, float (&acc)[2][ACC]) {
+        constexpr int HALF = ACC / 2, QUADS = HALF / 4, KEEP = HALF - GIVE, TILES = 2 / EXCHANGE_PASSES;
         const int i = thread_index() & 127;
 #pragma unroll
-        for (int t = 0; t < 2; ++t)
+        for (int t = 0; t < 2; ++t) {
+            if (t / TILES != PASS) continue;
 #pragma unroll
             for (int q = 0; q < QUADS; ++q) {
                 const int at = GIVE + 4 * q;
-                sts128f(out + ((t * QUADS + q) * 128 + i) * 16,
+                sts128f(out + (((t % TILES) * QUADS + q) * 128 + i) * 16,
                         make_float4(acc[t][at], acc[t][at + 1], acc[t][at + 2], acc[t][at + 3]));
             }
+        }
         consumer_sync(CONSUMERS);
 #pragma unroll
-        for (int t = 0; t < 2; ++t)
+        for (int t = 0; t < 2; ++t) {
+            if (t / TILES != PASS) continue;
 #pragma unroll
             for (int q = 0; q < QUADS; ++q) {
-                const float4 v = lds128f(in + ((t * QUADS + q) * 128 + i) * 16);
+                float4 v = lds128f(in + (((t % TILES) * QUADS + q) * 128 + i) * 16);
                 const int at = KEEP + 4 * q;
+                float4 own = make_float4(acc[t][at], acc[t][at + 1], acc[t][at + 2], acc[t][at + 3]);
+                if (alone && GIVE > 0) v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);  // warpgroup 0: nothing came
+                if (alone && GIVE == 0) own = make_float4(0.0f, 0.0f, 0.0f, 0.0f);  // warpgroup 1: nothing summed
                 // Into slot 4 q: for warpgroup 0 (KEEP 0) in place, for warpgroup 1 moved down.
-                acc[t][4 * q] = acc[t][at] + v.x, acc[t][4 * q + 1] = acc[t][at + 1] + v.y;
-                acc[t][4 * q + 2] = acc[t][at + 2] + v.z, acc[t][4 * q + 3] = acc[t][at + 3] + v.w;
+                acc[t][4 * q] = own.x + v.x, acc[t][4 * q + 1] = own.y + v.y;
+                acc[t][4 * q + 2] = own.z + v.z, acc[t][4 * q + 3] = own.w + v.w;
             }
+        }
     }
 
     // The epilogue of one work item.
@@ -1041,7 +1057,7 @@ struct Gemm {
             float acc[2][ACC];  // written by the first wgmma (accumulate = 0)
             const int arrive_kt = LAG > 0 && wg == 0 && taken == 0 ? min(w.kt0 + LAG, w.kt1) - 1 : -1;
             mainloop(s, base, bars, w.nt, w.kt0, w.kt1, wg, arrive_kt, ring, acc);
-            if (KSPLIT) exchange_halves(base + STAGES * STAGE_BYTES + STAGING_BYTES, wg, acc);
+            if (KSPLIT) exchange_halves(base + STAGES * STAGE_BYTES + STAGING_BYTES, wg, w.kt1 - w.kt0 < 2, acc);
             if (taken == 0) trace_stamp(a.trace, TRACE_MAINLOOP_END);
             // One compile-time activation per launch keeps the unrolled epilogue small (see activate). A
             // convolution clamps at most (none/relu/relu6): its variants leave GELU and SiLU out.

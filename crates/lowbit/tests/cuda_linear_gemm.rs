@@ -600,13 +600,26 @@ fn back_to_back_launches_see_each_others_writes() {
 #[test]
 fn k_split_tile_over_whole_and_half_units() {
     let Some(dev) = hopper() else { return };
-    // The K-split tile (forced): 128 columns x 64 tokens, the two consumer warpgroups on alternate stages of the
+    check_k_split_tile(&dev, 64);
+}
+
+#[test]
+fn k_split_tile_of_128_tokens() {
+    let Some(dev) = hopper() else { return };
+    check_k_split_tile(&dev, 128);
+}
+
+fn check_k_split_tile(dev: &Arc<CudaDevice>, tokens: usize) {
+    // The K-split tile (forced): 128 columns x `tokens`, the two consumer warpgroups on alternate stages of the
     // k range, their partials added in shared memory. N = 512 has 256-column units, so each tile is half a unit;
     // N = 384 has 128-column units. Exact integers bit-equal to the reference, with split-K of 1 to 4 CTAs (4 as
     // two cluster groups of 2), token tails, and a unit with several scale rows (group 32, act-order; group 64
     // and a partial last k tile). Items of one k tile (the second warpgroup adds nothing) and CTAs taking several
     // items of an odd number of k tiles (the warpgroups' stage parity changes from one item to the next).
-    let k_split = |op: &mut LinearW4A16Gemm| op.force_k_split(true);
+    let k_split = |op: &mut LinearW4A16Gemm| {
+        op.force_k_split(true);
+        op.force_tile_tokens(Some(tokens));
+    };
     let mut seen = Vec::new();
     let c = Case {
         k: 2048,
@@ -614,17 +627,22 @@ fn k_split_tile_over_whole_and_half_units() {
         bias: true,
         ..BASE
     };
-    check_with::<f16>(&dev, c, &[1, 17, 64, 100, 200], &[None, Some(1), Some(3)], |op| {
+    check_with::<f16>(dev, c, &[1, 17, 64, 100, 200], &[None, Some(1), Some(3)], |op| {
         k_split(op);
         seen.extend([1, 100].map(|m| op.variant(m)));
     });
-    assert!(seen.iter().all(|v| v.ksplit && v.halves() == 2), "{seen:?}");
+    assert!(
+        seen.iter()
+            .all(|v| v.ksplit && v.halves() == 2 && v.wg_tokens == tokens),
+        "{seen:?}"
+    );
     let one_tile = Case { k: 128, ..c };
-    check_with::<f16>(&dev, one_tile, &[64, 200], &[None], k_split);
-    // 32 x 6 = 192 tiles of 3 k tiles: two items for most CTAs; split in two, items of 1 and 2 k tiles.
+    check_with::<f16>(dev, one_tile, &[64, 200], &[None], k_split);
+    // 32 x 6 = 192 tiles of 3 k tiles at 64 tokens (96 at 128): two items for most CTAs; split in two, items of 1
+    // and 2 k tiles.
     let odd = Case { n: 4096, k: 384, ..c };
-    check_with::<f16>(&dev, odd, &[333], &[None, Some(2)], k_split);
-    check_with::<f16>(&dev, c, &[64, 130], &[Some(4)], |op| {
+    check_with::<f16>(dev, odd, &[333], &[None, Some(2)], k_split);
+    check_with::<f16>(dev, c, &[64, 130], &[Some(4)], |op| {
         k_split(op);
         op.set_max_cluster(2);
     });
@@ -635,7 +653,7 @@ fn k_split_tile_over_whole_and_half_units() {
         act_order: true,
         ..BASE
     };
-    check_with::<f16>(&dev, group_32, &[16, 64, 130], &[None, Some(2)], k_split);
+    check_with::<f16>(dev, group_32, &[16, 64, 130], &[None, Some(2)], k_split);
     let narrow = Case {
         n: 384,
         k: 4160,
@@ -646,11 +664,15 @@ fn k_split_tile_over_whole_and_half_units() {
         ..BASE
     };
     let mut seen = Vec::new();
-    check_with::<bf16>(&dev, narrow, &[5, 64, 333], &[None, Some(3)], |op| {
+    check_with::<bf16>(dev, narrow, &[5, 64, 333], &[None, Some(3)], |op| {
         k_split(op);
         seen.push(op.variant(64));
     });
-    assert!(seen.iter().all(|v| v.ksplit && v.halves() == 1), "{seen:?}");
+    assert!(
+        seen.iter()
+            .all(|v| v.ksplit && v.halves() == 1 && v.wg_tokens == tokens),
+        "{seen:?}"
+    );
     // 8-bit codes in the int8 layout.
     let int8 = Case {
         bits: 8,
@@ -658,7 +680,7 @@ fn k_split_tile_over_whole_and_half_units() {
         exact: true,
         ..c
     };
-    check_with::<f16>(&dev, int8, &[33, 64], &[None, Some(2)], k_split);
+    check_with::<f16>(dev, int8, &[33, 64], &[None, Some(2)], k_split);
 }
 
 #[test]

@@ -32,8 +32,9 @@
 //! (`lowbit_gemm_s3`, ...), `LOWBIT_BENCH_GEMM_RAMP=0,1` with at most that many stages in flight while its
 //! pipeline first fills, 0 being all of them, on every tile (`lowbit_gemm_ramp0`, ...), `LOWBIT_BENCH_GEMM_LAG=0,1`
 //! with the 64- and 128-token tiles' second consumer warpgroup that many k tiles behind (`lowbit_gemm_lag0`, ...),
-//! `LOWBIT_BENCH_GEMM_KSPLIT=on,3` on its K-split tile at every M > 16, split as the cost model says or that many
-//! ways (`lowbit_gemm_kson`, `lowbit_gemm_ks3`; QuantLinear's own `lowbit_gemm_ksplit` is timed from M = 17 on),
+//! `LOWBIT_BENCH_GEMM_KSPLIT=on,3,t128,t128x2` on its K-split tile at every M > 16, split as the cost model says or
+//! that many ways, on the tile of 64 or 128 tokens or as chosen (`lowbit_gemm_kson`, `lowbit_gemm_ks3`,
+//! `lowbit_gemm_kst128`, ...; QuantLinear's own `lowbit_gemm_ksplit` is timed from M = 17 on),
 //! `LOWBIT_BENCH_GEMM_LOOK=2,3` with its 16- and 64-token tiles, and its K-split tile forced, converting that many
 //! k16 steps ahead of their wgmmas (`lowbit_gemm_look2`, `lowbit_gemm_kslook2`, ...).
 //! `LOWBIT_BENCH_ACTIVATION=silu` builds QuantLinear's layers with that fused epilogue (records `lowbit_silu`, ...).
@@ -353,26 +354,19 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
             },
         ));
     }
-    // LOWBIT_BENCH_GEMM_KSPLIT=on,3: the GEMM on its K-split tile at every M > 16 with the cost model's splits
-    // (`lowbit_gemm_kson`), or with that many (`lowbit_gemm_ks3`); `off`: the choice by batch size, the other knobs'
-    // splits (`lowbit_gemm_ksoff`).
+    // LOWBIT_BENCH_GEMM_KSPLIT=on,3,t128,t128x2: the GEMM on its K-split tile at every M > 16 with the cost model's
+    // splits (`lowbit_gemm_kson`), or with that many (`lowbit_gemm_ks3`), on the K-split tile of 64 or 128 tokens
+    // (`lowbit_gemm_kst128`, and with 2 splits `lowbit_gemm_kst128x2`); `off`: the choice by batch size, the other
+    // knobs' splits (`lowbit_gemm_ksoff`).
     if let Ok(list) = std::env::var("LOWBIT_BENCH_GEMM_KSPLIT") {
         for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-            let (on, splits) = match item {
-                "off" => (false, None),
-                "on" => (true, None),
-                n => (
-                    true,
-                    Some(n.parse::<usize>().map_err(|_| {
-                        Error::invalid("LOWBIT_BENCH_GEMM_KSPLIT", n, "must list off, on or split counts")
-                    })?),
-                ),
-            };
+            let (on, tokens, splits) = ksplit_item(item)?;
             knobs.push(GemmKnob::new(
                 format!("lowbit_gemm_ks{item}"),
                 |m| m > 16,
                 move |g| {
                     g.force_k_split(on);
+                    g.force_tile_tokens(tokens);
                     g.force_splits(splits);
                     Ok(())
                 },
@@ -607,4 +601,28 @@ fn dense_weight<T: DenseElement>(w: &QuantMatrix) -> Vec<T> {
 fn packed_bytes(w: &QuantMatrix) -> usize {
     let (groups, bits) = (w.groups(), w.bits as usize);
     w.n * w.k * bits / 8 + w.n * groups * 2 + if w.zeros.is_some() { w.n * groups * bits / 8 } else { 0 }
+}
+
+/// One item of `LOWBIT_BENCH_GEMM_KSPLIT`: `off`, `on`, a split count `N`, or `tT` / `tTxN` (the K-split tile of T
+/// tokens, split N ways): (K-split forced, its tokens, its splits).
+fn ksplit_item(item: &str) -> Result<(bool, Option<usize>, Option<usize>)> {
+    let bad = || {
+        Error::invalid(
+            "LOWBIT_BENCH_GEMM_KSPLIT",
+            item,
+            "must list off, on, split counts or tT[xN]",
+        )
+    };
+    let number = |s: &str| s.parse::<usize>().map_err(|_| bad());
+    Ok(match item {
+        "off" => (false, None, None),
+        "on" => (true, None, None),
+        _ => match item.strip_prefix('t') {
+            Some(rest) => match rest.split_once('x') {
+                Some((t, n)) => (true, Some(number(t)?), Some(number(n)?)),
+                None => (true, Some(number(rest)?), None),
+            },
+            None => (true, None, Some(number(item)?)),
+        },
+    })
 }

@@ -91,7 +91,8 @@ impl SplitPlan {
 /// 64 tokens: half the codes and the tensor work of the 64-token tile's k tile, the same x):
 fn kt_us(v: &GemmVariant) -> f64 {
     match v.wg_tokens {
-        _ if v.ksplit => KSPLIT_KT_US,
+        64 if v.ksplit => KSPLIT_KT_US,
+        _ if v.ksplit => KSPLIT_WIDE_KT_US,
         16 => 0.65,
         64 => 0.97,
         _ => 1.42,
@@ -101,10 +102,20 @@ fn kt_us(v: &GemmVariant) -> f64 {
 /// (`bench/results/2026-11-27-h200-gemm-trace-ksplit.txt`), not half the 64-token tile's 0.97: a stage of its size
 /// takes 0.40 us to land even with idle consumers (`w4a16-gemm.md`, "Alternate stages, and deeper wgmma queues").
 const KSPLIT_KT_US: f64 = 0.65;
-/// Tokens of the K-split tile (its wgmma N).
-const KSPLIT_TOKENS: usize = 64;
-/// The K-split tile's exchange of the warpgroups' partial sums per item (16 KB each way through shared memory).
-const KSPLIT_EXCHANGE_US: f64 = 0.3;
+/// The 128-token K-split tile's k tile: `m64n128k16`, the 128-token tile's shape (1.42 us for twice the columns),
+/// on a stage of 32 KB of x and 8 KB of codes. An estimate until measured.
+const KSPLIT_WIDE_KT_US: f64 = 0.75;
+/// Tokens of the K-split tiles (their wgmma N).
+const KSPLIT_TOKENS: [usize; 2] = [64, 128];
+/// The K-split tile's exchange of the warpgroups' partial sums per item (16 KB each way through shared memory at
+/// 64 tokens, twice 16 KB at 128).
+fn ksplit_exchange_us(v: &GemmVariant) -> f64 {
+    if v.wg_tokens > 64 {
+        0.6
+    } else {
+        0.3
+    }
+}
 /// The split-K epilogue: a fixed part, then the partial's bytes pushed to other CTAs of the cluster through
 /// distributed shared memory (~15 GB/s per SM; 64-token tiles: 3.3 us at 2 splits, 5.6 at 6; 128-token: 7.0 at 3).
 const SPLIT_EPILOGUE_US: f64 = 1.0;
@@ -231,14 +242,15 @@ impl GemmVariant {
     }
 
     /// The K-split tile of a linear layer whose repacked units are `unit_n` (128 or 256) columns wide: 128 columns
-    /// x [`KSPLIT_TOKENS`] tokens, the two consumer warpgroups on alternate stages of its k range. Lookahead 2:
-    /// 3 and 4 were 2-3% slower at 4096² M = 64 and 128 (`bench/results/2026-11-28-h200-linear-lookahead.jsonl`).
-    fn k_split(act: DType, wbits: usize, zeros: bool, unit_groups: bool, unit_n: usize) -> Self {
+    /// x `tokens` (one of [`KSPLIT_TOKENS`]), the two consumer warpgroups on alternate stages of its k range.
+    /// Lookahead 2: 3 and 4 were 2-3% slower at 4096² M = 64 and 128 on the 64-token one
+    /// (`bench/results/2026-11-28-h200-linear-lookahead.jsonl`); the 128-token one has no registers for 8 buffers.
+    fn k_split(act: DType, wbits: usize, zeros: bool, unit_groups: bool, unit_n: usize, tokens: usize) -> Self {
         GemmVariant {
             lookahead: 2,
             ksplit: true,
             unit_n,
-            ..Self::with_defaults(act, wbits, zeros, unit_groups, false, 1, KSPLIT_TOKENS)
+            ..Self::with_defaults(act, wbits, zeros, unit_groups, false, 1, tokens)
         }
     }
 
@@ -310,12 +322,17 @@ impl GemmVariant {
     }
 
     /// `Gemm::DATA_BYTES`: the pipeline, the epilogue's staging and (K-split tile) the warpgroups' exchange
-    /// (`EXCHANGE_BYTES`: 256 threads x wg_tokens / 2 floats), or the split-K slabs (`Y_BYTES`: BM / 2 + 8 row pairs
-    /// of N_CTA / 16 blocks of 36 floats and 4 of padding) where larger.
+    /// (`EXCHANGE_BYTES`: 256 threads x wg_tokens / 2 floats, in two passes above 64 tokens), or the split-K slabs
+    /// (`Y_BYTES`: BM / 2 + 8 row pairs of N_CTA / 16 blocks of 36 floats and 4 of padding) where larger.
     fn data_bytes(&self) -> usize {
         let split_k_tile = (self.bm() / 2 + 8) * self.pair_bytes();
         let staging = EPILOGUE_STAGING[usize::from(self.conv)];
-        let exchange = if self.ksplit { 256 * self.wg_tokens / 2 * 4 } else { 0 };
+        let passes = if self.wg_tokens > 64 { 2 } else { 1 };
+        let exchange = if self.ksplit {
+            256 * self.wg_tokens / 2 * 4 / passes
+        } else {
+            0
+        };
         (self.stages * self.stage_bytes() + staging + exchange).max(split_k_tile)
     }
 
@@ -473,9 +490,10 @@ pub struct LinearW4A16Gemm {
     /// The kernels by tokens per warpgroup: 64 (small batches) and 128 (large), and for a linear layer first 16
     /// (up to [`TINY_BATCH`] rows).
     kernels: Vec<GemmKernel>,
-    /// A linear layer's K-split tile (the kernel's K-SPLIT TILE), which only [`LinearW4A16Gemm::run_on`] with
-    /// [`GemmTile::KSplit`] (or `force_k_split`) runs.
-    k_split: Option<GemmKernel>,
+    /// A linear layer's K-split tiles (the kernel's K-SPLIT TILE) by tokens, [`KSPLIT_TOKENS`] (a convolution's
+    /// operator has none), which only [`LinearW4A16Gemm::run_on`] with [`GemmTile::KSplit`] (or `force_k_split`)
+    /// runs.
+    k_split: Vec<GemmKernel>,
     /// Batches up to this many rows use the 64-token kernel (or the 16-token one).
     small_batch: usize,
     stage_x: CudaFunction,
@@ -506,7 +524,7 @@ impl std::fmt::Debug for LinearW4A16Gemm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LinearW4A16Gemm")
             .field("kernels", &self.kernels.iter().map(|k| k.variant).collect::<Vec<_>>())
-            .field("k_split", &self.k_split.as_ref().map(|k| k.variant))
+            .field("k_split", &self.k_split.iter().map(|k| k.variant).collect::<Vec<_>>())
             .field("max_m", &self.max_m)
             .finish_non_exhaustive()
     }
@@ -588,14 +606,18 @@ impl LinearW4A16Gemm {
         // The 16-token tile is the linear layer's: the convolution epilogue stores 32 tokens per round.
         let tokens: &[usize] = if conv { &[64, 128] } else { &[16, 64, 128] };
         let kernels = tokens.iter().map(|&t| load(t)).collect::<Result<Vec<_>>>()?;
-        let k_split = (!conv)
-            .then(|| {
+        let k_split_tokens: &[usize] = if conv { &[] } else { &KSPLIT_TOKENS };
+        let k_split = k_split_tokens
+            .iter()
+            .map(|&tokens| {
                 let zeros = weight.zeros.is_some();
-                let variant =
-                    GemmVariant::k_split(weight.act, plan.code_bits, zeros, plan.group % K_TILE == 0, plan.n_cta);
-                load_variant(device, variant)
+                let unit_groups = plan.group % K_TILE == 0;
+                load_variant(
+                    device,
+                    GemmVariant::k_split(weight.act, plan.code_bits, zeros, unit_groups, plan.n_cta, tokens),
+                )
             })
-            .transpose()?;
+            .collect::<Result<Vec<_>>>()?;
         let stage_x = device.function(kernels[0].variant.source(), "w4a16_gemm_stage_x")?;
         let sms = device.info().sm_count as usize;
         let counters = device
@@ -629,11 +651,26 @@ impl LinearW4A16Gemm {
     /// The kernel a launch of `m` rows on `tile` runs: the K-split tile, or with [`GemmTile::Chosen`]
     /// [`LinearW4A16Gemm::kernel`]'s choice (the K-split tile when forced on).
     fn launch_kernel(&self, m: usize, tile: GemmTile) -> Result<&GemmKernel> {
-        match (tile, &self.k_split) {
-            (GemmTile::KSplit, Some(k)) => Ok(k),
-            (GemmTile::KSplit, None) => Err(Error::Unsupported("a convolution's GEMM has no K-split tile".into())),
-            (GemmTile::Chosen, _) => Ok(self.kernel(m)),
+        match tile {
+            GemmTile::KSplit => self
+                .k_split_kernel(m)
+                .ok_or_else(|| Error::Unsupported("a convolution's GEMM has no K-split tile".into())),
+            GemmTile::Chosen => Ok(self.kernel(m)),
         }
+    }
+
+    /// The K-split tile for a batch of `m` rows: the forced token count if it has one, else 64 tokens up to 64
+    /// rows and above them the one [`LinearW4A16Gemm::estimated_cost`] finds cheaper; `None` for a convolution.
+    fn k_split_kernel(&self, m: usize) -> Option<&GemmKernel> {
+        let by_tokens = |tokens| self.k_split.iter().find(|k| k.variant.wg_tokens == tokens);
+        if let Some(k) = self.forced_tokens.and_then(by_tokens) {
+            return Some(k);
+        }
+        if m <= KSPLIT_TOKENS[0] {
+            return by_tokens(KSPLIT_TOKENS[0]);
+        }
+        let cost = |k: &&GemmKernel| self.estimated_cost(k, m, self.split_plan_for(k, m));
+        self.k_split.iter().min_by(|a, b| cost(a).total_cmp(&cost(b)))
     }
 
     /// The 16-token kernel for a linear layer's batches of up to [`TINY_BATCH`] rows, the 64-token one up to
@@ -642,7 +679,7 @@ impl LinearW4A16Gemm {
     /// SMs. (The K-split tile is QuantLinear's choice, from its measured table: the cost model does not tell it
     /// apart from the 64-token tile well enough.)
     fn kernel(&self, m: usize) -> &GemmKernel {
-        if let (true, Some(k)) = (self.forced_ksplit, &self.k_split) {
+        if let Some(k) = self.k_split_kernel(m).filter(|_| self.forced_ksplit) {
             return k;
         }
         let (small, large) = (&self.kernels[self.slot(64)], &self.kernels[self.slot(128)]);
@@ -706,7 +743,7 @@ impl LinearW4A16Gemm {
         let kt = k_tiles.div_ceil(plan.splits);
         let mut cost = (whole_waves * k_tiles + waves * kt) as f64 * kt_us(v);
         if v.ksplit {
-            cost += (whole_waves + waves) as f64 * KSPLIT_EXCHANGE_US;
+            cost += (whole_waves + waves) as f64 * ksplit_exchange_us(v);
         }
         if plan.splits > 1 {
             let tile_kb = (v.bm() * v.n_cta() * 4) as f64 / 1024.0;
@@ -850,11 +887,12 @@ impl LinearW4A16Gemm {
         self.reload(device, tokens, |v| v.lookahead = steps)
     }
 
-    /// Reloads the K-split tile to convert `steps` (2 or 3) k16 steps ahead (benchmarking); without one, nothing.
+    /// Reloads the 64-token K-split tile to convert `steps` (2 or 3) k16 steps ahead (benchmarking; the 128-token
+    /// one has registers for 2 only); without one, nothing.
     #[doc(hidden)]
     pub fn set_k_split_lookahead(&mut self, device: &CudaDevice, steps: usize) -> Result<()> {
         check_lookahead(steps)?;
-        if let Some(k) = &mut self.k_split {
+        for k in self.k_split.iter_mut().filter(|k| k.variant.wg_tokens <= 64) {
             let mut variant = k.variant;
             variant.lookahead = steps;
             *k = load_variant(device, variant)?;
@@ -888,8 +926,9 @@ impl LinearW4A16Gemm {
         Ok(())
     }
 
-    /// Runs every batch on the kernel with `Some(16)` (linear), `Some(64)` or `Some(128)` tokens per warpgroup; `None` restores the
-    /// choice by batch size (benchmarking).
+    /// Runs every batch on the kernel with `Some(16)` (linear), `Some(64)` or `Some(128)` tokens per warpgroup, and
+    /// the K-split tile, where it runs, on the one of 64 or 128; `None` restores the choice by batch size
+    /// (benchmarking).
     #[doc(hidden)]
     pub fn force_tile_tokens(&mut self, tokens: Option<usize>) {
         self.forced_tokens = tokens;
@@ -904,7 +943,7 @@ impl LinearW4A16Gemm {
 
     /// Whether this operator has the K-split tile (a linear layer's operator does).
     pub fn has_k_split(&self) -> bool {
-        self.k_split.is_some()
+        !self.k_split.is_empty()
     }
 
     /// Forces the split count of every batch (capped as [`LinearW4A16Gemm::with_weight`]'s); `None`: the cost
@@ -1302,17 +1341,20 @@ mod tests {
         assert_compile_without_local_memory(&variants);
     }
 
-    /// The same for the K-split tile: over 256- and 128-column units, with one scale row a stage or several.
+    /// The same for the K-split tiles: 64 and 128 tokens, over 256- and 128-column units, with one scale row a
+    /// stage or several.
     #[test]
     fn k_split_tiles_compile_without_local_memory() {
         let mut variants = Vec::new();
         for (act, wbits) in [(DType::F16, 4), (DType::Bf16, 4), (DType::F16, 8)] {
             for (unit_n, unit_groups) in [(256, true), (128, false)] {
-                variants.push(GemmVariant::k_split(act, wbits, true, unit_groups, unit_n));
+                for tokens in KSPLIT_TOKENS {
+                    variants.push(GemmVariant::k_split(act, wbits, true, unit_groups, unit_n, tokens));
+                }
             }
         }
         // The lookahead benchmarking may also set (`set_k_split_lookahead`).
-        let v = GemmVariant::k_split(DType::F16, 4, true, true, 256);
+        let v = GemmVariant::k_split(DType::F16, 4, true, true, 256, 64);
         variants.push(GemmVariant { lookahead: 3, ..v });
         assert_compile_without_local_memory(&variants);
     }
