@@ -216,13 +216,11 @@ struct Gemm {
     // [32 channels][8 tokens] slices, 16 bytes of padding apart (epilogue_conv).
     static constexpr int CONV_SLICE_BYTES = 32 * 16 + 16;
     static constexpr int STAGING_BYTES = CONV ? 8 * 4 * CONV_SLICE_BYTES : 8 * 1024;
-    // KSPLIT: the halves the warpgroups trade (exchange_halves), in the staging's place (the epilogues that use it
-    // are over by then): ACC / 2 floats per tile and thread, all at once, or (128 tokens: 64 KB would cost two
-    // stages) a quarter per pass.
-    static constexpr int EXCHANGE_PASSES = KSPLIT && WG_TOKENS > 64 ? 4 : 1;
+    // KSPLIT: the halves the warpgroups trade, past the staging (exchange_halves): ACC / 2 floats per tile and thread,
+    // both tiles at once, or (128 tokens: 64 KB would cost a stage) one tile per pass.
+    static constexpr int EXCHANGE_PASSES = KSPLIT && WG_TOKENS > 64 ? 2 : 1;
     static constexpr int EXCHANGE_BYTES = KSPLIT ? CONSUMERS * ACC * 4 / EXCHANGE_PASSES : 0;
-    static constexpr int PIPE_BYTES =
-        STAGES * STAGE_BYTES + (STAGING_BYTES > EXCHANGE_BYTES ? STAGING_BYTES : EXCHANGE_BYTES);
+    static constexpr int PIPE_BYTES = STAGES * STAGE_BYTES + STAGING_BYTES + EXCHANGE_BYTES;
     static constexpr int DATA_BYTES = PIPE_BYTES > Y_BYTES ? PIPE_BYTES : Y_BYTES;
     static constexpr int TILE_FLOATS = BM * N_CTA;
     // Tiles that may take STREAM-K (the host's STREAM_MAX_TOKENS): the 128-token tile's fix-up would spill.
@@ -959,49 +957,48 @@ struct Gemm {
         // What one warpgroup hands over per pass: the tiles of the pass x ACC / 2 floats a thread.
         constexpr u32 SIDE = CONSUMERS / 2 * ACC * 4 / EXCHANGE_PASSES;
         const u32 out = exchange + wg * SIDE, in = exchange + (1 - wg) * SIDE;
-        // The staging is shared: the other warpgroup may still be storing its last item (a short item lets one
-        // warpgroup run that far ahead).
-        consumer_sync(CONSUMERS);
-        // Accumulator indices must be compile-time constants (registers): one instance per warpgroup and pass.
-        trade_pass<0>(out, in, wg, alone, acc);
-        trade_pass<1>(out, in, wg, alone, acc);
-        trade_pass<2>(out, in, wg, alone, acc);
-        trade_pass<3>(out, in, wg, alone, acc);
+        // Accumulator indices must be compile-time constants (registers): one instance per warpgroup.
+        if (wg == 0) trade_half<ACC / 2, 0>(out, in, alone, acc);
+        else trade_half<0, 0>(out, in, alone, acc);
+        if (EXCHANGE_PASSES == 2) {
+            consumer_sync(CONSUMERS);  // both have read the first pass
+            if (wg == 0) trade_half<ACC / 2, 1>(out, in, alone, acc);
+            else trade_half<0, 1>(out, in, alone, acc);
+        }
         consumer_sync(CONSUMERS);  // both have read: the next item may write again
     }
-    template <int PASS>
-    __device__ static __forceinline__ void trade_pass(u32 out, u32 in, int wg, bool alone, float (&acc)[2][ACC]) {
-        if (PASS >= EXCHANGE_PASSES) return;
-        if (PASS > 0) consumer_sync(CONSUMERS);  // both have read the last pass
-        if (wg == 0) trade_half<ACC / 2, PASS>(out, in, alone, acc);
-        else trade_half<0, PASS>(out, in, alone, acc);
-    }
-    // Hands over the pass's quads of accumulators GIVE .. GIVE + ACC / 2 - 1 and adds the other warpgroup's into the
-    // rest, leaving the sums in 0 .. ACC / 2 - 1. Pass PASS takes quads u = t QUADS + q (tile t, accumulators 4 q ..
-    // 4 q + 3 of the half) from PASS U on. Warpgroup 1's terms are zeros when `alone` (0 + v and v + 0, as if it
-    // had summed nothing into zeroed accumulators).
+    // Hands over accumulators GIVE .. GIVE + ACC / 2 - 1 of the pass's tiles and adds the other warpgroup's into the
+    // rest, then leaves the sums in 0 .. ACC / 2 - 1. Warpgroup 1's terms are zeros when `alone` (0 + v and v + 0,
+    // as if it had summed nothing into zeroed accumulators).
     template <int GIVE, int PASS>
     __device__ static __forceinline__ void trade_half(u32 out, u32 in, bool alone, float (&acc)[2][ACC]) {
-        constexpr int HALF = ACC / 2, QUADS = HALF / 4, KEEP = HALF - GIVE, U = 2 * QUADS / EXCHANGE_PASSES;
+        constexpr int HALF = ACC / 2, QUADS = HALF / 4, KEEP = HALF - GIVE, TILES = 2 / EXCHANGE_PASSES;
         const int i = thread_index() & 127;
 #pragma unroll
-        for (int u = PASS * U; u < (PASS + 1) * U; ++u) {
-            const int t = u / QUADS, at = GIVE + 4 * (u % QUADS);
-            sts128f(out + ((u - PASS * U) * 128 + i) * 16,
-                    make_float4(acc[t][at], acc[t][at + 1], acc[t][at + 2], acc[t][at + 3]));
+        for (int t = 0; t < 2; ++t) {
+            if (t / TILES != PASS) continue;
+#pragma unroll
+            for (int q = 0; q < QUADS; ++q) {
+                const int at = GIVE + 4 * q;
+                sts128f(out + (((t % TILES) * QUADS + q) * 128 + i) * 16,
+                        make_float4(acc[t][at], acc[t][at + 1], acc[t][at + 2], acc[t][at + 3]));
+            }
         }
         consumer_sync(CONSUMERS);
 #pragma unroll
-        for (int u = PASS * U; u < (PASS + 1) * U; ++u) {
-            const int t = u / QUADS, q = u % QUADS, at = KEEP + 4 * q;
-            float4 v = lds128f(in + ((u - PASS * U) * 128 + i) * 16);
-            float4 own = make_float4(acc[t][at], acc[t][at + 1], acc[t][at + 2], acc[t][at + 3]);
-            if (alone && GIVE > 0) v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);  // warpgroup 0: nothing came
-            if (alone && GIVE == 0) own = make_float4(0.0f, 0.0f, 0.0f, 0.0f);  // warpgroup 1: nothing summed
-            // Into slot 4 q: for warpgroup 0 (KEEP 0) in place, for warpgroup 1 moved down (a later pass reads
-            // only higher slots of its tile, still unwritten).
-            acc[t][4 * q] = own.x + v.x, acc[t][4 * q + 1] = own.y + v.y;
-            acc[t][4 * q + 2] = own.z + v.z, acc[t][4 * q + 3] = own.w + v.w;
+        for (int t = 0; t < 2; ++t) {
+            if (t / TILES != PASS) continue;
+#pragma unroll
+            for (int q = 0; q < QUADS; ++q) {
+                float4 v = lds128f(in + (((t % TILES) * QUADS + q) * 128 + i) * 16);
+                const int at = KEEP + 4 * q;
+                float4 own = make_float4(acc[t][at], acc[t][at + 1], acc[t][at + 2], acc[t][at + 3]);
+                if (alone && GIVE > 0) v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);  // warpgroup 0: nothing came
+                if (alone && GIVE == 0) own = make_float4(0.0f, 0.0f, 0.0f, 0.0f);  // warpgroup 1: nothing summed
+                // Into slot 4 q: for warpgroup 0 (KEEP 0) in place, for warpgroup 1 moved down.
+                acc[t][4 * q] = own.x + v.x, acc[t][4 * q + 1] = own.y + v.y;
+                acc[t][4 * q + 2] = own.z + v.z, acc[t][4 * q + 3] = own.w + v.w;
+            }
         }
     }
 
@@ -1019,8 +1016,7 @@ struct Gemm {
         }
     }
 
-    // Inlined into the entry point: a call would pass the parameters by address, i.e. copy Shape to local memory.
-    __device__ static __forceinline__ void run(const TensorMap* xmap, const Args& a, const Shape& s) {
+    __device__ static void run(const TensorMap* xmap, const Args& a, const Shape& s) {
         extern __shared__ __align__(16) char smem_raw[];
         // Swizzled TMA tiles need 1024-byte alignment: the host allocates 1 KB of slack.
         const u32 raw = smem_addr(smem_raw), base = (raw + 1023) & ~1023u;
@@ -1061,7 +1057,7 @@ struct Gemm {
             float acc[2][ACC];  // written by the first wgmma (accumulate = 0)
             const int arrive_kt = LAG > 0 && wg == 0 && taken == 0 ? min(w.kt0 + LAG, w.kt1) - 1 : -1;
             mainloop(s, base, bars, w.nt, w.kt0, w.kt1, wg, arrive_kt, ring, acc);
-            if (KSPLIT) exchange_halves(base + STAGES * STAGE_BYTES, wg, w.kt1 - w.kt0 < 2, acc);
+            if (KSPLIT) exchange_halves(base + STAGES * STAGE_BYTES + STAGING_BYTES, wg, w.kt1 - w.kt0 < 2, acc);
             if (taken == 0) trace_stamp(a.trace, TRACE_MAINLOOP_END);
             // One compile-time activation per launch keeps the unrolled epilogue small (see activate). A
             // convolution clamps at most (none/relu/relu6): its variants leave GELU and SiLU out.

@@ -108,7 +108,7 @@ const KSPLIT_WIDE_KT_US: f64 = 0.75;
 /// Tokens of the K-split tiles (their wgmma N).
 const KSPLIT_TOKENS: [usize; 2] = [64, 128];
 /// The K-split tile's exchange of the warpgroups' partial sums per item (16 KB each way through shared memory at
-/// 64 tokens, 32 KB in four passes at 128).
+/// 64 tokens, twice 16 KB at 128).
 fn ksplit_exchange_us(v: &GemmVariant) -> f64 {
     if v.wg_tokens > 64 {
         0.6
@@ -321,20 +321,19 @@ impl GemmVariant {
         1024 + self.data_bytes() + self.stages * 16 + 16
     }
 
-    /// `Gemm::DATA_BYTES`: the pipeline, then the epilogue's staging or, where larger, (K-split tile) the
-    /// warpgroups' exchange in its place (`EXCHANGE_BYTES`: 256 threads x wg_tokens / 2 floats, in four passes above
-    /// 64 tokens); or the split-K slabs (`Y_BYTES`: BM / 2 + 8 row pairs of N_CTA / 16 blocks of 36 floats and 4 of
-    /// padding) where larger.
+    /// `Gemm::DATA_BYTES`: the pipeline, the epilogue's staging and (K-split tile) the warpgroups' exchange
+    /// (`EXCHANGE_BYTES`: 256 threads x wg_tokens / 2 floats, in two passes above 64 tokens), or the split-K slabs
+    /// (`Y_BYTES`: BM / 2 + 8 row pairs of N_CTA / 16 blocks of 36 floats and 4 of padding) where larger.
     fn data_bytes(&self) -> usize {
         let split_k_tile = (self.bm() / 2 + 8) * self.pair_bytes();
         let staging = EPILOGUE_STAGING[usize::from(self.conv)];
-        let passes = if self.wg_tokens > 64 { 4 } else { 1 };
+        let passes = if self.wg_tokens > 64 { 2 } else { 1 };
         let exchange = if self.ksplit {
             256 * self.wg_tokens / 2 * 4 / passes
         } else {
             0
         };
-        (self.stages * self.stage_bytes() + staging.max(exchange)).max(split_k_tile)
+        (self.stages * self.stage_bytes() + staging + exchange).max(split_k_tile)
     }
 
     /// Bytes of one row pair of a split-K slab (`Gemm::PAIR_FLOATS`).
