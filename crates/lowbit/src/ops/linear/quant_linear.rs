@@ -690,14 +690,14 @@ mod tests {
     }
 
     /// Every embedded table parses whole (`measured` would drop a broken one silently), and the H200's sends
-    /// 4096 x 4096 at 33..128 rows to the K-split tile and the other anchor layers there to the GEMM.
+    /// 4096 x 4096 at 33..256 rows to the K-split tiles and the other anchor layers there to the GEMM.
     #[test]
     fn embedded_tables_parse() {
         for json in MEASURED {
             serde_json::from_str::<DispatchTable>(json).unwrap();
         }
         let table = DispatchTable::measured();
-        for m in [33, 47, 64, 128] {
+        for m in [33, 47, 64, 128, 192, 256] {
             let at = |k, n| table.lookup("NVIDIA H200", 4, k, n, m);
             assert_eq!(at(4096, 4096), Some(LinearKernel::GemmKSplit), "M = {m}");
             assert_eq!(at(4096, 14336), Some(LinearKernel::Gemm), "M = {m}");
