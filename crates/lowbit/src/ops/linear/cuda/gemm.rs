@@ -102,9 +102,10 @@ fn kt_us(v: &GemmVariant) -> f64 {
 /// (`bench/results/2026-11-27-h200-gemm-trace-ksplit.txt`), not half the 64-token tile's 0.97: a stage of its size
 /// takes 0.40 us to land even with idle consumers (`w4a16-gemm.md`, "Alternate stages, and deeper wgmma queues").
 const KSPLIT_KT_US: f64 = 0.65;
-/// The 128-token K-split tile's k tile: `m64n128k16`, the 128-token tile's shape (1.42 us for twice the columns),
-/// on a stage of 32 KB of x and 8 KB of codes. An estimate until measured.
-const KSPLIT_WIDE_KT_US: f64 = 0.75;
+/// The 128-token K-split tile's k tile (`m64n128k16` on a stage of 32 KB of x and 8 KB of codes): 0.82 us at M = 256
+/// on 4096 x 4096 (`bench/results/2026-11-28-h200-gemm-trace-ksplit128.txt`). With it the model picks the 64-token
+/// K-split tile up to 128 rows there and this one at 192 and 256, as measured (`-linear-ksplit128-sweep.jsonl`).
+const KSPLIT_WIDE_KT_US: f64 = 0.82;
 /// Tokens of the K-split tiles (their wgmma N).
 const KSPLIT_TOKENS: [usize; 2] = [64, 128];
 /// The K-split tile's exchange of the warpgroups' partial sums per item (16 KB each way through shared memory at
