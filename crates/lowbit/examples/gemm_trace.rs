@@ -9,7 +9,8 @@
 //! Hopper path (int4 blocks of 128 channels, stride 1, padding R / 2; the timeline covers the GEMM, the timing also
 //! the pack).
 //! `--rotate-io` rotates as many x and y buffers as weight copies (as `lowbit bench` does); by default all launches
-//! share one x and one y.
+//! share one x and one y. `--tokens` picks the tile's tokens per warpgroup, and with `--ksplit` the K-split tile's
+//! (64 or 128).
 //! Output: one summary block per shape; with `LOWBIT_TRACE_CSV=dir` also the raw per-CTA timeline as
 //! `dir/<shape>.csv`.
 

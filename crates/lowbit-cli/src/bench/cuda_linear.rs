@@ -626,3 +626,21 @@ fn ksplit_item(item: &str) -> Result<(bool, Option<usize>, Option<usize>)> {
         },
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::ksplit_item;
+
+    #[test]
+    fn ksplit_knob_items() {
+        assert_eq!(ksplit_item("off").unwrap(), (false, None, None));
+        assert_eq!(ksplit_item("on").unwrap(), (true, None, None));
+        assert_eq!(ksplit_item("3").unwrap(), (true, None, Some(3)));
+        assert_eq!(ksplit_item("t128").unwrap(), (true, Some(128), None));
+        assert_eq!(ksplit_item("t128x2").unwrap(), (true, Some(128), Some(2)));
+        for bad in ["t", "tx2", "t128x", "x2", "two"] {
+            let err = ksplit_item(bad).unwrap_err().to_string();
+            assert!(err.contains("LOWBIT_BENCH_GEMM_KSPLIT") && err.contains(bad), "{err}");
+        }
+    }
+}
