@@ -680,7 +680,8 @@ impl LinearW4A16Gemm {
     /// SMs. (The K-split tile is QuantLinear's choice, from its measured table: the cost model does not tell it
     /// apart from the 64-token tile well enough.)
     fn kernel(&self, m: usize) -> &GemmKernel {
-        if let Some(k) = self.k_split_kernel(m).filter(|_| self.forced_ksplit) {
+        // Only when forced: the K-split choice prices both of its tiles, work every launch would otherwise repeat.
+        if let Some(k) = self.forced_ksplit.then(|| self.k_split_kernel(m)).flatten() {
             return k;
         }
         let (small, large) = (&self.kernels[self.slot(64)], &self.kernels[self.slot(128)]);
