@@ -2,7 +2,7 @@
 //! traced launch and summarises its timeline (the kernel's `Trace` events, %globaltimer) over the CTAs.
 //!
 //! ```text
-//! cargo run --release --example gemm_trace -- 256x4096x4096 64x4096x4096 [--rotate-io] [--splits 1] [--small-batch 0] [--tokens 64|128] [--ksplit] [--look64 2|3] [--look-ksplit 2|3] [--stream on|off] [--stages N] [--decode-splits 1|2|4|8] [--wgmma on|off] [--pdl on|off]
+//! cargo run --release --example gemm_trace -- 256x4096x4096 64x4096x4096 [--rotate-io] [--splits 1] [--small-batch 0] [--tokens 64|128] [--ksplit] [--look64 2|3] [--look-ksplit 2|3] [--ramp-ksplit N] [--stream on|off] [--stages N] [--decode-splits 1|2|4|8] [--wgmma on|off] [--pdl on|off]
 //! ```
 //! Each shape is `MxKxN` (f16, group 128, zero points), `decode:MxKxN` for the decode kernel (the same weight; the
 //! stream-K fix-up's partials and counter show as `partials_seen`), or `conv:BxCxHxWxRxCo` for the convolution's
@@ -10,7 +10,7 @@
 //! the pack).
 //! `--rotate-io` rotates as many x and y buffers as weight copies (as `lowbit bench` does); by default all launches
 //! share one x and one y. `--tokens` picks the tile's tokens per warpgroup, and with `--ksplit` the K-split tile's
-//! (64 or 128).
+//! (64 or 128), and `--ramp-ksplit` its RAMP (stages in flight while the pipeline first fills; 0: all).
 //! Output: one summary block per shape; with `LOWBIT_TRACE_CSV=dir` also the raw per-CTA timeline as
 //! `dir/<shape>.csv`.
 
@@ -50,6 +50,7 @@ fn main() -> lowbit::Result<()> {
     let mut tokens = None;
     let mut look64 = None;
     let mut look_ksplit = None;
+    let mut ramp_ksplit = None;
     let mut decode_splits = None;
     let mut wgmma = None;
     let mut dependent_launch = None;
@@ -66,6 +67,7 @@ fn main() -> lowbit::Result<()> {
             "--tokens" => tokens = args.next().and_then(|v| v.parse().ok()),
             "--look64" => look64 = args.next().and_then(|v| v.parse().ok()),
             "--look-ksplit" => look_ksplit = args.next().and_then(|v| v.parse().ok()),
+            "--ramp-ksplit" => ramp_ksplit = args.next().and_then(|v| v.parse().ok()),
             "--decode-splits" => decode_splits = args.next().and_then(|v| v.parse().ok()),
             "--wgmma" => wgmma = args.next().map(|v| v == "on"),
             "--pdl" => dependent_launch = args.next().map(|v| v == "on"),
@@ -97,6 +99,9 @@ fn main() -> lowbit::Result<()> {
             }
             if let Some(steps) = look_ksplit {
                 op.set_k_split_lookahead(&dev, steps)?;
+            }
+            if let Some(stages) = ramp_ksplit {
+                op.set_k_split_ramp(&dev, stages)?;
             }
             op.force_stream_k(stream_k);
             op.force_k_split(k_split);

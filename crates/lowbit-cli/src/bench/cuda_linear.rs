@@ -32,9 +32,9 @@
 //! (`lowbit_gemm_s3`, ...), `LOWBIT_BENCH_GEMM_RAMP=0,1` with at most that many stages in flight while its
 //! pipeline first fills, 0 being all of them, on every tile (`lowbit_gemm_ramp0`, ...), `LOWBIT_BENCH_GEMM_LAG=0,1`
 //! with the 64- and 128-token tiles' second consumer warpgroup that many k tiles behind (`lowbit_gemm_lag0`, ...),
-//! `LOWBIT_BENCH_GEMM_KSPLIT=on,3,t128,t128x2` on its K-split tile at every M > 16, split as the cost model says or
-//! that many ways, on the tile of 64 or 128 tokens or as chosen (`lowbit_gemm_kson`, `lowbit_gemm_ks3`,
-//! `lowbit_gemm_kst128`, ...; QuantLinear's own `lowbit_gemm_ksplit` is timed from M = 17 on),
+//! `LOWBIT_BENCH_GEMM_KSPLIT=on,3,t128,t128x2,t128x2r1` on its K-split tile at every M > 16, split as the cost model
+//! says or that many ways, on the tile of 64 or 128 tokens or as chosen, and with that RAMP (`lowbit_gemm_kson`,
+//! `lowbit_gemm_ks3`, `lowbit_gemm_kst128`, ...; QuantLinear's own `lowbit_gemm_ksplit` is timed from M = 17 on),
 //! `LOWBIT_BENCH_GEMM_LOOK=2,3` with its 16- and 64-token tiles, and its K-split tile forced, converting that many
 //! k16 steps ahead of their wgmmas (`lowbit_gemm_look2`, `lowbit_gemm_kslook2`, ...).
 //! `LOWBIT_BENCH_ACTIVATION=silu` builds QuantLinear's layers with that fused epilogue (records `lowbit_silu`, ...).
@@ -354,21 +354,26 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
             },
         ));
     }
-    // LOWBIT_BENCH_GEMM_KSPLIT=on,3,t128,t128x2: the GEMM on its K-split tile at every M > 16 with the cost model's
-    // splits (`lowbit_gemm_kson`), or with that many (`lowbit_gemm_ks3`), on the K-split tile of 64 or 128 tokens
-    // (`lowbit_gemm_kst128`, and with 2 splits `lowbit_gemm_kst128x2`); `off`: the choice by batch size, the other
+    // LOWBIT_BENCH_GEMM_KSPLIT=on,3,t128,t128x2,t128x2r1: the GEMM on its K-split tile at every M > 16 with the cost
+    // model's splits (`lowbit_gemm_kson`), or with that many (`lowbit_gemm_ks3`), on the K-split tile of 64 or 128
+    // tokens (`lowbit_gemm_kst128`, and with 2 splits `lowbit_gemm_kst128x2`), and with that many stages in flight
+    // while its pipeline first fills (`r1`: RAMP 1; `r0`: all of them); `off`: the choice by batch size, the other
     // knobs' splits (`lowbit_gemm_ksoff`).
     if let Ok(list) = std::env::var("LOWBIT_BENCH_GEMM_KSPLIT") {
         for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-            let (on, tokens, splits) = ksplit_item(item)?;
+            let knob = ksplit_item(item)?;
+            let dev = dev.clone();
             knobs.push(GemmKnob::new(
                 format!("lowbit_gemm_ks{item}"),
                 |m| m > 16,
                 move |g| {
-                    g.force_k_split(on);
-                    g.force_tile_tokens(tokens);
-                    g.force_splits(splits);
-                    Ok(())
+                    g.force_k_split(knob.on);
+                    g.force_tile_tokens(knob.tokens);
+                    g.force_splits(knob.splits);
+                    match knob.ramp {
+                        Some(ramp) => g.set_k_split_ramp(&dev, ramp),
+                        None => Ok(()),
+                    }
                 },
             ));
         }
@@ -605,24 +610,45 @@ fn packed_bytes(w: &QuantMatrix) -> usize {
 
 /// One item of `LOWBIT_BENCH_GEMM_KSPLIT`: `off`, `on`, a split count `N`, or `tT` / `tTxN` (the K-split tile of T
 /// tokens, split N ways): (K-split forced, its tokens, its splits).
-fn ksplit_item(item: &str) -> Result<(bool, Option<usize>, Option<usize>)> {
+/// One item of `LOWBIT_BENCH_GEMM_KSPLIT`: `off`, `on`, a split count, or `tT[xN][rR]` (tokens, splits, RAMP).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct KSplitKnob {
+    on: bool,
+    tokens: Option<usize>,
+    splits: Option<usize>,
+    ramp: Option<usize>,
+}
+
+fn ksplit_item(item: &str) -> Result<KSplitKnob> {
     let bad = || {
         Error::invalid(
             "LOWBIT_BENCH_GEMM_KSPLIT",
             item,
-            "must list off, on, split counts or tT[xN]",
+            "must list off, on, split counts or tT[xN][rR]",
         )
     };
     let number = |s: &str| s.parse::<usize>().map_err(|_| bad());
+    let knob = |on, tokens, splits, ramp| KSplitKnob {
+        on,
+        tokens,
+        splits,
+        ramp,
+    };
     Ok(match item {
-        "off" => (false, None, None),
-        "on" => (true, None, None),
+        "off" => knob(false, None, None, None),
+        "on" => knob(true, None, None, None),
         _ => match item.strip_prefix('t') {
-            Some(rest) => match rest.split_once('x') {
-                Some((t, n)) => (true, Some(number(t)?), Some(number(n)?)),
-                None => (true, Some(number(rest)?), None),
-            },
-            None => (true, None, Some(number(item)?)),
+            Some(rest) => {
+                let (rest, ramp) = match rest.split_once('r') {
+                    Some((rest, r)) => (rest, Some(number(r)?)),
+                    None => (rest, None),
+                };
+                match rest.split_once('x') {
+                    Some((t, n)) => knob(true, Some(number(t)?), Some(number(n)?), ramp),
+                    None => knob(true, Some(number(rest)?), None, ramp),
+                }
+            }
+            None => knob(true, None, Some(number(item)?), None),
         },
     })
 }
@@ -633,12 +659,18 @@ mod tests {
 
     #[test]
     fn ksplit_knob_items() {
-        assert_eq!(ksplit_item("off").unwrap(), (false, None, None));
-        assert_eq!(ksplit_item("on").unwrap(), (true, None, None));
-        assert_eq!(ksplit_item("3").unwrap(), (true, None, Some(3)));
-        assert_eq!(ksplit_item("t128").unwrap(), (true, Some(128), None));
-        assert_eq!(ksplit_item("t128x2").unwrap(), (true, Some(128), Some(2)));
-        for bad in ["t", "tx2", "t128x", "x2", "two"] {
+        let knob = |item| {
+            let k = ksplit_item(item).unwrap();
+            (k.on, k.tokens, k.splits, k.ramp)
+        };
+        assert_eq!(knob("off"), (false, None, None, None));
+        assert_eq!(knob("on"), (true, None, None, None));
+        assert_eq!(knob("3"), (true, None, Some(3), None));
+        assert_eq!(knob("t128"), (true, Some(128), None, None));
+        assert_eq!(knob("t128x2"), (true, Some(128), Some(2), None));
+        assert_eq!(knob("t128x2r1"), (true, Some(128), Some(2), Some(1)));
+        assert_eq!(knob("t64r0"), (true, Some(64), None, Some(0)));
+        for bad in ["t", "tx2", "t128x", "x2", "two", "t128r", "t64rx2", "3r1"] {
             let err = ksplit_item(bad).unwrap_err().to_string();
             assert!(err.contains("LOWBIT_BENCH_GEMM_KSPLIT") && err.contains(bad), "{err}");
         }

@@ -902,6 +902,18 @@ impl LinearW4A16Gemm {
         Ok(())
     }
 
+    /// Reloads the K-split tiles with at most `stages` stages in flight while the pipeline first fills (the kernel's
+    /// RAMP; 0: all of them; benchmarking).
+    #[doc(hidden)]
+    pub fn set_k_split_ramp(&mut self, device: &CudaDevice, stages: usize) -> Result<()> {
+        for k in &mut self.k_split {
+            let mut variant = k.variant;
+            variant.ramp = stages;
+            *k = load_variant(device, variant)?;
+        }
+        Ok(())
+    }
+
     /// Reloads the kernel with `tokens` tokens per warpgroup with at most `stages` pipeline stages (2 or more;
     /// benchmarking).
     #[doc(hidden)]
