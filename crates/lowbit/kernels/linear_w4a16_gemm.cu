@@ -106,6 +106,14 @@
 // LB_UNIT_GROUPS, LB_CONV, LB_LOOKAHEAD, LB_WBITS, LB_RAMP, LB_LAG, LB_KSPLIT, LB_UNIT_N).
 #include "common.cuh"
 
+// Experiments on the K-split tile (see produce and stage_step); the host may define them.
+#ifndef LB_KS_PRODUCERS
+#define LB_KS_PRODUCERS 1
+#endif
+#ifndef LB_KS_EARLY_RELEASE
+#define LB_KS_EARLY_RELEASE 0
+#endif
+
 namespace lowbit {
 namespace w4a16_gemm {
 
@@ -193,6 +201,10 @@ struct Gemm {
     static constexpr int BM = WG_M * WG_TOKENS;
     // Stages between two of one warpgroup's: 1, or 2 when the warpgroups take alternate stages (KSPLIT).
     static constexpr int STRIDE = KSPLIT ? 2 : 1;
+    // Threads issuing the stages' copies (see produce), and whether a warpgroup releases its stage as soon as its
+    // last wgmma is done (EARLY_RELEASE) rather than once it has begun its next stage (see stage_step).
+    static constexpr int PRODUCERS = KSPLIT ? LB_KS_PRODUCERS : 1;
+    static constexpr bool EARLY_RELEASE = KSPLIT && LB_KS_EARLY_RELEASE;
     // Tokens per warpgroup in the epilogue: a K-split tile's warpgroups first trade halves (exchange_halves), so
     // each then holds the sums of 32 tokens, as the token-split tile's do.
     static constexpr int EPI_TOKENS = KSPLIT ? WG_TOKENS / 2 : WG_TOKENS;
@@ -356,12 +368,16 @@ struct Gemm {
     // i - RAMP has landed, so that each SM's first stage is not queued behind the whole GPU's first STAGES stages
     // (it landed 3.6-3.9 us after the launch; the consumers waited). A compile-time constant: a register more in
     // the producer's 40 spilled.
-    __device__ static void produce(const TensorMap* xmap, const Args& a, const Shape& s, u32 base, u32 bars) {
+    // PRODUCERS: KSPLIT_PRODUCERS threads (one per producer warp) take the stages i with i % PRODUCERS == `lane`
+    // of the ring each, so that a stage waiting to be released by one consumer warpgroup does not hold up the
+    // other warpgroup's next stage behind it (the warpgroups of a K-split tile take alternate stages).
+    __device__ static void produce(const TensorMap* xmap, const Args& a, const Shape& s, u32 base, u32 bars,
+                                   int producer) {
         int early = 0;
         Work w;
         if (Cursor(s).next(s, w)) {
             early = min(RAMP > 0 && RAMP < STAGES ? RAMP : STAGES, w.kt1 - w.kt0);
-            for (int i = 0; i < early; ++i)
+            for (int i = producer; i < early; i += PRODUCERS)
                 issue_weights(a, s, base + i * STAGE_BYTES, bars + i * 8, w, w.kt0 + i);
         }
         wait_for_prerequisite_grids();
@@ -370,12 +386,14 @@ struct Gemm {
             for (int kt = w.kt0; kt < w.kt1; ++kt, ++i) {
                 const u32 full = bars + buf * 8, empty = bars + (STAGES + buf) * 8;
                 const u32 stage = base + buf * STAGE_BYTES;
-                if (i >= early) {
-                    if (i >= STAGES) mbar_wait(empty, ((i / STAGES) - 1) & 1);
-                    else if (RAMP > 0 && i >= RAMP) mbar_wait(bars + (i - RAMP) * 8, 0);
-                    issue_weights(a, s, stage, full, w, kt);
+                if (PRODUCERS == 1 || i % PRODUCERS == producer) {
+                    if (i >= early) {
+                        if (i >= STAGES) mbar_wait(empty, ((i / STAGES) - 1) & 1);
+                        else if (RAMP > 0 && i >= RAMP) mbar_wait(bars + (i - RAMP) * 8, 0);
+                        issue_weights(a, s, stage, full, w, kt);
+                    }
+                    issue_x(xmap, s, stage, full, w, kt);
                 }
-                issue_x(xmap, s, stage, full, w, kt);
                 if (++buf == STAGES) buf = 0;
             }
         }
@@ -495,11 +513,28 @@ struct Gemm {
         wgmma_commit();
         fence_accumulators(acc);
         wgmma_wait<LOOK - 1>();
-        if (J == LOOK - 2 && kt > first) {  // the previous stage's last group is done: release its buffer
+        if (!EARLY_RELEASE && J == LOOK - 2 && kt > first) {  // the previous stage's last group is done: release it
             mbar_arrive(bars + (STAGES + at.template buf_behind<STRIDE>()) * 8);
         }
         if (J + LOOK < STEPS) {
             cv.template convert<(J + LOOK) % STEPS>(frag[(J + LOOK) % FRAG_BUFS], lane);
+        } else if (EARLY_RELEASE) {
+            // EARLY_RELEASE: after the stage's last step, drain this warpgroup's wgmmas (the other warpgroup keeps
+            // the tensor cores busy), release the stage, and only then wait for the next one and convert its first
+            // LOOK steps. Otherwise a late next stage would also hold back the refill of this one.
+            if (J == STEPS - 1) {
+                wgmma_wait<0>();
+                fence_accumulators(acc);
+                mbar_arrive(bars + (STAGES + at.buf) * 8);
+                if (kt + STRIDE < kt1) {
+                    const Ring next = at.template ahead<STRIDE>();
+                    mbar_wait(bars + next.buf * 8, next.phase);
+                    cv.begin(s, base + next.buf * STAGE_BYTES, kt + STRIDE, dw, lane);
+                    cv.template convert<0>(frag[0], lane);
+                    cv.template convert<1>(frag[1], lane);
+                    if (LOOK > 2) cv.template convert<2>(frag[2], lane);
+                }
+            }
         } else if (kt + STRIDE < kt1) {
             if (J == STEPS - LOOK) {
                 const Ring next = at.template ahead<STRIDE>();
@@ -553,7 +588,7 @@ struct Gemm {
         }
         wgmma_wait<0>();
         fence_accumulators(acc);
-        mbar_arrive(bars + (STAGES + at.template buf_behind<STRIDE>()) * 8);  // the warpgroup's last stage
+        if (!EARLY_RELEASE) mbar_arrive(bars + (STAGES + at.template buf_behind<STRIDE>()) * 8);  // its last stage
         if (!KSPLIT) ring = at;
     }
 
@@ -1034,7 +1069,7 @@ struct Gemm {
         __syncthreads();
         if (wg == 2) {
             setmaxnreg_dec<40>();
-            if (tid == CONSUMERS) produce(xmap, a, s, base, bars);
+            if (tid % 32 == 0 && (tid - CONSUMERS) / 32 < PRODUCERS) produce(xmap, a, s, base, bars, (tid - CONSUMERS) / 32);
             if (splits_a_tile) cluster_sync(), cluster_sync();  // epilogue_split's two barriers
             return;
         }

@@ -393,11 +393,23 @@ impl GemmVariant {
                     self.lag,
                     u8::from(self.ksplit),
                     self.unit_n
-                )
+                ) + &extra_defines()
             },
             SOURCE,
         )
     }
+}
+
+/// Experiments: `#define` lines for every GEMM variant from `LOWBIT_GEMM_DEFINES` (`NAME=VALUE` pairs separated by
+/// `;`, such as `LB_KS_PRODUCERS=2`), so that one binary can time kernel options that are not variant fields yet.
+/// The kernel cache is keyed by the source, so each setting compiles once.
+fn extra_defines() -> String {
+    std::env::var("LOWBIT_GEMM_DEFINES")
+        .unwrap_or_default()
+        .split(';')
+        .filter_map(|pair| pair.split_once('='))
+        .map(|(name, value)| format!("#define {} {}\n", name.trim(), value.trim()))
+        .collect()
 }
 
 /// `lowbit::w4a16_gemm::Args`, in field order.
