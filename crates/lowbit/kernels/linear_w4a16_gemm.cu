@@ -29,16 +29,19 @@
 //   twice. (Splitting every stage's steps 4 : 4 ran as fast, with a second x descriptor and conversion path, and
 //   no lookahead but 2.) At M = 64 on a 4096-wide layer the 256-column tile had 16 tiles to split six ways, each
 //   CTA pushing a 64 KB fp32 partial over DSMEM; half tiles make 32, whose partials are half the size and whose
-//   CTAs each do the same tensor work. Over a 256-column weight a tile is half a repacked unit (LB_UNIT_N 256): the unit is warp-major, so its half is one contiguous
-//   copy, and the scale rows come whole. The warpgroups' two partials meet in shared memory (exchange_halves);
-//   then each holds half the tokens, and every epilogue runs as for the token-split 128-column tile.
+//   CTAs each do the same tensor work. Over a 256-column weight a tile is half a repacked unit (LB_UNIT_N 256):
+//   the unit is warp-major, so its half is one contiguous copy, and the scale rows come whole. The warpgroups' two
+//   partials meet in shared memory (exchange_halves); then each holds half the tokens, and every epilogue runs as
+//   for the token-split 128-column tile. Since the warpgroups walk their own stages, each has its own producer
+//   thread (PRODUCERS), and each releases a stage as soon as its last wgmma is done (EARLY_RELEASE in stage_step).
 //
 // * OVERLAP. Each k16 step: wgmma.fence, two wgmmas, commit, wait until at most LOOK - 1 groups are in flight,
 //   then convert the A fragments of the step LOOK ahead (LB_LOOKAHEAD, 2 or 3; 4 or 8 fragment buffers, so the one
 //   written is read by no group in flight). The tensor cores always have the next step queued while a warp
 //   converts, which a one-step lookahead did not guarantee at the 64-token tile (conversion latency ~ one group's
 //   run time). A stage is released to the producer (its "empty" mbarrier) as soon as a wait has retired its last
-//   group, i.e. when no wgmma can still read it.
+//   group, i.e. when no wgmma can still read it: in the next stage's first step, or (the K-split tile) by draining
+//   the warpgroup's wgmmas after its last.
 //
 // * INT8 WEIGHTS (LB_WBITS 8, fp16 only). The same units hold one unsigned 8-bit code per weight (32 KB at
 //   N_CTA = 256) in the same fragment order, two bytes per register: each fragment register is one prmt into
@@ -105,14 +108,6 @@
 // The host prepends the #defines selecting one variant (LB_DTYPE, LB_ZEROS, LB_WG_N, LB_WG_TOKENS, LB_STAGES,
 // LB_UNIT_GROUPS, LB_CONV, LB_LOOKAHEAD, LB_WBITS, LB_RAMP, LB_LAG, LB_KSPLIT, LB_UNIT_N).
 #include "common.cuh"
-
-// Experiments on the K-split tile (see produce and stage_step); the host may define them.
-#ifndef LB_KS_PRODUCERS
-#define LB_KS_PRODUCERS 1
-#endif
-#ifndef LB_KS_EARLY_RELEASE
-#define LB_KS_EARLY_RELEASE 0
-#endif
 
 namespace lowbit {
 namespace w4a16_gemm {
@@ -201,10 +196,10 @@ struct Gemm {
     static constexpr int BM = WG_M * WG_TOKENS;
     // Stages between two of one warpgroup's: 1, or 2 when the warpgroups take alternate stages (KSPLIT).
     static constexpr int STRIDE = KSPLIT ? 2 : 1;
-    // Threads issuing the stages' copies (see produce), and whether a warpgroup releases its stage as soon as its
-    // last wgmma is done (EARLY_RELEASE) rather than once it has begun its next stage (see stage_step).
-    static constexpr int PRODUCERS = KSPLIT ? LB_KS_PRODUCERS : 1;
-    static constexpr bool EARLY_RELEASE = KSPLIT && LB_KS_EARLY_RELEASE;
+    // The K-split tile's warpgroups each walk their own stages (the header's K-SPLIT TILE): one producer thread per
+    // warpgroup's stages (produce), and each stage released as soon as its last wgmma is done (stage_step).
+    static constexpr int PRODUCERS = KSPLIT ? 2 : 1;
+    static constexpr bool EARLY_RELEASE = KSPLIT;
     // Tokens per warpgroup in the epilogue: a K-split tile's warpgroups first trade halves (exchange_halves), so
     // each then holds the sums of 32 tokens, as the token-split tile's do.
     static constexpr int EPI_TOKENS = KSPLIT ? WG_TOKENS / 2 : WG_TOKENS;
@@ -368,9 +363,10 @@ struct Gemm {
     // i - RAMP has landed, so that each SM's first stage is not queued behind the whole GPU's first STAGES stages
     // (it landed 3.6-3.9 us after the launch; the consumers waited). A compile-time constant: a register more in
     // the producer's 40 spilled.
-    // PRODUCERS: KSPLIT_PRODUCERS threads (one per producer warp) take the stages i with i % PRODUCERS == `lane`
-    // of the ring each, so that a stage waiting to be released by one consumer warpgroup does not hold up the
-    // other warpgroup's next stage behind it (the warpgroups of a K-split tile take alternate stages).
+    // PRODUCERS (the K-split tile: 2, lane 0 of producer warps 0 and 1): producer p issues the stages i with
+    // i % PRODUCERS == p. Its warpgroups take alternate stages, and one thread issuing them all in order made each
+    // warpgroup's next stage wait behind the other's release: 4-9% of a launch at 4096 x 4096, M = 64-256, with
+    // EARLY_RELEASE (stage_step).
     __device__ static void produce(const TensorMap* xmap, const Args& a, const Shape& s, u32 base, u32 bars,
                                    int producer) {
         int early = 0;
@@ -519,9 +515,10 @@ struct Gemm {
         if (J + LOOK < STEPS) {
             cv.template convert<(J + LOOK) % STEPS>(frag[(J + LOOK) % FRAG_BUFS], lane);
         } else if (EARLY_RELEASE) {
-            // EARLY_RELEASE: after the stage's last step, drain this warpgroup's wgmmas (the other warpgroup keeps
-            // the tensor cores busy), release the stage, and only then wait for the next one and convert its first
-            // LOOK steps. Otherwise a late next stage would also hold back the refill of this one.
+            // EARLY_RELEASE (the K-split tile): after the stage's last step, drain this warpgroup's wgmmas (the other
+            // warpgroup keeps the tensor cores busy), release the stage, and only then wait for the next one and
+            // convert its first LOOK steps. Released at the next stage's first step instead, a stage stayed held
+            // until that next stage had landed, so one late stage delayed the refill of the one before it too.
             if (J == STEPS - 1) {
                 wgmma_wait<0>();
                 fence_accumulators(acc);
