@@ -700,7 +700,14 @@ mod tests {
         for m in [33, 47, 64, 128, 192, 256] {
             let at = |k, n| table.lookup("NVIDIA H200", 4, k, n, m);
             assert_eq!(at(4096, 4096), Some(LinearKernel::GemmKSplit), "M = {m}");
-            assert_eq!(at(4096, 14336), Some(LinearKernel::Gemm), "M = {m}");
+            // Measured at 4e54954: the K-split tile from 33 to 191 rows on 4096 x 14336, the GEMM from 192 on.
+            let wide = if m < 192 {
+                LinearKernel::GemmKSplit
+            } else {
+                LinearKernel::Gemm
+            };
+            assert_eq!(at(4096, 14336), Some(wide), "M = {m}");
+            assert_eq!(at(8192, 28672), Some(LinearKernel::Gemm), "M = {m}");
         }
     }
 }
