@@ -105,6 +105,8 @@ const KSPLIT_KT_US: f64 = 0.65;
 /// The 128-token K-split tile's k tile (`m64n128k16` on a stage of 32 KB of x and 8 KB of codes): 0.82 us at M = 256
 /// on 4096 x 4096 (`bench/results/2026-11-28-h200-gemm-trace-ksplit128.txt`). With it the model picks the 64-token
 /// K-split tile up to 128 rows there and this one at 192 and 256, as measured (`-linear-ksplit128-sweep.jsonl`).
+/// Since the tile's producers and early release (4e54954) the two k tiles take 0.80 and 0.62 us: the same ratio,
+/// and the same choices (`bench/results/2026-11-28-h200-linear-ksplit-pipeline-ab/`).
 const KSPLIT_WIDE_KT_US: f64 = 0.82;
 /// Tokens of the K-split tiles (their wgmma N).
 const KSPLIT_TOKENS: [usize; 2] = [64, 128];
