@@ -403,8 +403,10 @@ impl GemmVariant {
 }
 
 /// Experiments: `#define` lines for every GEMM variant from `LOWBIT_GEMM_DEFINES` (`NAME=VALUE` pairs separated by
-/// `;`, such as `LB_KS_PRODUCERS=2`), so that one binary can time kernel options that are not variant fields yet.
-/// The kernel cache is keyed by the source, so each setting compiles once.
+/// `;`), so that one binary can time kernel options that are not variant fields yet: an experiment puts them in the
+/// kernel behind `#ifndef` defaults (as 128e305 did with `LB_KS_PRODUCERS` and `LB_KS_EARLY_RELEASE`, now the
+/// K-split tile's code). They follow the variant's own defines, so they cannot override those. The kernel cache is
+/// keyed by the source, so each setting compiles once.
 fn extra_defines() -> String {
     std::env::var("LOWBIT_GEMM_DEFINES")
         .unwrap_or_default()
@@ -908,21 +910,26 @@ impl LinearW4A16Gemm {
     #[doc(hidden)]
     pub fn set_k_split_lookahead(&mut self, device: &CudaDevice, steps: usize) -> Result<()> {
         check_lookahead(steps)?;
-        for k in self.k_split.iter_mut().filter(|k| k.variant.wg_tokens <= 64) {
-            let mut variant = k.variant;
-            variant.lookahead = steps;
-            *k = load_variant(device, variant)?;
-        }
-        Ok(())
+        self.reload_k_split(device, 64, |v| v.lookahead = steps)
     }
 
     /// Reloads the K-split tiles with at most `stages` stages in flight while the pipeline first fills (the kernel's
     /// RAMP; 0: all of them; benchmarking).
     #[doc(hidden)]
     pub fn set_k_split_ramp(&mut self, device: &CudaDevice, stages: usize) -> Result<()> {
-        for k in &mut self.k_split {
+        self.reload_k_split(device, usize::MAX, |v| v.ramp = stages)
+    }
+
+    /// Reloads the K-split tiles of at most `max_tokens` tokens as `change` modifies their variants.
+    fn reload_k_split(
+        &mut self,
+        device: &CudaDevice,
+        max_tokens: usize,
+        change: impl Fn(&mut GemmVariant),
+    ) -> Result<()> {
+        for k in self.k_split.iter_mut().filter(|k| k.variant.wg_tokens <= max_tokens) {
             let mut variant = k.variant;
-            variant.ramp = stages;
+            change(&mut variant);
             *k = load_variant(device, variant)?;
         }
         Ok(())
