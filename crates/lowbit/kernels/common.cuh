@@ -336,6 +336,11 @@ __device__ __forceinline__ void bulk_copy(u32 smem, const void* gmem, u32 bytes,
         "l"(gmem), "r"(bytes), "r"(bar)
         : "memory");
 }
+// Asks the TMA unit to bring `bytes` (a multiple of 16, 16-byte aligned) of global memory into L2, with no
+// destination and nothing to wait for.
+__device__ __forceinline__ void bulk_prefetch_l2(const void* gmem, u32 bytes) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(gmem), "r"(bytes) : "memory");
+}
 // Named barrier `id` (1..15; 0 is __syncthreads) among `threads` threads, whole warps.
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");

@@ -145,6 +145,10 @@ __device__ __forceinline__ float finish(const Shape& s, float v) {
 // WBITS: bits per weight code, 4, or 8 for the int8 layout (fp16 only; see INT8 CODES).
 // OFFSETS: each weight is (q - midpoint)·s + o with a real per-group offset o (a convolution's per-block weights,
 // routed here at batch 1: see OFFSETS below); the zero rows of a stage then hold the offsets, in T like the scales.
+// Units each CTA's producer sends to L2 before it waits for the previous kernel (PREFETCH BEFORE THE WAIT).
+#ifndef LB_PREFETCH
+#define LB_PREFETCH 0
+#endif
 template <class T, int MT, bool HAS_ZEROS, bool OFFSETS, int WARPS, int STAGES, bool TMA, bool UNIT_GROUPS,
           bool RECEIVE, int WBITS, bool WGMMA, bool ACTIVATION>
 struct Linear {
@@ -157,6 +161,8 @@ struct Linear {
     static_assert(!ACTIVATION || (!OFFSETS && !WGMMA && MT <= 2), "activation: mma.sync variants of M <= 16");
     static_assert(!WGMMA || (TMA && !OFFSETS && MT <= 4 && WARPS % 4 == 0),
                   "wgmma: the TMA pipeline, no offsets, M <= 32, whole warpgroups");
+    static constexpr int PREFETCH = LB_PREFETCH;  // units sent to L2 before the wait (PREFETCH BEFORE THE WAIT)
+    static_assert(PREFETCH >= 0 && PREFETCH <= 32, "prefetch: one lane per unit");
     static constexpr int THREADS = WARPS * 32;           // consumer (mma) threads
     static constexpr int BLOCK = THREADS + (TMA ? 32 : 0);  // + one producer warp issuing the TMA copies
     static constexpr int N_CTA = WARPS * WARP_N;
@@ -624,6 +630,10 @@ struct Linear {
                                    int u_begin, int count, int lane) {
         const int early = min(STAGES, count);
         for (int i = 0; i < early; ++i) issue_weights(a, s, smem + i * STAGE_BYTES, bars + i * 8, u_begin + i, lane);
+        // PREFETCH BEFORE THE WAIT: while the previous launch's slowest CTAs finish, DRAM has bandwidth to spare; the
+        // next PREFETCH units' codes go to L2 (lane i takes unit early + i), so the ring refills from L2 after it.
+        if (lane < PREFETCH && early + lane < count)
+            bulk_prefetch_l2(a.qweight + (size_t)(u_begin + early + lane) * (W_BYTES / 16), W_BYTES);
         wait_for_prerequisite_grids();
         for (int i = 0; i < early; ++i) issue_x(xmap, s, smem + i * STAGE_BYTES, bars + i * 8, u_begin + i, lane);
         int buf = early % STAGES;

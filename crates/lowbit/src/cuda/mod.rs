@@ -22,8 +22,8 @@ pub use cache::{cache_dir, CacheOutcome};
 pub use device::{copy_device, CudaDevice, DeviceInfo, StreamTimer};
 pub(crate) use launch::{launch_ex, resident_cluster_count, Launch};
 pub use nvrtc::{
-    arch_for, compile, compile_options, include_dir, nvrtc_present, nvrtc_version, variant_source, Compiled,
-    KernelSource, COMMON_HEADER, DEQUANTIZE, KERNELS, KNOWN_ARCHES,
+    arch_for, compile, compile_options, experiment_defines, include_dir, nvrtc_present, nvrtc_version, variant_source,
+    Compiled, KernelSource, COMMON_HEADER, DEQUANTIZE, KERNELS, KNOWN_ARCHES,
 };
 pub(crate) use tensor_map::{tensor_map_2d, MapElement, TensorMap};
 

@@ -53,6 +53,21 @@ pub fn variant_source(name: String, defines: impl FnOnce() -> String, source: &'
     })
 }
 
+/// Experiments: `#define` lines from the environment variable `var` (`NAME=VALUE` pairs separated by `;`), appended to
+/// a kernel family's variant sources (`LOWBIT_GEMM_DEFINES` for the GEMM, `LOWBIT_DECODE_DEFINES` for the decode
+/// kernel), so that one binary can time kernel options that are not variant fields yet: an experiment puts them in
+/// the kernel behind `#ifndef` defaults (as 128e305 did with `LB_KS_PRODUCERS` and `LB_KS_EARLY_RELEASE`, now the
+/// K-split tile's code). They follow the variant's own defines, so they cannot override those. The kernel cache is
+/// keyed by the source, so each setting compiles once.
+pub fn experiment_defines(var: &str) -> String {
+    std::env::var(var)
+        .unwrap_or_default()
+        .split(';')
+        .filter_map(|pair| pair.split_once('='))
+        .map(|(name, value)| format!("#define {} {}\n", name.trim(), value.trim()))
+        .collect()
+}
+
 /// The architectures `lowbit doctor --compile-only` accepts (others are passed to NVRTC as given).
 pub const KNOWN_ARCHES: &[&str] = &["sm_80", "sm_86", "sm_89", "sm_90a"];
 

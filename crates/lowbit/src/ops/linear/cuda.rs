@@ -815,7 +815,7 @@ impl Variant {
                 u8::from(self.offsets),
                 u8::from(self.wgmma),
                 u8::from(self.activation)
-            )
+            ) + &crate::cuda::experiment_defines("LOWBIT_DECODE_DEFINES")
             },
             SOURCE,
         )

@@ -395,25 +395,11 @@ impl GemmVariant {
                     self.lag,
                     u8::from(self.ksplit),
                     self.unit_n
-                ) + &extra_defines()
+                ) + &crate::cuda::experiment_defines("LOWBIT_GEMM_DEFINES")
             },
             SOURCE,
         )
     }
-}
-
-/// Experiments: `#define` lines for every GEMM variant from `LOWBIT_GEMM_DEFINES` (`NAME=VALUE` pairs separated by
-/// `;`), so that one binary can time kernel options that are not variant fields yet: an experiment puts them in the
-/// kernel behind `#ifndef` defaults (as 128e305 did with `LB_KS_PRODUCERS` and `LB_KS_EARLY_RELEASE`, now the
-/// K-split tile's code). They follow the variant's own defines, so they cannot override those. The kernel cache is
-/// keyed by the source, so each setting compiles once.
-fn extra_defines() -> String {
-    std::env::var("LOWBIT_GEMM_DEFINES")
-        .unwrap_or_default()
-        .split(';')
-        .filter_map(|pair| pair.split_once('='))
-        .map(|(name, value)| format!("#define {} {}\n", name.trim(), value.trim()))
-        .collect()
 }
 
 /// `lowbit::w4a16_gemm::Args`, in field order.
