@@ -149,6 +149,9 @@ __device__ __forceinline__ float finish(const Shape& s, float v) {
 #ifndef LB_PREFETCH
 #define LB_PREFETCH 0
 #endif
+#ifndef LB_RAMP
+#define LB_RAMP 0
+#endif
 template <class T, int MT, bool HAS_ZEROS, bool OFFSETS, int WARPS, int STAGES, bool TMA, bool UNIT_GROUPS,
           bool RECEIVE, int WBITS, bool WGMMA, bool ACTIVATION>
 struct Linear {
@@ -161,6 +164,7 @@ struct Linear {
     static_assert(!ACTIVATION || (!OFFSETS && !WGMMA && MT <= 2), "activation: mma.sync variants of M <= 16");
     static_assert(!WGMMA || (TMA && !OFFSETS && MT <= 4 && WARPS % 4 == 0),
                   "wgmma: the TMA pipeline, no offsets, M <= 32, whole warpgroups");
+    static constexpr int RAMP = LB_RAMP;  // stages issued at once while the ring first fills (0: all)
     static constexpr int PREFETCH = LB_PREFETCH;  // units sent to L2 before the wait (PREFETCH BEFORE THE WAIT)
     static_assert(PREFETCH >= 0 && PREFETCH <= 32, "prefetch: one lane per unit");
     static constexpr int THREADS = WARPS * 32;           // consumer (mma) threads
@@ -629,13 +633,19 @@ struct Linear {
     __device__ static void produce(const TensorMap* xmap, const Args& a, const Shape& s, char* smem, u32 bars,
                                    int u_begin, int count, int lane) {
         const int early = min(STAGES, count);
-        for (int i = 0; i < early; ++i) issue_weights(a, s, smem + i * STAGE_BYTES, bars + i * 8, u_begin + i, lane);
+        const int first = min(RAMP > 0 ? RAMP : STAGES, count);  // RAMP: stages in flight while the ring first fills
+        for (int i = 0; i < first; ++i) issue_weights(a, s, smem + i * STAGE_BYTES, bars + i * 8, u_begin + i, lane);
         // PREFETCH BEFORE THE WAIT: while the previous launch's slowest CTAs finish, DRAM has bandwidth to spare; the
         // next PREFETCH units' codes go to L2 (lane i takes unit early + i), so the ring refills from L2 after it.
         if (lane < PREFETCH && early + lane < count)
             bulk_prefetch_l2(a.qweight + (size_t)(u_begin + early + lane) * (W_BYTES / 16), W_BYTES);
         wait_for_prerequisite_grids();
-        for (int i = 0; i < early; ++i) issue_x(xmap, s, smem + i * STAGE_BYTES, bars + i * 8, u_begin + i, lane);
+        for (int i = 0; i < first; ++i) issue_x(xmap, s, smem + i * STAGE_BYTES, bars + i * 8, u_begin + i, lane);
+        for (int i = first; i < early; ++i) {  // RAMP: stage i once stage i - RAMP has landed
+            mbar_wait(bars + (i - first) * 8, 0);
+            issue_weights(a, s, smem + i * STAGE_BYTES, bars + i * 8, u_begin + i, lane);
+            issue_x(xmap, s, smem + i * STAGE_BYTES, bars + i * 8, u_begin + i, lane);
+        }
         int buf = early % STAGES;
         for (int i = early; i < count; ++i) {
             const u32 full = bars + buf * 8, empty = bars + (STAGES + buf) * 8;
