@@ -152,6 +152,9 @@ __device__ __forceinline__ float finish(const Shape& s, float v) {
 #ifndef LB_RAMP
 #define LB_RAMP 0
 #endif
+#ifndef LB_FLAGGED
+#define LB_FLAGGED 0
+#endif
 template <class T, int MT, bool HAS_ZEROS, bool OFFSETS, int WARPS, int STAGES, bool TMA, bool UNIT_GROUPS,
           bool RECEIVE, int WBITS, bool WGMMA, bool ACTIVATION>
 struct Linear {
@@ -164,6 +167,7 @@ struct Linear {
     static_assert(!ACTIVATION || (!OFFSETS && !WGMMA && MT <= 2), "activation: mma.sync variants of M <= 16");
     static_assert(!WGMMA || (TMA && !OFFSETS && MT <= 4 && WARPS % 4 == 0),
                   "wgmma: the TMA pipeline, no offsets, M <= 32, whole warpgroups");
+    static constexpr bool FLAGGED = LB_FLAGGED && MT <= 2 && !(WGMMA && MT > 1);  // FLAGGED PARTIALS (experiment)
     static constexpr int RAMP = LB_RAMP;  // stages issued at once while the ring first fills (0: all)
     static constexpr int PREFETCH = LB_PREFETCH;  // units sent to L2 before the wait (PREFETCH BEFORE THE WAIT)
     static_assert(PREFETCH >= 0 && PREFETCH <= 32, "prefetch: one lane per unit");
@@ -544,6 +548,19 @@ struct Linear {
         // Four slots' loads in flight at M <= 8 (8 float4 per lane), one above, what the two-CTA variants' 96
         // registers leave (the main loop's state stays live across the fix-up).
         constexpr int SLOT_BATCH = MT == 1 && !WGMMA ? 4 : 1;
+        if constexpr (FLAGGED) {  // FLAGGED PARTIALS (common.cuh): the lowest-k piece, this CTA's last, sums
+            unsigned long long* words = reinterpret_cast<unsigned long long*>(a.partials);
+            if (c != c_first) {
+                publish_flagged<2 * MT>(words + (size_t)(first_segment ? 2 * c : 2 * c + 1) * SLOT_FLOATS, warp, lane,
+                                        &acc[0][0][0]);
+                counted();
+                return;
+            }
+            for (int p = 1; p <= c_last - c_first; ++p)
+                add_flagged<2 * MT>(words + (size_t)slot_of(p) * SLOT_FLOATS, warp, lane, &acc[0][0][0]);
+            store_output(a, s, nt, warp, lane, acc);
+            return;
+        }
         auto counter_of = [&] { return a.counters + nt * WARPS + warp; };
         if (warp_fixup<2 * MT, SLOT_BATCH>(a.partials, SLOT_FLOATS, first_segment ? 2 * c : 2 * c + 1, counter_of,
                                            c_last - c_first + 1, slot_of, counted, warp, lane, &acc[0][0][0]))

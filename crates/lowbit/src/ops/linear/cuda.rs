@@ -1377,7 +1377,7 @@ impl LinearW4A16Cuda {
     /// Device scratch `run` needs for batches of up to `max_m` rows: split-tile partial sums and room to stage x.
     pub fn workspace_bytes(&self) -> usize {
         let widest = self.kernels.iter().map(|(v, _, _)| v.slot_floats()).max().unwrap_or(0);
-        self.staged_x_bytes() + 2 * self.ctas * widest * 4
+        self.staged_x_bytes() + 2 * self.ctas * widest * 8
     }
 
     /// `y[m, N] = x[m, K] · W^T (+ bias)` with contiguous rows; see [`LinearW4A16Cuda::run_strided`].
