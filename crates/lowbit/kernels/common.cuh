@@ -851,6 +851,57 @@ __device__ __forceinline__ void add_flagged(unsigned long long* slot, int warp, 
     }
 }
 
+// acc += pieces 1 .. pieces - 1 (slot_of(p) words in, slot_words apart), in piece order, each once every word of
+// this lane carries its flag; then their words are cleared. BATCH pieces' loads are in flight at once: with DRAM
+// saturated an L2 round trip costs microseconds.
+template <int F4, int BATCH, class SlotOf>
+__device__ __forceinline__ void sum_flagged(unsigned long long* words, long long slot_words, const SlotOf& slot_of,
+                                            int pieces, int warp, int lane, float* acc) {
+    for (int p0 = 1; p0 < pieces; p0 += BATCH) {
+        ulonglong2 q[BATCH][F4][2];
+        unsigned long long* slots[BATCH];  // slot_of once: it may divide (a call, at this register budget)
+#pragma unroll
+        for (int b = 0; b < BATCH; ++b) slots[b] = p0 + b < pieces ? words + slot_of(p0 + b) * slot_words : words;
+        for (;;) {
+            bool ready = true;
+#pragma unroll
+            for (int b = 0; b < BATCH; ++b) {
+                if (p0 + b >= pieces) break;
+                unsigned long long* slot = slots[b];
+#pragma unroll
+                for (int j = 0; j < F4; ++j) {
+                    const unsigned long long* w = flagged_words<F4>(slot, warp, j, lane);
+                    q[b][j][0] = ld_relaxed_u64x2(w), q[b][j][1] = ld_relaxed_u64x2(w + 2);
+                }
+            }
+#pragma unroll
+            for (int b = 0; b < BATCH; ++b) {
+                if (p0 + b >= pieces) break;
+#pragma unroll
+                for (int j = 0; j < F4; ++j)
+                    ready &= (u32)(q[b][j][0].x >> 32) == PARTIAL_FLAG_BITS &&
+                             (u32)(q[b][j][0].y >> 32) == PARTIAL_FLAG_BITS &&
+                             (u32)(q[b][j][1].x >> 32) == PARTIAL_FLAG_BITS &&
+                             (u32)(q[b][j][1].y >> 32) == PARTIAL_FLAG_BITS;
+            }
+            if (__all_sync(0xFFFFFFFFu, ready)) break;  // warp-uniform: no divergent loop in the kernel
+        }
+#pragma unroll
+        for (int b = 0; b < BATCH; ++b) {
+            if (p0 + b >= pieces) break;
+            unsigned long long* slot = slots[b];
+#pragma unroll
+            for (int j = 0; j < F4; ++j) {
+                float* d = acc + 4 * j;
+                d[0] += __uint_as_float((u32)q[b][j][0].x), d[1] += __uint_as_float((u32)q[b][j][0].y);
+                d[2] += __uint_as_float((u32)q[b][j][1].x), d[3] += __uint_as_float((u32)q[b][j][1].y);
+                unsigned long long* w = flagged_words<F4>(slot, warp, j, lane);
+                st_relaxed_u64x2(w, 0, 0), st_relaxed_u64x2(w + 2, 0, 0);
+            }
+        }
+    }
+}
+
 // CUtensorMap: 128 opaque bytes, 64-byte aligned (the host encodes it; the kernel only passes its address to TMA).
 struct alignas(64) TensorMap {
     unsigned long long opaque[16];

@@ -167,7 +167,7 @@ struct Linear {
     static_assert(!ACTIVATION || (!OFFSETS && !WGMMA && MT <= 2), "activation: mma.sync variants of M <= 16");
     static_assert(!WGMMA || (TMA && !OFFSETS && MT <= 4 && WARPS % 4 == 0),
                   "wgmma: the TMA pipeline, no offsets, M <= 32, whole warpgroups");
-    static constexpr bool FLAGGED = LB_FLAGGED && MT <= 2 && !(WGMMA && MT > 1);  // FLAGGED PARTIALS (experiment)
+    static constexpr bool FLAGGED = LB_FLAGGED && MT <= 2 && !WGMMA;  // FLAGGED PARTIALS (experiment)
     static constexpr int RAMP = LB_RAMP;  // stages issued at once while the ring first fills (0: all)
     static constexpr int PREFETCH = LB_PREFETCH;  // units sent to L2 before the wait (PREFETCH BEFORE THE WAIT)
     static_assert(PREFETCH >= 0 && PREFETCH <= 32, "prefetch: one lane per unit");
@@ -556,8 +556,12 @@ struct Linear {
                 counted();
                 return;
             }
-            for (int p = 1; p <= c_last - c_first; ++p)
-                add_flagged<2 * MT>(words + (size_t)slot_of(p) * SLOT_FLOATS, warp, lane, &acc[0][0][0]);
+            if constexpr (MT == 1) {  // two pieces' loads in flight
+                sum_flagged<2 * MT, 2>(words, SLOT_FLOATS, slot_of, c_last - c_first + 1, warp, lane, &acc[0][0][0]);
+            } else {
+                for (int p = 1; p <= c_last - c_first; ++p)
+                    add_flagged<2 * MT>(words + (size_t)slot_of(p) * SLOT_FLOATS, warp, lane, &acc[0][0][0]);
+            }
             store_output(a, s, nt, warp, lane, acc);
             return;
         }
