@@ -336,11 +336,6 @@ __device__ __forceinline__ void bulk_copy(u32 smem, const void* gmem, u32 bytes,
         "l"(gmem), "r"(bytes), "r"(bar)
         : "memory");
 }
-// Asks the TMA unit to bring `bytes` (a multiple of 16, 16-byte aligned) of global memory into L2, with no
-// destination and nothing to wait for.
-__device__ __forceinline__ void bulk_prefetch_l2(const void* gmem, u32 bytes) {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(gmem), "r"(bytes) : "memory");
-}
 // Named barrier `id` (1..15; 0 is __syncthreads) among `threads` threads, whole warps.
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
@@ -787,119 +782,6 @@ __device__ __forceinline__ bool warp_fixup(float* partials, long long slot_float
     }
     if (lane == 0) *counter_of() = 0;  // every piece has arrived: ready for the next launch (graph replays included)
     return true;
-}
-
-// FLAGGED PARTIALS: the fix-up of a split tile without a fence or a counter, for grids whose CTAs are all resident
-// (STREAM-K in the decode kernel). Each fp32 of a partial travels with a flag in one 64-bit word (value bits low, flag
-// high), and a 64-bit access is single-copy atomic, so a reader that sees the flag sees the value: the writer needs
-// no release, and it stores and goes on (warp_fixup's acq_rel add waited for its stores and the counter's round trip,
-// ~3 us with DRAM saturated, in the middle of the CTAs whose range crosses a tile boundary). The piece with the
-// lowest k sums: it is its CTA's last segment, so that CTA has nothing left to do but wait for the others' flags.
-// It adds them in piece order, as warp_fixup does, so the bits do not change, and clears the words it read: every
-// flag is zero between launches (the workspace is zeroed once; the next launch writes only after this one ends).
-// Slot layout: the 4 words of float4 j of lane `lane` of warp `warp` at ((warp F4 + j) 32 + lane) 4, 1 KB of
-// contiguous words per warp and j.
-__device__ __forceinline__ void st_relaxed_u64x2(unsigned long long* p, unsigned long long a, unsigned long long b) {
-    asm volatile("st.relaxed.gpu.global.v2.u64 [%0], {%1, %2};\n" ::"l"(p), "l"(a), "l"(b) : "memory");
-}
-__device__ __forceinline__ ulonglong2 ld_relaxed_u64x2(const unsigned long long* p) {
-    ulonglong2 v;
-    asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];\n" : "=l"(v.x), "=l"(v.y) : "l"(p) : "memory");
-    return v;
-}
-// The high half of a published word: a signalling-NaN pattern, which no arithmetic produces (as fp16 pairs, a NaN
-// too), so that stale data of another kernel sharing the workspace does not pass for it.
-constexpr u32 PARTIAL_FLAG_BITS = 0x7FBADA55u;
-constexpr unsigned long long PARTIAL_FLAG = (unsigned long long)PARTIAL_FLAG_BITS << 32;
-__device__ __forceinline__ unsigned long long flagged(float v) { return PARTIAL_FLAG | __float_as_uint(v); }
-
-template <int F4>
-__device__ __forceinline__ unsigned long long* flagged_words(unsigned long long* slot, int warp, int j, int lane) {
-    return slot + ((warp * F4 + j) * 32 + lane) * 4;
-}
-template <int F4>
-__device__ __forceinline__ void publish_flagged(unsigned long long* slot, int warp, int lane, const float* acc) {
-#pragma unroll
-    for (int j = 0; j < F4; ++j) {
-        unsigned long long* w = flagged_words<F4>(slot, warp, j, lane);
-        st_relaxed_u64x2(w, flagged(acc[4 * j]), flagged(acc[4 * j + 1]));
-        st_relaxed_u64x2(w + 2, flagged(acc[4 * j + 2]), flagged(acc[4 * j + 3]));
-    }
-}
-// acc += piece `slot`, once every word of this lane carries its flag; then the words are cleared.
-template <int F4>
-__device__ __forceinline__ void add_flagged(unsigned long long* slot, int warp, int lane, float* acc) {
-    ulonglong2 q[F4][2];
-    for (;;) {
-        bool ready = true;
-#pragma unroll
-        for (int j = 0; j < F4; ++j) {
-            const unsigned long long* w = flagged_words<F4>(slot, warp, j, lane);
-            q[j][0] = ld_relaxed_u64x2(w), q[j][1] = ld_relaxed_u64x2(w + 2);
-            ready &= (u32)(q[j][0].x >> 32) == PARTIAL_FLAG_BITS && (u32)(q[j][0].y >> 32) == PARTIAL_FLAG_BITS &&
-                     (u32)(q[j][1].x >> 32) == PARTIAL_FLAG_BITS && (u32)(q[j][1].y >> 32) == PARTIAL_FLAG_BITS;
-        }
-        if (__all_sync(0xFFFFFFFFu, ready)) break;  // warp-uniform: no divergent loop in the kernel
-    }
-#pragma unroll
-    for (int j = 0; j < F4; ++j) {
-        float* d = acc + 4 * j;
-        d[0] += __uint_as_float((u32)q[j][0].x), d[1] += __uint_as_float((u32)q[j][0].y);
-        d[2] += __uint_as_float((u32)q[j][1].x), d[3] += __uint_as_float((u32)q[j][1].y);
-        unsigned long long* w = flagged_words<F4>(slot, warp, j, lane);
-        st_relaxed_u64x2(w, 0, 0), st_relaxed_u64x2(w + 2, 0, 0);
-    }
-}
-
-// acc += pieces 1 .. pieces - 1 (slot_of(p) words in, slot_words apart), in piece order, each once every word of
-// this lane carries its flag; then their words are cleared. BATCH pieces' loads are in flight at once: with DRAM
-// saturated an L2 round trip costs microseconds.
-template <int F4, int BATCH, class SlotOf>
-__device__ __forceinline__ void sum_flagged(unsigned long long* words, long long slot_words, const SlotOf& slot_of,
-                                            int pieces, int warp, int lane, float* acc) {
-    for (int p0 = 1; p0 < pieces; p0 += BATCH) {
-        ulonglong2 q[BATCH][F4][2];
-        unsigned long long* slots[BATCH];  // slot_of once: it may divide (a call, at this register budget)
-#pragma unroll
-        for (int b = 0; b < BATCH; ++b) slots[b] = p0 + b < pieces ? words + slot_of(p0 + b) * slot_words : words;
-        for (;;) {
-            bool ready = true;
-#pragma unroll
-            for (int b = 0; b < BATCH; ++b) {
-                if (p0 + b >= pieces) break;
-                unsigned long long* slot = slots[b];
-#pragma unroll
-                for (int j = 0; j < F4; ++j) {
-                    const unsigned long long* w = flagged_words<F4>(slot, warp, j, lane);
-                    q[b][j][0] = ld_relaxed_u64x2(w), q[b][j][1] = ld_relaxed_u64x2(w + 2);
-                }
-            }
-#pragma unroll
-            for (int b = 0; b < BATCH; ++b) {
-                if (p0 + b >= pieces) break;
-#pragma unroll
-                for (int j = 0; j < F4; ++j)
-                    ready &= (u32)(q[b][j][0].x >> 32) == PARTIAL_FLAG_BITS &&
-                             (u32)(q[b][j][0].y >> 32) == PARTIAL_FLAG_BITS &&
-                             (u32)(q[b][j][1].x >> 32) == PARTIAL_FLAG_BITS &&
-                             (u32)(q[b][j][1].y >> 32) == PARTIAL_FLAG_BITS;
-            }
-            if (__all_sync(0xFFFFFFFFu, ready)) break;  // warp-uniform: no divergent loop in the kernel
-        }
-#pragma unroll
-        for (int b = 0; b < BATCH; ++b) {
-            if (p0 + b >= pieces) break;
-            unsigned long long* slot = slots[b];
-#pragma unroll
-            for (int j = 0; j < F4; ++j) {
-                float* d = acc + 4 * j;
-                d[0] += __uint_as_float((u32)q[b][j][0].x), d[1] += __uint_as_float((u32)q[b][j][0].y);
-                d[2] += __uint_as_float((u32)q[b][j][1].x), d[3] += __uint_as_float((u32)q[b][j][1].y);
-                unsigned long long* w = flagged_words<F4>(slot, warp, j, lane);
-                st_relaxed_u64x2(w, 0, 0), st_relaxed_u64x2(w + 2, 0, 0);
-            }
-        }
-    }
 }
 
 // CUtensorMap: 128 opaque bytes, 64-byte aligned (the host encodes it; the kernel only passes its address to TMA).

@@ -52,8 +52,10 @@
 //   ninth warp would cap them at 224).
 //   The grid is one or two CTAs per SM, chosen from the shape alone (two when each CTA still gets >= 6 units).
 //   Depth (host: Variant::default_for): 3 stages with two CTAs per SM; deeper was slower on H200 (8192 x 28672,
-//   M = 1: 39.4 us at 3, 41.7 at 4, 46.6 at 6). When the group size is a multiple of 128 (LB_UNIT_GROUPS) a stage
-//   holds one scale/zero row instead of eight (19 KB instead of 23 KB at M <= 8).
+//   M = 1: 39.4 us at 3, 41.7 at 4, 46.6 at 6). RAMP (Shape::ramp, host: `ramp_stages`): the producer may
+//   issue only the first stage at once and each later one of the first ring once the one before has landed, so a
+//   CTA with few units (clusters of 8 splits) starts computing sooner. When the group size is a multiple of 128
+//   (LB_UNIT_GROUPS) a stage holds one scale/zero row instead of eight (19 KB instead of 23 KB at M <= 8).
 //   Measured on H200 (M = 1, 8192 x 28672): the cp.async version was issue-bound at 74.7 us (IPC ~0.4 with 2
 //   warps per scheduler and a barrier per unit); TMA + 2 CTAs/SM gives 47 us.
 //
@@ -125,6 +127,7 @@ struct Shape {
     int clamp;           // 1: outputs are clamped to [lo, hi] after the bias (relu, relu6 of a convolution)
     float lo, hi;
     int act;             // an Activation (common.cuh) applied after the bias and clamp: QuantLinear's epilogue
+    int ramp;            // > 0: stages the producer issues at once while the ring first fills (RAMP); 0: all
 };
 
 // The stored value of an output: fp32 sum + bias, clamped when asked, then the activation when the variant has one
@@ -145,16 +148,6 @@ __device__ __forceinline__ float finish(const Shape& s, float v) {
 // WBITS: bits per weight code, 4, or 8 for the int8 layout (fp16 only; see INT8 CODES).
 // OFFSETS: each weight is (q - midpoint)·s + o with a real per-group offset o (a convolution's per-block weights,
 // routed here at batch 1: see OFFSETS below); the zero rows of a stage then hold the offsets, in T like the scales.
-// Units each CTA's producer sends to L2 before it waits for the previous kernel (PREFETCH BEFORE THE WAIT).
-#ifndef LB_PREFETCH
-#define LB_PREFETCH 0
-#endif
-#ifndef LB_RAMP
-#define LB_RAMP 0
-#endif
-#ifndef LB_FLAGGED
-#define LB_FLAGGED 0
-#endif
 template <class T, int MT, bool HAS_ZEROS, bool OFFSETS, int WARPS, int STAGES, bool TMA, bool UNIT_GROUPS,
           bool RECEIVE, int WBITS, bool WGMMA, bool ACTIVATION>
 struct Linear {
@@ -167,10 +160,6 @@ struct Linear {
     static_assert(!ACTIVATION || (!OFFSETS && !WGMMA && MT <= 2), "activation: mma.sync variants of M <= 16");
     static_assert(!WGMMA || (TMA && !OFFSETS && MT <= 4 && WARPS % 4 == 0),
                   "wgmma: the TMA pipeline, no offsets, M <= 32, whole warpgroups");
-    static constexpr bool FLAGGED = LB_FLAGGED && MT <= 2 && !WGMMA;  // FLAGGED PARTIALS (experiment)
-    static constexpr int RAMP = LB_RAMP;  // stages issued at once while the ring first fills (0: all)
-    static constexpr int PREFETCH = LB_PREFETCH;  // units sent to L2 before the wait (PREFETCH BEFORE THE WAIT)
-    static_assert(PREFETCH >= 0 && PREFETCH <= 32, "prefetch: one lane per unit");
     static constexpr int THREADS = WARPS * 32;           // consumer (mma) threads
     static constexpr int BLOCK = THREADS + (TMA ? 32 : 0);  // + one producer warp issuing the TMA copies
     static constexpr int N_CTA = WARPS * WARP_N;
@@ -548,23 +537,6 @@ struct Linear {
         // Four slots' loads in flight at M <= 8 (8 float4 per lane), one above, what the two-CTA variants' 96
         // registers leave (the main loop's state stays live across the fix-up).
         constexpr int SLOT_BATCH = MT == 1 && !WGMMA ? 4 : 1;
-        if constexpr (FLAGGED) {  // FLAGGED PARTIALS (common.cuh): the lowest-k piece, this CTA's last, sums
-            unsigned long long* words = reinterpret_cast<unsigned long long*>(a.partials);
-            if (c != c_first) {
-                publish_flagged<2 * MT>(words + (size_t)(first_segment ? 2 * c : 2 * c + 1) * SLOT_FLOATS, warp, lane,
-                                        &acc[0][0][0]);
-                counted();
-                return;
-            }
-            if constexpr (MT == 1) {  // two pieces' loads in flight
-                sum_flagged<2 * MT, 2>(words, SLOT_FLOATS, slot_of, c_last - c_first + 1, warp, lane, &acc[0][0][0]);
-            } else {
-                for (int p = 1; p <= c_last - c_first; ++p)
-                    add_flagged<2 * MT>(words + (size_t)slot_of(p) * SLOT_FLOATS, warp, lane, &acc[0][0][0]);
-            }
-            store_output(a, s, nt, warp, lane, acc);
-            return;
-        }
         auto counter_of = [&] { return a.counters + nt * WARPS + warp; };
         if (warp_fixup<2 * MT, SLOT_BATCH>(a.partials, SLOT_FLOATS, first_segment ? 2 * c : 2 * c + 1, counter_of,
                                            c_last - c_first + 1, slot_of, counted, warp, lane, &acc[0][0][0]))
@@ -654,15 +626,11 @@ struct Linear {
     __device__ static void produce(const TensorMap* xmap, const Args& a, const Shape& s, char* smem, u32 bars,
                                    int u_begin, int count, int lane) {
         const int early = min(STAGES, count);
-        const int first = min(RAMP > 0 ? RAMP : STAGES, count);  // RAMP: stages in flight while the ring first fills
+        const int first = s.ramp > 0 ? min(s.ramp, early) : early;  // RAMP
         for (int i = 0; i < first; ++i) issue_weights(a, s, smem + i * STAGE_BYTES, bars + i * 8, u_begin + i, lane);
-        // PREFETCH BEFORE THE WAIT: while the previous launch's slowest CTAs finish, DRAM has bandwidth to spare; the
-        // next PREFETCH units' codes go to L2 (lane i takes unit early + i), so the ring refills from L2 after it.
-        if (lane < PREFETCH && early + lane < count)
-            bulk_prefetch_l2(a.qweight + (size_t)(u_begin + early + lane) * (W_BYTES / 16), W_BYTES);
         wait_for_prerequisite_grids();
         for (int i = 0; i < first; ++i) issue_x(xmap, s, smem + i * STAGE_BYTES, bars + i * 8, u_begin + i, lane);
-        for (int i = first; i < early; ++i) {  // RAMP: stage i once stage i - RAMP has landed
+        for (int i = first; i < early; ++i) {  // RAMP: stage i once stage i - ramp has landed
             mbar_wait(bars + (i - first) * 8, 0);
             issue_weights(a, s, smem + i * STAGE_BYTES, bars + i * 8, u_begin + i, lane);
             issue_x(xmap, s, smem + i * STAGE_BYTES, bars + i * 8, u_begin + i, lane);
