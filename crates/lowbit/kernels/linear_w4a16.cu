@@ -52,10 +52,8 @@
 //   ninth warp would cap them at 224).
 //   The grid is one or two CTAs per SM, chosen from the shape alone (two when each CTA still gets >= 6 units).
 //   Depth (host: Variant::default_for): 3 stages with two CTAs per SM; deeper was slower on H200 (8192 x 28672,
-//   M = 1: 39.4 us at 3, 41.7 at 4, 46.6 at 6). RAMP (Shape::ramp, host: `ramp_stages`): the producer may
-//   issue only the first stage at once and each later one of the first ring once the one before has landed, so a
-//   CTA with few units (clusters of 8 splits) starts computing sooner. When the group size is a multiple of 128
-//   (LB_UNIT_GROUPS) a stage holds one scale/zero row instead of eight (19 KB instead of 23 KB at M <= 8).
+//   M = 1: 39.4 us at 3, 41.7 at 4, 46.6 at 6). When the group size is a multiple of 128 (LB_UNIT_GROUPS) a stage
+//   holds one scale/zero row instead of eight (19 KB instead of 23 KB at M <= 8).
 //   Measured on H200 (M = 1, 8192 x 28672): the cp.async version was issue-bound at 74.7 us (IPC ~0.4 with 2
 //   warps per scheduler and a barrier per unit); TMA + 2 CTAs/SM gives 47 us.
 //
@@ -127,7 +125,6 @@ struct Shape {
     int clamp;           // 1: outputs are clamped to [lo, hi] after the bias (relu, relu6 of a convolution)
     float lo, hi;
     int act;             // an Activation (common.cuh) applied after the bias and clamp: QuantLinear's epilogue
-    int ramp;            // > 0: stages the producer issues at once while the ring first fills (RAMP); 0: all
 };
 
 // The stored value of an output: fp32 sum + bias, clamped when asked, then the activation when the variant has one
@@ -626,15 +623,9 @@ struct Linear {
     __device__ static void produce(const TensorMap* xmap, const Args& a, const Shape& s, char* smem, u32 bars,
                                    int u_begin, int count, int lane) {
         const int early = min(STAGES, count);
-        const int first = s.ramp > 0 ? min(s.ramp, early) : early;  // RAMP
-        for (int i = 0; i < first; ++i) issue_weights(a, s, smem + i * STAGE_BYTES, bars + i * 8, u_begin + i, lane);
+        for (int i = 0; i < early; ++i) issue_weights(a, s, smem + i * STAGE_BYTES, bars + i * 8, u_begin + i, lane);
         wait_for_prerequisite_grids();
-        for (int i = 0; i < first; ++i) issue_x(xmap, s, smem + i * STAGE_BYTES, bars + i * 8, u_begin + i, lane);
-        for (int i = first; i < early; ++i) {  // RAMP: stage i once stage i - ramp has landed
-            mbar_wait(bars + (i - first) * 8, 0);
-            issue_weights(a, s, smem + i * STAGE_BYTES, bars + i * 8, u_begin + i, lane);
-            issue_x(xmap, s, smem + i * STAGE_BYTES, bars + i * 8, u_begin + i, lane);
-        }
+        for (int i = 0; i < early; ++i) issue_x(xmap, s, smem + i * STAGE_BYTES, bars + i * 8, u_begin + i, lane);
         int buf = early % STAGES;
         for (int i = early; i < count; ++i) {
             const u32 full = bars + buf * 8, empty = bars + (STAGES + buf) * 8;

@@ -856,7 +856,7 @@ struct KernelArgs {
 }
 
 /// `lowbit::w4a16::Shape` in the kernel, in field order (11 ints, padding, 2 int64, the clamp flag and bounds, the
-/// activation, the ramp).
+/// activation).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 struct KernelShape {
@@ -877,21 +877,6 @@ struct KernelShape {
     lo: f32,
     hi: f32,
     act: i32,
-    ramp: i32,
-}
-
-/// The kernel's RAMP: stages its producer issues at once while the ring first fills (0: all of them). One for
-/// clusters of 8 splits, whose CTAs take only a few units each: their first stage then lands before the others are
-/// asked for. H200, `gemm_trace` µs per launch, three rounds, all stages against one
-/// (`bench/results/2026-11-28-h200-decode-ramp/`): 4096² 8.6–8.8 → 8.0–8.1 at M = 12 and 16, 7.5 → 7.0 at M = 8;
-/// 14336 × 4096 19.4–19.6 → 18.8–18.9 at M = 12 and 16. Two splits (4096 × 14336) and STREAM-K (13824 × 5120,
-/// 8192 × 28672) read 0.1–1.4 µs slower with it, so they keep all stages.
-fn ramp_stages(cluster: bool, splits: usize) -> i32 {
-    if cluster && splits >= 8 {
-        1
-    } else {
-        0
-    }
 }
 
 // SAFETY: plain-old-data `#[repr(C)]` structs laid out like their CUDA counterparts (u64 pointers, i32, i64).
@@ -1598,7 +1583,6 @@ impl LinearW4A16Cuda {
             lo: clamp.map_or(0.0, |c| c.0),
             hi: clamp.map_or(0.0, |c| c.1),
             act: activation.code(),
-            ramp: ramp_stages(*cluster, self.splits),
         };
         // Cluster split-K and the kernel's DEPENDENT LAUNCH, each when this operator uses it.
         let launch = crate::cuda::Launch {
