@@ -854,11 +854,13 @@ __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], uint4 a, u64 des
 #define LB_ACC_OPS_8(o) LB_ACC_OPS_4(o), LB_ACC_OPS_4(o + 4)
 #define LB_ACC_OPS_16(o) LB_ACC_OPS_8(o), LB_ACC_OPS_8(o + 8)
 #define LB_ACC_OPS_32(o) LB_ACC_OPS_16(o), LB_ACC_OPS_16(o + 16)
+#define LB_ACC_OPS_48(o) LB_ACC_OPS_32(o), LB_ACC_OPS_16(o + 32)
 #define LB_ACC_OPS_64(o) LB_ACC_OPS_32(o), LB_ACC_OPS_32(o + 32)
 #define LB_ACC_TEXT_4 "%0, %1, %2, %3"
 #define LB_ACC_TEXT_8 LB_ACC_TEXT_4 ", %4, %5, %6, %7"
 #define LB_ACC_TEXT_16 LB_ACC_TEXT_8 ", %8, %9, %10, %11, %12, %13, %14, %15"
 #define LB_ACC_TEXT_32 LB_ACC_TEXT_16 ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define LB_ACC_TEXT_48 LB_ACC_TEXT_32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
 #define LB_ACC_TEXT_64 LB_ACC_TEXT_32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, " \
     "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
 #define LB_A_DESC_4 "{%4, %5, %6, %7}, %8"
@@ -869,6 +871,8 @@ __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], uint4 a, u64 des
 #define LB_PRED_16 "%21"
 #define LB_A_DESC_32 "{%32, %33, %34, %35}, %36"
 #define LB_PRED_32 "%37"
+#define LB_A_DESC_48 "{%48, %49, %50, %51}, %52"
+#define LB_PRED_48 "%53"
 #define LB_A_DESC_64 "{%64, %65, %66, %67}, %68"
 #define LB_PRED_64 "%69"
 #define LB_WGMMA_M64K16_RS(T, TYPE, N, R)                                                                    \
@@ -885,6 +889,7 @@ LB_WGMMA_M64K16_RS_BOTH(8, 4)     // the decode kernel's token tile at M <= 8 (l
 LB_WGMMA_M64K16_RS_BOTH(16, 8)    // M <= 16: the decode kernel, and the GEMM's tile for a handful of tokens
 LB_WGMMA_M64K16_RS_BOTH(32, 16)   // the decode kernel at M <= 32
 LB_WGMMA_M64K16_RS_BOTH(64, 32)   // the GEMM's 64-token tile
+LB_WGMMA_M64K16_RS_BOTH(96, 48)   // the GEMM's 96-token tile (batches of 129..192 rows without padding a 128 tile)
 LB_WGMMA_M64K16_RS_BOTH(128, 64)  // the GEMM's 128-token tile
 #undef LB_WGMMA_M64K16_RS_BOTH
 #undef LB_WGMMA_M64K16_RS
@@ -892,11 +897,13 @@ LB_WGMMA_M64K16_RS_BOTH(128, 64)  // the GEMM's 128-token tile
 #undef LB_ACC_OPS_8
 #undef LB_ACC_OPS_16
 #undef LB_ACC_OPS_32
+#undef LB_ACC_OPS_48
 #undef LB_ACC_OPS_64
 #undef LB_ACC_TEXT_4
 #undef LB_ACC_TEXT_8
 #undef LB_ACC_TEXT_16
 #undef LB_ACC_TEXT_32
+#undef LB_ACC_TEXT_48
 #undef LB_ACC_TEXT_64
 #undef LB_A_DESC_4
 #undef LB_PRED_4
@@ -907,6 +914,8 @@ LB_WGMMA_M64K16_RS_BOTH(128, 64)  // the GEMM's 128-token tile
 #undef LB_A_DESC_32
 #undef LB_PRED_32
 #undef LB_A_DESC_64
+#undef LB_A_DESC_48
+#undef LB_PRED_48
 #undef LB_PRED_64
 // clang-format on
 

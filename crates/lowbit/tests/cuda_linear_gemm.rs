@@ -259,6 +259,40 @@ fn tiny_batches_on_the_16_token_tile() {
 }
 
 #[test]
+fn the_96_token_tile() {
+    let Some(dev) = hopper() else { return };
+    // wgmma m64n96k16: token tails on both sides of 96 and 192, with and without split-K; exact integers bit-equal
+    // to the reference; bf16 on a 128-column weight (one column warpgroup, two token warpgroups) with a bias.
+    let force = |op: &mut LinearW4A16Gemm| op.force_tile_tokens(Some(96));
+    let c = Case { bias: true, ..BASE };
+    check_with::<f16>(&dev, c, &[1, 95, 96, 97, 192, 200], &[None, Some(1), Some(3)], force);
+    check_with::<f16>(
+        &dev,
+        Case { exact: true, ..c },
+        &[96, 150],
+        &[None, Some(1), Some(4)],
+        force,
+    );
+    let narrow = Case {
+        n: 384,
+        act: DType::Bf16,
+        group: 64,
+        ..c
+    };
+    check_with::<bf16>(&dev, narrow, &[33, 191], &[None, Some(2)], force);
+    // Unforced, a batch of 192 rows on a layer of 64 tiles of 256 columns takes it: two 96-token tiles cost less
+    // than two 128-token ones.
+    let wide = Case {
+        n: 16384,
+        k: 1024,
+        ..BASE
+    };
+    let mut seen = Vec::new();
+    check_with::<f16>(&dev, wide, &[192], &[None], |op| seen.push(op.variant(192).wg_tokens));
+    assert_eq!(seen, [96]);
+}
+
+#[test]
 fn bf16_narrow_tiles_k_tail_group_64_bias() {
     let Some(dev) = hopper() else { return };
     // N = 384: 128-column tiles (the token-split variant); K = 4160: a partial last k tile; g64: two groups a unit.

@@ -95,9 +95,12 @@ fn kt_us(v: &GemmVariant) -> f64 {
         _ if v.ksplit => KSPLIT_WIDE_KT_US,
         16 => 0.65,
         64 => 0.97,
+        96 => KT_96_US,
         _ => 1.42,
     }
 }
+/// The 96-token tile's k tile (`m64n96k16`, a stage of 24 KB of x and 16 KB of codes): ESTIMATE.
+const KT_96_US: f64 = 1.2;
 /// The K-split tile's k tile: 0.62 us at M = 256 on 4096 x 14336 and 0.67 at M = 64 on 4096 x 4096
 /// (`bench/results/2026-11-27-h200-gemm-trace-ksplit.txt`), not half the 64-token tile's 0.97: a stage of its size
 /// takes 0.40 us to land even with idle consumers (`w4a16-gemm.md`, "Alternate stages, and deeper wgmma queues").
@@ -491,7 +494,7 @@ unsafe impl DeviceRepr for GemmShape {}
 pub struct LinearW4A16Gemm {
     weight: Arc<DeviceW4>,
     /// The kernels by tokens per warpgroup: 64 (small batches) and 128 (large), and for a linear layer first 16
-    /// (up to [`TINY_BATCH`] rows).
+    /// (up to [`TINY_BATCH`] rows) and 96 (129..192 rows without a 128-token tile's padding).
     kernels: Vec<GemmKernel>,
     /// A linear layer's K-split tiles (the kernel's K-SPLIT TILE) by tokens, [`KSPLIT_TOKENS`] (a convolution's
     /// operator has none), which only [`LinearW4A16Gemm::run_on`] with [`GemmTile::KSplit`] (or `force_k_split`)
@@ -607,7 +610,7 @@ impl LinearW4A16Gemm {
             )
         };
         // The 16-token tile is the linear layer's: the convolution epilogue stores 32 tokens per round.
-        let tokens: &[usize] = if conv { &[64, 128] } else { &[16, 64, 128] };
+        let tokens: &[usize] = if conv { &[64, 128] } else { &[16, 64, 96, 128] };
         let kernels = tokens.iter().map(|&t| load(t)).collect::<Result<Vec<_>>>()?;
         let k_split_tokens: &[usize] = if conv { &[] } else { &KSPLIT_TOKENS };
         let k_split = k_split_tokens
@@ -677,7 +680,8 @@ impl LinearW4A16Gemm {
     }
 
     /// The 16-token kernel for a linear layer's batches of up to [`TINY_BATCH`] rows, the 64-token one up to
-    /// [`SMALL_BATCH`]; above, the kernel whose launch [`LinearW4A16Gemm::estimated_cost`] finds cheaper. A
+    /// [`SMALL_BATCH`]; above, the tile of 64, 96 or 128 tokens whose launch [`LinearW4A16Gemm::estimated_cost`] finds
+    /// cheapest. A
     /// convolution keeps the rule it was tuned with: 64 tokens when the 128-token tiles would not cover half the
     /// SMs. (The K-split tile is QuantLinear's choice, from its measured table: the cost model does not tell it
     /// apart from the 64-token tile well enough.)
@@ -699,18 +703,25 @@ impl LinearW4A16Gemm {
                 }
             }
             _ => {
+                // The cheapest of the 64-, 96- and 128-token tiles, the smaller on a tie.
                 let cost = |k: &GemmKernel| self.estimated_cost(k, m, self.split_plan_for(k, m));
-                if cost(small) <= cost(large) {
-                    64
-                } else {
-                    128
-                }
+                [small, &self.kernels[self.slot(96)], large]
+                    .into_iter()
+                    .fold((64, f64::INFINITY), |best, k| {
+                        let c = cost(k);
+                        if c < best.1 {
+                            (k.variant.wg_tokens, c)
+                        } else {
+                            best
+                        }
+                    })
+                    .0
             }
         };
         &self.kernels[self.slot(tokens)]
     }
 
-    /// Whether this operator has a tile of `tokens` per warpgroup (64 and 128 always; 16 for a linear layer).
+    /// Whether this operator has a tile of `tokens` per warpgroup (64 and 128 always; 16 and 96 for a linear layer).
     fn has_tile(&self, tokens: usize) -> bool {
         self.kernels.iter().any(|k| k.variant.wg_tokens == tokens)
     }
@@ -947,7 +958,7 @@ impl LinearW4A16Gemm {
         Ok(())
     }
 
-    /// Runs every batch on the kernel with `Some(16)` (linear), `Some(64)` or `Some(128)` tokens per warpgroup, and
+    /// Runs every batch on the kernel with `Some(16)` or `Some(96)` (linear), `Some(64)` or `Some(128)` tokens per warpgroup, and
     /// the K-split tile, where it runs, on the one of 64 or 128; `None` restores the choice by batch size
     /// (benchmarking).
     #[doc(hidden)]
@@ -1346,12 +1357,12 @@ mod tests {
     fn gemm_variants_compile_without_local_memory() {
         let mut variants = Vec::new();
         for (act, wbits) in [(DType::F16, 4), (DType::Bf16, 4), (DType::F16, 8)] {
-            let tiles = [(1, 16), (1, 64), (1, 128), (2, 16), (2, 64), (2, 128)];
+            let tiles = [(1, 16), (1, 64), (1, 96), (1, 128), (2, 16), (2, 64), (2, 96), (2, 128)];
             for (wg_n, wg_tokens) in tiles {
                 // A linear layer with zero codes; a convolution (MNN offsets, no zero codes), f16 only, on 64- and
                 // 128-token tiles.
                 for (zeros, conv) in [(true, false), (false, true)] {
-                    if !conv || (act == DType::F16 && wg_tokens != 16) {
+                    if !conv || (act == DType::F16 && (wg_tokens == 64 || wg_tokens == 128)) {
                         variants.push(GemmVariant::with_defaults(
                             act, wbits, zeros, true, conv, wg_n, wg_tokens,
                         ));
@@ -1386,8 +1397,13 @@ mod tests {
             return;
         }
         let limits = smem_limits((9, 0));
+        // `LOWBIT_VARIANTS=<text>`: only the variants whose name contains it (seconds instead of minutes).
+        let only = std::env::var("LOWBIT_VARIANTS").ok();
         for v in variants {
             let v = v.fitted(limits.per_cta);
+            if only.as_ref().is_some_and(|only| !v.name().contains(only.as_str())) {
+                continue;
+            }
             let compiled = crate::cuda::compile(v.source(), "sm_90a").unwrap();
             if let Ok(dir) = std::env::var("LOWBIT_DUMP_CUBIN") {
                 std::fs::write(format!("{dir}/{}.cubin", v.name()), &compiled.cubin).unwrap();
