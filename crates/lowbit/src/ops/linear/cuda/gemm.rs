@@ -99,8 +99,11 @@ fn kt_us(v: &GemmVariant) -> f64 {
         _ => 1.42,
     }
 }
-/// The 96-token tile's k tile (`m64n96k16`, a stage of 24 KB of x and 16 KB of codes): ESTIMATE.
-const KT_96_US: f64 = 1.2;
+/// The 96-token tile's k tile (`m64n96k16`, a stage of 24 KB of x and 16 KB of codes): the 128-token tile's scaled
+/// by their main loops' ratio in the same call, 1.14 against 1.30 us a k tile (192 x 8192 x 28672, median CTA;
+/// `bench/results/2026-11-28-h200-linear-96-token-tile/`). It then takes 129..192 rows (two tiles of 96 where the
+/// 128-token tile pads to 256) and 65..96, and leaves 256 and up to the 128-token tile.
+const KT_96_US: f64 = 1.24;
 /// The K-split tile's k tile: 0.62 us at M = 256 on 4096 x 14336 and 0.67 at M = 64 on 4096 x 4096
 /// (`bench/results/2026-11-27-h200-gemm-trace-ksplit.txt`), not half the 64-token tile's 0.97: a stage of its size
 /// takes 0.40 us to land even with idle consumers (`w4a16-gemm.md`, "Alternate stages, and deeper wgmma queues").
