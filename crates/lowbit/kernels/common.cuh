@@ -889,7 +889,7 @@ LB_WGMMA_M64K16_RS_BOTH(8, 4)     // the decode kernel's token tile at M <= 8 (l
 LB_WGMMA_M64K16_RS_BOTH(16, 8)    // M <= 16: the decode kernel, and the GEMM's tile for a handful of tokens
 LB_WGMMA_M64K16_RS_BOTH(32, 16)   // the decode kernel at M <= 32
 LB_WGMMA_M64K16_RS_BOTH(64, 32)   // the GEMM's 64-token tile
-LB_WGMMA_M64K16_RS_BOTH(96, 48)   // the GEMM's 96-token tile (batches of 129..192 rows without padding a 128 tile)
+LB_WGMMA_M64K16_RS_BOTH(96, 48)   // the GEMM's 96-token tile (65..96 and 129..192 rows, unpadded to 128)
 LB_WGMMA_M64K16_RS_BOTH(128, 64)  // the GEMM's 128-token tile
 #undef LB_WGMMA_M64K16_RS_BOTH
 #undef LB_WGMMA_M64K16_RS
@@ -913,9 +913,9 @@ LB_WGMMA_M64K16_RS_BOTH(128, 64)  // the GEMM's 128-token tile
 #undef LB_PRED_16
 #undef LB_A_DESC_32
 #undef LB_PRED_32
-#undef LB_A_DESC_64
 #undef LB_A_DESC_48
 #undef LB_PRED_48
+#undef LB_A_DESC_64
 #undef LB_PRED_64
 // clang-format on
 

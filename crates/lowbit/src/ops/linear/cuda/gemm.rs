@@ -684,9 +684,8 @@ impl LinearW4A16Gemm {
 
     /// The 16-token kernel for a linear layer's batches of up to [`TINY_BATCH`] rows, the 64-token one up to
     /// [`SMALL_BATCH`]; above, the tile of 64, 96 or 128 tokens whose launch [`LinearW4A16Gemm::estimated_cost`] finds
-    /// cheapest. A
-    /// convolution keeps the rule it was tuned with: 64 tokens when the 128-token tiles would not cover half the
-    /// SMs. (The K-split tile is QuantLinear's choice, from its measured table: the cost model does not tell it
+    /// cheapest. A convolution keeps the rule it was tuned with: 64 tokens when the 128-token tiles would not cover
+    /// half the SMs. (The K-split tile is QuantLinear's choice, from its measured table: the cost model does not tell it
     /// apart from the 64-token tile well enough.)
     fn kernel(&self, m: usize) -> &GemmKernel {
         // Only when forced: the K-split choice prices both of its tiles, work every launch would otherwise repeat.
@@ -706,19 +705,16 @@ impl LinearW4A16Gemm {
                 }
             }
             _ => {
-                // The cheapest of the 64-, 96- and 128-token tiles, the smaller on a tie.
-                let cost = |k: &GemmKernel| self.estimated_cost(k, m, self.split_plan_for(k, m));
-                [small, &self.kernels[self.slot(96)], large]
+                // The cheapest of the 64-, 96- and 128-token tiles; min_by keeps the first, the smaller, on a tie.
+                let cost = |tokens| {
+                    let k = &self.kernels[self.slot(tokens)];
+                    self.estimated_cost(k, m, self.split_plan_for(k, m))
+                };
+                [64, 96, 128]
+                    .map(|tokens| (tokens, cost(tokens)))
                     .into_iter()
-                    .fold((64, f64::INFINITY), |best, k| {
-                        let c = cost(k);
-                        if c < best.1 {
-                            (k.variant.wg_tokens, c)
-                        } else {
-                            best
-                        }
-                    })
-                    .0
+                    .min_by(|a, b| a.1.total_cmp(&b.1))
+                    .map_or(64, |(tokens, _)| tokens)
             }
         };
         &self.kernels[self.slot(tokens)]
@@ -961,9 +957,9 @@ impl LinearW4A16Gemm {
         Ok(())
     }
 
-    /// Runs every batch on the kernel with `Some(16)` or `Some(96)` (linear), `Some(64)` or `Some(128)` tokens per warpgroup, and
-    /// the K-split tile, where it runs, on the one of 64 or 128; `None` restores the choice by batch size
-    /// (benchmarking).
+    /// Runs every batch on the kernel with `Some(16)` or `Some(96)` (linear), `Some(64)` or `Some(128)` tokens per
+    /// warpgroup, and the K-split tile, where it runs, on the one of 64 or 128; `None` restores the choice by batch
+    /// size (benchmarking).
     #[doc(hidden)]
     pub fn force_tile_tokens(&mut self, tokens: Option<usize>) {
         self.forced_tokens = tokens;
