@@ -104,9 +104,6 @@
 #ifndef LB_EXP_NO_FIXUP
 #define LB_EXP_NO_FIXUP 0
 #endif
-#ifndef LB_EXP_PAD  // static shared bytes that keep a lighter variant at two CTAs per SM
-#define LB_EXP_PAD 0
-#endif
 
 namespace lowbit {
 namespace w4a16 {
@@ -658,10 +655,6 @@ struct Linear {
 
     __device__ static void run(const TensorMap* xmap, const Args& a, const Shape& s) {
         extern __shared__ __align__(128) char smem_raw[];
-#if LB_EXP_PAD
-        __shared__ volatile char pad[LB_EXP_PAD];
-        if (threadIdx.x == 0 && s.M < 0) pad[0] = 1;
-#endif
         char* smem = smem_raw + (WGMMA ? (1024 - (smem_addr(smem_raw) & 1023)) & 1023 : 0);
         const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
         const int units = s.NT * s.KT;
