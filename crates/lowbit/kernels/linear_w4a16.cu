@@ -90,21 +90,6 @@
 // kernels at the bottom.
 #include "common.cuh"
 
-// EXPERIMENT (decomposing the M = 1 gap; results wrong on purpose where set): skip the mma warps' math, the scale
-// and zero copies, the x copies, or the fix-up (partial tiles stored as if whole).
-#ifndef LB_EXP_NO_MATH
-#define LB_EXP_NO_MATH 0
-#endif
-#ifndef LB_EXP_NO_PARAMS
-#define LB_EXP_NO_PARAMS 0
-#endif
-#ifndef LB_EXP_NO_X
-#define LB_EXP_NO_X 0
-#endif
-#ifndef LB_EXP_NO_FIXUP
-#define LB_EXP_NO_FIXUP 0
-#endif
-
 namespace lowbit {
 namespace w4a16 {
 
@@ -611,12 +596,11 @@ struct Linear {
         const size_t row0 = (size_t)nt * s.GP + g_lo;
         // x: the tensor copy's box, M rows of X_PITCH (the padding columns come from the next unit or are zeros);
         // WGMMA: two boxes of M rows of 64 k.
-        const u32 x_bytes = LB_EXP_NO_X ? 0 : WGMMA ? 2 * s.M * 128 : s.M * (X_PITCH * 2);
-        const u32 bytes = W_BYTES + x_bytes + (LB_EXP_NO_PARAMS ? 0 : rows * (N_CTA * 2 + Z_ROW_BYTES));
+        const u32 x_bytes = WGMMA ? 2 * s.M * 128 : s.M * (X_PITCH * 2);
+        const u32 bytes = W_BYTES + x_bytes + rows * (N_CTA * 2 + Z_ROW_BYTES);
         if (lane == 0) {
             mbar_arrive_expect_tx(full, bytes);
             bulk_copy(stage, a.qweight + (size_t)u * (W_BYTES / 16), W_BYTES, full);
-            if (LB_EXP_NO_PARAMS) return;
             bulk_copy(stage + W_BYTES + X_BYTES, a.scales + row0 * N_CTA, rows * (N_CTA * 2), full);
             if (Z_ROW_BYTES > 0)
                 bulk_copy(stage + W_BYTES + X_BYTES + S_BYTES, a.zeros + row0 * Z_ROW_BYTES, rows * Z_ROW_BYTES, full);
@@ -627,7 +611,7 @@ struct Linear {
     // kernel's time grew by 0.7 us per row from M = 9 to 16).
     __device__ static void issue_x(const TensorMap* xmap, const Shape& s, char* stage, u32 full, int u, int lane) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        if (lane == 0 && !LB_EXP_NO_X) {
+        if (lane == 0) {
             const int k0 = (u % s.KT) * K_TILE;
             tma_load_2d(smem_addr(stage + W_BYTES), xmap, k0, 0, full);
             // WGMMA: box b holds k0 + 64 b .. + 63, M rows of 128 bytes, M_ROWS rows apart.
@@ -757,7 +741,7 @@ struct Linear {
                 if (++ld_buf == STAGES) ld_buf = 0;
             }
 
-            if (!LB_EXP_NO_MATH) compute_stage(stages + buf * STAGE_BYTES, s, kt, warp, lane, acc);
+            compute_stage(stages + buf * STAGE_BYTES, s, kt, warp, lane, acc);
             if constexpr (TMA) mbar_arrive(bars + (STAGES + buf) * 8);  // this thread is done reading the stage
             if (++buf == STAGES) buf = 0, phase ^= 1;
 
@@ -766,7 +750,7 @@ struct Linear {
                 if (s.cluster) {  // the CTA's one segment, a split of its cluster's tile
                     cluster_reduce(a, s, stages + (RECEIVE ? RECEIVE_OFFSET : 0), nt, blockIdx.x % s.splits,
                                    warp, lane, tid, acc);
-                } else if (LB_EXP_NO_FIXUP || (seg_start <= 0 && kt == s.KT - 1)) {
+                } else if (seg_start <= 0 && kt == s.KT - 1) {
                     store_output(a, s, nt, warp, lane, acc);
                 } else {
                     fixup(a, s, nt, seg_start >= 0, warp, lane, acc);
