@@ -502,7 +502,7 @@ fn stream_k_in_later_waves() {
 }
 
 /// Cluster split-K (the partials meet in the cluster's shared memory) at every split count, on the default
-/// shapes that pick it (4096 x 4096: 16 tiles x 8 splits on 132 SMs) and forced on odd ones: narrow tiles, K not
+/// shapes that pick it (4096 x 4096: 16 tiles x 8 splits on 132 SMs; 112 tiles x 2 at two per SM) and forced on odd ones: narrow tiles, K not
 /// a multiple of the split count's units, groups inside units, act-order, bias. check_case also checks batch
 /// invariance (every M against the 64-row call) and byte-identical repeats; exact-integer data checks the sum.
 #[test]
@@ -583,6 +583,30 @@ fn cluster_split_k() {
             true,
             Data::Random { x_scale: 1.0 },
             Some(8),
+        ),
+        // 112 tiles (8192 x 28672's width): on an H200 two splits at two CTAs per SM, by default; M > 16 then
+        // takes the global fix-up of the same partition, in two waves.
+        (
+            28672,
+            512,
+            128,
+            DType::F16,
+            true,
+            false,
+            true,
+            Data::ExactInteger,
+            None,
+        ),
+        (
+            27136,
+            768,
+            128,
+            DType::Bf16,
+            true,
+            true,
+            false,
+            Data::Random { x_scale: 1.0 },
+            None,
         ),
     ] {
         let case = Case {

@@ -913,12 +913,14 @@ pub struct Tuning {
 
 /// The split count of cluster split-K for a weight of `n_tiles` x `k_tiles` units of `code_bits`-bit codes on `sms`
 /// SMs (the decode kernel's CLUSTER SPLIT-K), or 1 for stream-K: the largest of 8, 4, 2 whose tiles x splits CTAs
-/// fit on the SMs one each and fill at least 80% of them, with at least two units per split; failing that, for
-/// 8-bit codes, the same at two CTAs per SM. Small layers (4096 x 4096: 16 tiles x 8) and 4096 x 14336 (56 x 2)
-/// get it; wide int4 ones stay on stream-K, whose balance no split count matches. Shape only (batch invariance).
+/// fit on the SMs one each and fill at least 80% of them, with at least two units per split; failing that, the same
+/// at two CTAs per SM. Small layers (4096 x 4096: 16 tiles x 8), 4096 x 14336 (56 x 2) and 8192 x 28672 (112 x 2, two
+/// per SM) get it; wider ones stay on stream-K. Shape only (batch invariance).
 /// H200, M = 1, µs against stream-K: 4096 x 14336 int4 at 2 splits 15.1 against 17.9 (85% of the SMs: a 90%
 /// rule had refused it), int8 19.4 against 26.0; 8192 x 28672 int8 at 2 splits, two CTAs per SM, 62.0 against
-/// 66.7, where int4 gains nothing (39.4 against 39.5) and loses at M = 16.
+/// 66.7. 8192 x 28672 int4 at 2 splits, two per SM: 32.7-33.0 against 35.4 at M = 1, 39.9-40.0 against 39.7-40.3
+/// at M = 16 (`bench/results/2026-11-29-h200-decode-decomposition/`; at stop 37, before the x tensor copy and the
+/// later main-loop work, it had gained nothing).
 ///
 /// 8-bit codes first try 4 splits, when their CTAs fill between 80% of one wave and two whole waves of two CTAs per
 /// SM (`bench/results/2026-11-27-h200-linear-w8-splits.jsonl`, M = 1 / 4, µs, back-to-back launches):
@@ -935,7 +937,7 @@ pub fn cluster_splits(n_tiles: usize, k_tiles: usize, sms: usize, code_bits: usi
         let four = (n_tiles * 4 <= 2 * two_per_sm && fills(4, two_per_sm)).then_some(4);
         return four.or_else(|| fill(sms)).or_else(|| fill(two_per_sm)).unwrap_or(1);
     }
-    fill(sms).unwrap_or(1)
+    fill(sms).or_else(|| fill(two_per_sm)).unwrap_or(1)
 }
 
 /// CTAs per SM for a weight of `units` (128-k x tile-width pieces) on `sms` SMs: two when each CTA still gets at
@@ -1885,7 +1887,8 @@ mod tests {
             (16, 32, 4, 8),  // 4096 x 4096
             (56, 32, 4, 2),  // 4096 x 14336
             (16, 112, 4, 8), // 14336 x 4096
-            (112, 64, 4, 1), // 8192 x 28672: stream-K
+            (112, 64, 4, 2), // 8192 x 28672: two per SM
+            (140, 64, 4, 1), // wider: stream-K
             (16, 32, 8, 8),  // int8 4096 x 4096
             (56, 32, 8, 4),  // int8 4096 x 14336: one cluster of 4 per tile
             (112, 64, 8, 4), // int8 8192 x 28672: 448 CTAs, the global fix-up
