@@ -85,9 +85,17 @@
 //   128-byte swizzle): 8192 x 28672 at M = 32 takes 62-63 us against 67-68 (H200). At M <= 16 the two are within
 //   noise of each other or mma.sync is faster (compute_stage_wgmma). Same products, same sums, same bits.
 //
+// * GATHERED TILES (GATHER; int4, groups of 128 k or more). 8192 x 28672 has 112 tiles of 256 columns: two splits
+//   make 224 CTAs and leave 40 SMs one CTA, so the busiest SMs move 18% more than their share; stream-K balances
+//   the bytes but pays a global fix-up (H200: ~5 us of a 35 us launch). A kernel tile of WARPS = 7 warps (224
+//   columns) gives 128 tiles, 256 CTAs in clusters of two, two per SM on 128 SMs. The weight keeps its 256-column
+//   units: kernel tile nt is the 32-column slices [7 nt, 7 nt + 7) of the stored ones, which lie in one stored
+//   tile or run into the next. Each is a warp's contiguous 2 KB of a unit (and its 64 bytes of scales, 16 of
+//   zeros, of a row), so a stage is at most two copies of each, landing where a 224-column unit would have them.
+//
 // The host prepends the #defines selecting one variant (LB_DTYPE, LB_MT, LB_ZEROS, LB_OFFSETS, LB_WARPS, LB_STAGES,
-// LB_TMA, LB_MIN_BLOCKS, LB_UNIT_GROUPS, LB_RECEIVE, LB_WBITS, LB_WGMMA, LB_ACTIVATION) and launches the extern "C"
-// kernels at the bottom.
+// LB_TMA, LB_MIN_BLOCKS, LB_UNIT_GROUPS, LB_RECEIVE, LB_WBITS, LB_WGMMA, LB_ACTIVATION, LB_GATHER) and launches the
+// extern "C" kernels at the bottom.
 #include "common.cuh"
 
 namespace lowbit {
@@ -146,7 +154,7 @@ __device__ __forceinline__ float finish(const Shape& s, float v) {
 // OFFSETS: each weight is (q - midpoint)·s + o with a real per-group offset o (a convolution's per-block weights,
 // routed here at batch 1: see OFFSETS below); the zero rows of a stage then hold the offsets, in T like the scales.
 template <class T, int MT, bool HAS_ZEROS, bool OFFSETS, int WARPS, int STAGES, bool TMA, bool UNIT_GROUPS,
-          bool RECEIVE, int WBITS, bool WGMMA, bool ACTIVATION>
+          bool RECEIVE, int WBITS, bool WGMMA, bool ACTIVATION, bool GATHER>
 struct Linear {
     static_assert(WBITS == 4 || (WBITS == 8 && T::MAGIC == F16::MAGIC), "int8 codes: fp16 activations only");
     static_assert(!OFFSETS || (!HAS_ZEROS && MT <= 2), "offsets: symmetric codes, M <= 16");
@@ -157,6 +165,8 @@ struct Linear {
     static_assert(!ACTIVATION || (!OFFSETS && !WGMMA && MT <= 2), "activation: mma.sync variants of M <= 16");
     static_assert(!WGMMA || (TMA && !OFFSETS && MT <= 4 && WARPS % 4 == 0),
                   "wgmma: the TMA pipeline, no offsets, M <= 32, whole warpgroups");
+    static_assert(!GATHER || (WARPS < 8 && UNIT_GROUPS && !OFFSETS && WBITS == 4),
+                  "gathered tiles: fewer warps than the stored 8, int4 with zeros or none, groups of 128 k or more");
     static constexpr int THREADS = WARPS * 32;           // consumer (mma) threads
     static constexpr int BLOCK = THREADS + (TMA ? 32 : 0);  // + one producer warp issuing the TMA copies
     static constexpr int N_CTA = WARPS * WARP_N;
@@ -176,6 +186,10 @@ struct Linear {
     static constexpr int STAGE_ALIGN = WGMMA ? 1024 : 128;
     static constexpr int STAGE_BYTES = (W_BYTES + X_BYTES + S_BYTES + Z_BYTES + STAGE_ALIGN - 1) / STAGE_ALIGN * STAGE_ALIGN;
     static_assert(W_BYTES % STAGE_ALIGN == 0, "the x rows of a stage must stay aligned");
+    // GATHER: the stored units' warps (256 columns), and one warp's share of a unit / of a scale or zero row.
+    static constexpr int STORED_WARPS = GATHER ? 8 : WARPS;
+    static constexpr int CHUNK = W_BYTES / WARPS;
+    static constexpr int S_CHUNK = WARP_N * 2, Z_CHUNK = WARP_N * WBITS / 8;
     // fp32 partial sums of one split tile, in accumulator-fragment order (see write_partial).
     static constexpr int SLOT_FLOATS = N_CTA * M_ROWS;
     // Stages, then (TMA) one full and one empty mbarrier per stage, then (RECEIVE) cluster_reduce's area.
@@ -196,6 +210,12 @@ struct Linear {
         u64* trace;            // diagnostics, normally null: TRACE_SLOTS timestamps per CTA (common.cuh, Trace)
     };
 
+    // GATHERED TILES: where slice j (a warp's 32 columns) of kernel tile nt is stored: (stored tile, warp).
+    __device__ static __forceinline__ int2 stored_slice(int nt, int j) {
+        const int slice = nt * WARPS + j;
+        return make_int2(slice / STORED_WARPS, slice % STORED_WARPS);
+    }
+
     // CTA c streams units [unit_begin(c), unit_begin(c + 1)) (common.cuh's STREAM-K partition).
     __device__ static __forceinline__ int unit_begin(int c, int units, int ctas) {
         return (int)stream_unit_begin(c, units, ctas);
@@ -206,9 +226,20 @@ struct Linear {
     __device__ static __forceinline__ void load_stage(const Args& a, const Shape& s, char* stage, int u, int nt,
                                                       int kt, int tid) {
         // Weights: the unit is contiguous, W_BYTES / 16 chunks of 16 B, THREADS consecutive chunks per pass.
-        const uint4* wsrc = a.qweight + (size_t)u * (W_BYTES / 16) + tid;
+        if constexpr (GATHER) {
 #pragma unroll
-        for (int j = 0; j < W_BYTES / 16 / THREADS; ++j) cp_async16(stage + (tid + j * THREADS) * 16, wsrc + j * THREADS);
+            for (int j = 0; j < W_BYTES / 16 / THREADS; ++j) {
+                const int c = tid + j * THREADS, i = c % (CHUNK / 16);
+                const int2 at = stored_slice(nt, c / (CHUNK / 16));
+                cp_async16(stage + c * 16,
+                           a.qweight + ((size_t)(at.x * s.KT + kt) * STORED_WARPS + at.y) * (CHUNK / 16) + i);
+            }
+        } else {
+            const uint4* wsrc = a.qweight + (size_t)u * (W_BYTES / 16) + tid;
+#pragma unroll
+            for (int j = 0; j < W_BYTES / 16 / THREADS; ++j)
+                cp_async16(stage + (tid + j * THREADS) * 16, wsrc + j * THREADS);
+        }
         // x: 16 chunks of 8 elements per valid row; thread tid takes chunk tid % 16 of rows tid / 16 + i * (THREADS /
         // 16). Chunks past K are zero-filled without reading.
         const int k0 = kt * K_TILE;
@@ -230,6 +261,19 @@ struct Linear {
         const size_t row0 = (size_t)nt * s.GP + g_lo;
         char* ss = stage + W_BYTES + X_BYTES;
         constexpr int S_CHUNKS = N_CTA * 2 / 16;  // per row
+        if constexpr (GATHER) {  // UNIT_GROUPS: one row; a warp's 64 bytes of scales, 16 of zeros
+            for (int c = tid; c < S_CHUNKS; c += THREADS) {
+                const int2 at = stored_slice(nt, c / (S_CHUNK / 16));
+                cp_async16(ss + c * 16, a.scales + ((size_t)at.x * s.GP + g_lo) * (STORED_WARPS * WARP_N) +
+                                            at.y * WARP_N + c % (S_CHUNK / 16) * 8);
+            }
+            if (Z_ROW_BYTES > 0 && tid < WARPS) {
+                const int2 at = stored_slice(nt, tid);
+                cp_async16(ss + S_BYTES + tid * 16,
+                           a.zeros + ((size_t)at.x * s.GP + g_lo) * (STORED_WARPS * Z_CHUNK) + at.y * Z_CHUNK);
+            }
+            return;
+        }
         for (int c = tid; c < rows * S_CHUNKS; c += THREADS)
             cp_async16(ss + c * 16, a.scales + row0 * N_CTA + c * 8);  // rows are contiguous in both places
         if (Z_ROW_BYTES > 0) {
@@ -598,6 +642,29 @@ struct Linear {
         // WGMMA: two boxes of M rows of 64 k.
         const u32 x_bytes = WGMMA ? 2 * s.M * 128 : s.M * (X_PITCH * 2);
         const u32 bytes = W_BYTES + x_bytes + rows * (N_CTA * 2 + Z_ROW_BYTES);
+        if constexpr (GATHER) {
+            // Slices [0, first) from stored tile at.x (from its warp at.y), the rest from the start of the next.
+            const int2 at = stored_slice(nt, 0);
+            const int first = min(WARPS, STORED_WARPS - at.y);
+            if (lane == 0) {
+                mbar_arrive_expect_tx(full, bytes);
+                for (int part = 0; part < 2; ++part) {
+                    const int t = at.x + part, w = part ? 0 : at.y, j = part ? first : 0;
+                    const int n = part ? WARPS - first : first;
+                    if (n == 0) break;
+                    const int kt = u - nt * s.KT;
+                    const size_t row = (size_t)t * s.GP + g_lo;
+                    bulk_copy(stage + j * CHUNK, a.qweight + ((size_t)(t * s.KT + kt) * STORED_WARPS + w) * (CHUNK / 16),
+                              n * CHUNK, full);
+                    bulk_copy(stage + W_BYTES + X_BYTES + j * S_CHUNK,
+                              a.scales + row * (STORED_WARPS * WARP_N) + w * WARP_N, n * S_CHUNK, full);
+                    if (Z_ROW_BYTES > 0)
+                        bulk_copy(stage + W_BYTES + X_BYTES + S_BYTES + j * Z_CHUNK,
+                                  a.zeros + row * (STORED_WARPS * Z_CHUNK) + w * Z_CHUNK, n * Z_CHUNK, full);
+                }
+            }
+            return;
+        }
         if (lane == 0) {
             mbar_arrive_expect_tx(full, bytes);
             bulk_copy(stage, a.qweight + (size_t)u * (W_BYTES / 16), W_BYTES, full);
@@ -800,13 +867,16 @@ struct Linear {
 #ifndef LB_ACTIVATION
 #define LB_ACTIVATION 0
 #endif
+#ifndef LB_GATHER
+#define LB_GATHER 0
+#endif
 #if LB_TMA && __CUDA_ARCH__ < 900
 #error "the TMA pipeline (LB_TMA) needs sm_90: select LB_TMA 0 for older GPUs"
 #endif
 
 typedef lowbit::w4a16::Linear<lowbit::LB_DTYPE, LB_MT, LB_ZEROS != 0, LB_OFFSETS != 0, LB_WARPS, LB_STAGES,
                               LB_TMA != 0, LB_UNIT_GROUPS != 0, LB_RECEIVE != 0, LB_WBITS, LB_WGMMA != 0,
-                              LB_ACTIVATION != 0>
+                              LB_ACTIVATION != 0, LB_GATHER != 0>
     LinearVariant;
 
 extern "C" __global__ void __launch_bounds__(LinearVariant::BLOCK, LB_MIN_BLOCKS)

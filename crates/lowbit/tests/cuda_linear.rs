@@ -55,6 +55,8 @@ struct Case {
     splits: Option<usize>,
     /// wgmma (true) or mma.sync (false) forced where a variant can take either; `None` = the default.
     wgmma: Option<bool>,
+    /// GATHERED TILES forced on or off; `None` = the per-shape default.
+    gather: Option<bool>,
 }
 
 impl Case {
@@ -75,6 +77,7 @@ impl Case {
             ctas: None,
             splits: None,
             wgmma: None,
+            gather: None,
         }
     }
 }
@@ -290,6 +293,7 @@ fn check_case_bits<T: Float + DeviceRepr>(dev: &CudaDevice, rng: &mut Rng, c: &C
         ctas: c.ctas,
         splits: c.splits,
         wgmma: c.wgmma,
+        gather: c.gather,
         ..Tuning::default()
     };
     let packed = if bits == 8 {
@@ -400,6 +404,7 @@ fn matches_reference_across_shapes_and_batches() {
                     ctas: None,
                     splits: None,
                     wgmma: None,
+                    gather: None,
                 };
                 dispatch(&dev, &mut rng, &case);
             }
@@ -586,17 +591,7 @@ fn cluster_split_k() {
         ),
         // 112 tiles (8192 x 28672's width): on an H200 two splits at two CTAs per SM, by default; M > 16 then
         // takes the global fix-up of the same partition, in two waves.
-        (
-            28672,
-            512,
-            128,
-            DType::F16,
-            true,
-            false,
-            true,
-            Data::ExactInteger,
-            None,
-        ),
+        (28672, 512, 128, DType::F16, true, false, true, Data::ExactInteger, None),
         (
             27136,
             768,
@@ -615,6 +610,55 @@ fn cluster_split_k() {
             bias,
             data,
             splits,
+            ..Case::new(n, k, group, act)
+        };
+        dispatch(&dev, &mut rng, &case);
+    }
+}
+
+/// GATHERED TILES forced on small layers: kernel tiles of 7 or 6 warps cut out of 256-column units, so tiles run
+/// from one stored tile into the next at every offset; N padded; per channel; act-order; bf16; with and without
+/// zeros. check_case covers every M (the one-CTA-per-SM variants above 16 rows reduce the two splits through
+/// global memory, the cp.async variant of 64 rows gathers with every thread) against the reference, the 64-row call
+/// and a repeat.
+#[test]
+fn gathered_tiles() {
+    let Some(dev) = device() else { return };
+    if dev.info().compute_capability.0 < 9 {
+        println!("skipped: gathered tiles run as cluster split-K, which needs sm_90");
+        return;
+    }
+    let mut rng = Rng(0x9a7e_7ed);
+    for (n, k, group, act, zeros, act_order, bias, data) in [
+        (1792, 1024, 128, DType::F16, true, false, true, Data::ExactInteger),
+        (
+            1920,
+            640,
+            128,
+            DType::Bf16,
+            true,
+            true,
+            false,
+            Data::Random { x_scale: 1.0 },
+        ),
+        (
+            1700,
+            2048,
+            2048,
+            DType::F16,
+            false,
+            false,
+            true,
+            Data::Random { x_scale: 100.0 },
+        ),
+        (1792, 1536, 256, DType::Bf16, false, false, false, Data::ExactInteger),
+    ] {
+        let case = Case {
+            zeros,
+            act_order,
+            bias,
+            data,
+            gather: Some(true),
             ..Case::new(n, k, group, act)
         };
         dispatch(&dev, &mut rng, &case);

@@ -141,6 +141,14 @@ pub fn run(args: &BenchArgs, sink: &mut Sink) -> Result<()> {
         };
         variants.push((format!("lowbit_wg{value}"), tuning));
     }
+    // LOWBIT_BENCH_GATHER=0,1: the decode kernel's GATHERED TILES forced off (0) or on (1).
+    for value in list_var("LOWBIT_BENCH_GATHER")? {
+        let tuning = Tuning {
+            gather: Some(value != 0),
+            ..Tuning::default()
+        };
+        variants.push((format!("lowbit_gather{value}"), tuning));
+    }
     // LOWBIT_BENCH_TMA=0: the decode kernel's cp.async pipeline (the one before Hopper) where a TMA variant exists.
     for value in list_var("LOWBIT_BENCH_TMA")? {
         let tuning = Tuning {

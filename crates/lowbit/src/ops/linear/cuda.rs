@@ -669,6 +669,9 @@ pub struct Variant {
     pub wgmma: bool,
     /// The stores apply `Shape::act`, QuantLinear's activation (see `Variant::can_fuse_activation`).
     pub activation: bool,
+    /// GATHERED TILES: a kernel tile of `warps` < 8 warps reads its 32-column slices out of the weight's stored
+    /// 256-column units (see [`gathered_tile_warps`]).
+    pub gather: bool,
 }
 
 impl Variant {
@@ -706,6 +709,7 @@ impl Variant {
             wbits: 4,
             wgmma: false,
             activation: false,
+            gather: false,
         }
     }
 
@@ -776,7 +780,7 @@ impl Variant {
 
     fn name(&self) -> String {
         format!(
-            "linear_w4a16_{}_b{}_m{}_z{}{}_g{}_w{}_s{}_{}{}{}{}{}",
+            "linear_w4a16_{}_b{}_m{}_z{}{}_g{}_w{}_s{}_{}{}{}{}{}{}",
             self.act.name(),
             self.wbits,
             self.mt,
@@ -789,7 +793,8 @@ impl Variant {
             self.min_blocks,
             if self.receive { "_recv" } else { "" },
             if self.wgmma { "_wgmma" } else { "" },
-            if self.activation { "_act" } else { "" }
+            if self.activation { "_act" } else { "" },
+            if self.gather { "_gather" } else { "" }
         )
     }
 
@@ -801,7 +806,8 @@ impl Variant {
                 format!(
                 "#define LB_DTYPE {}\n#define LB_MT {}\n#define LB_ZEROS {}\n#define LB_WARPS {}\n#define LB_STAGES {}\n\
                  #define LB_TMA {}\n#define LB_MIN_BLOCKS {}\n#define LB_UNIT_GROUPS {}\n#define LB_RECEIVE {}\n\
-                 #define LB_WBITS {}\n#define LB_OFFSETS {}\n#define LB_WGMMA {}\n#define LB_ACTIVATION {}\n",
+                 #define LB_WBITS {}\n#define LB_OFFSETS {}\n#define LB_WGMMA {}\n#define LB_ACTIVATION {}\n\
+                 #define LB_GATHER {}\n",
                 if self.act == DType::Bf16 { "BF16" } else { "F16" },
                 self.mt,
                 u8::from(self.zeros),
@@ -814,7 +820,8 @@ impl Variant {
                 self.wbits,
                 u8::from(self.offsets),
                 u8::from(self.wgmma),
-                u8::from(self.activation)
+                u8::from(self.activation),
+                u8::from(self.gather)
             ) + &crate::cuda::experiment_defines("LOWBIT_DECODE_DEFINES")
             },
             SOURCE,
@@ -909,6 +916,9 @@ pub struct Tuning {
     /// Force wgmma (true) or mma.sync (false) in the variants that can take either ([`Variant::wgmma`]; default:
     /// wgmma for 17..32 rows on sm_90).
     pub wgmma: Option<bool>,
+    /// Force GATHERED TILES on (the widest of 7, 6, 5 warps whose tiles divide the weight; an error where none
+    /// does or the weight cannot take them) or off; default: [`gathered_tile_warps`]. On, the split count is 2.
+    pub gather: Option<bool>,
 }
 
 /// The split count of cluster split-K for a weight of `n_tiles` x `k_tiles` units of `code_bits`-bit codes on `sms`
@@ -938,6 +948,19 @@ pub fn cluster_splits(n_tiles: usize, k_tiles: usize, sms: usize, code_bits: usi
         return four.or_else(|| fill(sms)).or_else(|| fill(two_per_sm)).unwrap_or(1);
     }
     fill(sms).or_else(|| fill(two_per_sm)).unwrap_or(1)
+}
+
+/// GATHERED TILES (the decode kernel's header): the warps of a kernel tile narrower than the stored 256 columns whose
+/// tiles, split in two, fill at least 95% of two CTAs per SM where the stored tiles leave more slots empty; `None`
+/// for the stored tiles. Shape only (batch invariance). 8192 x 28672 (896 slices of 32 columns): 7 warps, 128 tiles,
+/// 256 CTAs, against 112 x 2 = 224. `fill`: 0.95, or 0 when forced (any divisor).
+pub fn gathered_tile_warps(slices: usize, k_tiles: usize, sms: usize, fill: f64) -> Option<usize> {
+    let slots = 2 * sms;
+    let stored = 2 * slices / 8;
+    [7, 6, 5].into_iter().find(|&w| {
+        let ctas = 2 * slices / w;
+        slices % w == 0 && k_tiles >= 4 && ctas <= slots && ctas as f64 >= fill * slots as f64 && ctas > stored
+    })
 }
 
 /// CTAs per SM for a weight of `units` (128-k x tile-width pieces) on `sms` SMs: two when each CTA still gets at
@@ -1140,6 +1163,8 @@ pub struct LinearW4A16Cuda {
     stage_x: CudaFunction,
     /// Cluster split-K's split count (CTAs per tile), or 1: stream-K over `ctas` CTAs.
     splits: usize,
+    /// The kernel's tiles along N: the plan's, or GATHERED TILES' ([`gathered_tile_warps`]).
+    tiles: usize,
     /// Diagnostics: device address of a per-CTA timeline buffer, or 0 ([`LinearW4A16Cuda::set_trace`]).
     trace: u64,
     /// Launch as the programmatic dependent of the stream's previous kernel (the kernel's DEPENDENT LAUNCH; sm_90),
@@ -1213,7 +1238,37 @@ impl LinearW4A16Cuda {
         // TMA bulk copies, mbarrier transaction counts and clusters are sm_90 features.
         let cc = device.info().compute_capability;
         let (tma_supported, limits) = (cc.0 >= 9, smem_limits(cc));
+        // GATHERED TILES: int4 in 256-column units with one scale row per unit, no offsets, on sm_90.
+        let gather_ok = tma_supported
+            && plan.code_bits == 4
+            && plan.warps == 8
+            && plan.group % K_TILE == 0
+            && weight.offsets.is_none()
+            && tuning.splits.is_none_or(|s| s == 2);
+        let slices = plan.n_tiles() * plan.warps;
+        let gather_warps = match tuning.gather {
+            Some(true) => Some(
+                gathered_tile_warps(slices, plan.k_tiles(), usize::MAX / 4, 0.0)
+                    .filter(|_| gather_ok)
+                    .ok_or_else(|| {
+                        Error::invalid(
+                            "gather",
+                            true,
+                            "needs sm_90, int4 codes in 256-column tiles, groups of 128 k or more, no offsets, \
+                             2 splits, and 7, 6 or 5 dividing the 32-column slices",
+                        )
+                    })?,
+            ),
+            Some(false) => None,
+            None if gather_ok => gathered_tile_warps(slices, plan.k_tiles(), sms, 0.95),
+            None => None,
+        };
+        let (tiles, warps) = match gather_warps {
+            Some(w) => (slices / w, w),
+            None => (plan.n_tiles(), plan.warps),
+        };
         let splits = match tuning.splits {
+            _ if gather_warps.is_some() => 2,
             Some(s @ (1 | 2 | 4 | 8)) if s <= plan.k_tiles() && (s == 1 || tma_supported) => s,
             Some(s) => {
                 return Err(Error::invalid(
@@ -1244,7 +1299,8 @@ impl LinearW4A16Cuda {
         // The largest launch: a chunk of MAX_M rows.
         let launch_m = max_m.min(MAX_M);
         for mt in [1, 2, 4, 8].into_iter().filter(|&mt| mt == 1 || 8 * mt / 2 < launch_m) {
-            let mut variant = Variant::default_for(act, mt, zeros, unit_groups, plan.warps, ctas_per_sm);
+            let mut variant = Variant::default_for(act, mt, zeros, unit_groups, warps, ctas_per_sm);
+            variant.gather = gather_warps.is_some();
             // M = 64 has no TMA variant (registers); nothing before sm_90 has.
             variant.tma = variant.tma && tma_supported && tuning.tma.unwrap_or(true);
             variant.receive = splits > 1;
@@ -1253,8 +1309,7 @@ impl LinearW4A16Cuda {
             // serves M = 17..32, where mma.sync issues four mmas per fragment (H200, 8192 x 28672 at M = 32: 62-63
             // against 67-68 us); at M <= 16 the two read within noise of each other or mma.sync wins
             // (docs/notes/w4a16-decode.md, "wgmma").
-            variant.wgmma =
-                variant.tma && cc.0 == 9 && plan.warps % 4 == 0 && mt <= 4 && tuning.wgmma.unwrap_or(mt == 4);
+            variant.wgmma = variant.tma && cc.0 == 9 && warps % 4 == 0 && mt <= 4 && tuning.wgmma.unwrap_or(mt == 4);
             if weight.offsets.is_some() {
                 variant = variant.with_offsets();
             }
@@ -1268,16 +1323,16 @@ impl LinearW4A16Cuda {
             kernels.push((variant, function, false));
         }
         for (v, f, cluster) in &mut kernels {
-            *cluster = runs_as_clusters(v, f, splits, plan.n_tiles());
+            *cluster = runs_as_clusters(v, f, splits, tiles);
         }
         let ctas = match splits {
             1 => tuning.ctas.unwrap_or(ctas_per_sm * sms).clamp(1, units),
-            _ => plan.n_tiles() * splits,
+            _ => tiles * splits,
         };
         let stage_x = device.function(kernels[0].0.source(), "w4a16_stage_x")?;
         let counters = device
             .stream()
-            .alloc_zeros(plan.n_tiles() * plan.warps)
+            .alloc_zeros(tiles * warps)
             .map_err(|e| crate::cuda::cuda_error("split-tile counters", e))?;
         Ok(Self {
             ctas,
@@ -1289,6 +1344,7 @@ impl LinearW4A16Cuda {
             act,
             max_m,
             splits,
+            tiles,
             trace: 0,
             dependent_launch: tma_supported && tuning.dependent_launch.unwrap_or(ctas * 20 >= sms * 19),
         })
@@ -1345,7 +1401,7 @@ impl LinearW4A16Cuda {
         for variant in twins {
             let function =
                 device.function_with_shared_memory(variant.source(), "w4a16_linear", variant.smem_bytes())?;
-            let cluster = runs_as_clusters(&variant, &function, self.splits, self.plan.n_tiles());
+            let cluster = runs_as_clusters(&variant, &function, self.splits, self.tiles);
             self.kernels.push((variant, function, cluster));
         }
         Ok(self)
@@ -1568,7 +1624,7 @@ impl LinearW4A16Cuda {
             n: p.n as i32,
             k: p.k as i32,
             kt: p.k_tiles() as i32,
-            nt: p.n_tiles() as i32,
+            nt: self.tiles as i32,
             group: p.group as i32,
             gp: p.group_rows as i32,
             ctas: self.ctas as i32,
@@ -2102,6 +2158,19 @@ mod tests {
     }
 
     #[test]
+    fn gathered_tiles_of_the_anchor_layers() {
+        // 8192 x 28672: 896 slices, 7 warps, 256 CTAs on 132 SMs; the other anchor layers keep their tiles.
+        assert_eq!(gathered_tile_warps(896, 64, 132, 0.95), Some(7));
+        for slices in [128, 448, 848, 1024] {
+            assert_eq!(gathered_tile_warps(slices, 64, 132, 0.95), None, "{slices} slices");
+        }
+        // Forced: any divisor that adds CTAs; too few k tiles for two splits of two units.
+        assert_eq!(gathered_tile_warps(56, 8, usize::MAX / 4, 0.0), Some(7));
+        assert_eq!(gathered_tile_warps(60, 8, usize::MAX / 4, 0.0), Some(6));
+        assert_eq!(gathered_tile_warps(56, 3, usize::MAX / 4, 0.0), None);
+    }
+
+    #[test]
     fn plan_picks_tiles() {
         let p = Plan::new(28672, 8192, 128, 64).unwrap();
         assert_eq!(
@@ -2192,6 +2261,21 @@ mod tests {
                                 cases.push((Variant { activation: true, ..vc }, arch));
                             }
                         }
+                    }
+                }
+            }
+        }
+        // GATHERED TILES (8192 x 28672's 7 warps): f16 and bf16, with and without zeros, at every M, on the grid
+        // they run (two splits; two CTAs per SM up to M = 16).
+        for act in [DType::F16, DType::Bf16] {
+            for mt in [1, 2, 4, 8] {
+                for zeros in [true, false] {
+                    let mut v = Variant::default_for(act, mt, zeros, true, 7, 2);
+                    v.receive = true;
+                    v.gather = true;
+                    cases.push((v, "sm_90a"));
+                    if mt <= 2 {
+                        cases.push((Variant { activation: true, ..v }, "sm_90a"));
                     }
                 }
             }
