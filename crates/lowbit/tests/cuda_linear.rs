@@ -616,9 +616,9 @@ fn cluster_split_k() {
     }
 }
 
-/// GATHERED TILES forced on small layers: kernel tiles of 7 or 6 warps cut out of 256-column units, so tiles run
-/// from one stored tile into the next at every offset; N padded; per channel; act-order; bf16; with and without
-/// zeros. check_case covers every M (the one-CTA-per-SM variants above 16 rows reduce the two splits through
+/// GATHERED TILES forced on small layers (each with 256-column tiles: 56 or 48 slices): kernel tiles of 7 or 6 warps
+/// cut out of 256-column units, so tiles run from one stored tile into the next at every offset; N padded; per
+/// channel; act-order; bf16; with and without zeros. A layer of narrower tiles gets a typed error. check_case covers every M (the one-CTA-per-SM variants above 16 rows reduce the two splits through
 /// global memory, the cp.async variant of 64 rows gathers with every thread) against the reference, the 64-row call
 /// and a repeat.
 #[test]
@@ -632,7 +632,7 @@ fn gathered_tiles() {
     for (n, k, group, act, zeros, act_order, bias, data) in [
         (1792, 1024, 128, DType::F16, true, false, true, Data::ExactInteger),
         (
-            1920,
+            1536,
             640,
             128,
             DType::Bf16,
@@ -642,7 +642,7 @@ fn gathered_tiles() {
             Data::Random { x_scale: 1.0 },
         ),
         (
-            1700,
+            1790,
             2048,
             2048,
             DType::F16,
@@ -663,6 +663,17 @@ fn gathered_tiles() {
         };
         dispatch(&dev, &mut rng, &case);
     }
+    // 1920 columns take 128-column tiles: no gathered tiles, a typed error.
+    let packed = repack(&quant(&mut rng, &Case::new(1920, 640, 128, DType::F16), 4), DType::F16).unwrap();
+    let tuning = Tuning {
+        gather: Some(true),
+        ..Tuning::default()
+    };
+    let err = LinearW4A16Cuda::with_tuning(&dev, &packed, 64, tuning).unwrap_err();
+    assert!(
+        matches!(&err, Error::Invalid { tensor, .. } if tensor == "gather"),
+        "{err}"
+    );
 }
 
 /// Programmatic dependent launch: each launch may start while the previous kernel in the stream still runs, so it

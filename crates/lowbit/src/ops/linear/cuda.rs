@@ -2168,6 +2168,12 @@ mod tests {
         assert_eq!(gathered_tile_warps(56, 8, usize::MAX / 4, 0.0), Some(7));
         assert_eq!(gathered_tile_warps(60, 8, usize::MAX / 4, 0.0), Some(6));
         assert_eq!(gathered_tile_warps(56, 3, usize::MAX / 4, 0.0), None);
+        // The layers of the GPU test `gathered_tiles` have 256-column tiles, and 1920 columns do not.
+        for (n, k, slices) in [(1792, 1024, 56), (1536, 640, 48), (1790, 2048, 56)] {
+            let p = Plan::new(n, k, 128, k / 128).unwrap();
+            assert_eq!((p.n_cta, p.n_tiles() * 8), (256, slices), "{n} x {k}");
+        }
+        assert_eq!(Plan::new(1920, 640, 128, 5).unwrap().n_cta, 128);
     }
 
     #[test]
