@@ -1244,7 +1244,7 @@ impl LinearW4A16Cuda {
             && plan.warps == 8
             && plan.group % K_TILE == 0
             && weight.offsets.is_none()
-            && tuning.splits.is_none_or(|s| s == 2);
+            && matches!(tuning.splits, None | Some(2));
         let slices = plan.n_tiles() * plan.warps;
         let gather_warps = match tuning.gather {
             Some(true) => Some(
