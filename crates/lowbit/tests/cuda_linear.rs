@@ -303,7 +303,7 @@ fn check_case_bits<T: Float + DeviceRepr>(dev: &CudaDevice, rng: &mut Rng, c: &C
     };
     let op = LinearW4A16Cuda::with_tuning(dev, &packed.unwrap(), 64, tuning).unwrap();
     let label = format!(
-        "W{bits} N={} K={} G={} {} zeros={} act_order={} bias={} {:?} stages={:?} wgmma={:?} (n_cta {}, {} CTAs, splits {})",
+        "W{bits} N={} K={} G={} {} zeros={} act_order={} bias={} {:?} stages={:?} wgmma={:?} (tiles of {} columns, {} CTAs, splits {})",
         c.n,
         c.k,
         c.group,
@@ -314,10 +314,16 @@ fn check_case_bits<T: Float + DeviceRepr>(dev: &CudaDevice, rng: &mut Rng, c: &C
         c.data,
         c.stages,
         c.wgmma,
-        op.plan().n_cta,
+        op.tile_width(),
         op.ctas(),
         op.splits()
     );
+    if c.gather == Some(true) {
+        assert!(
+            op.tile_width() < op.plan().n_cta && op.splits() == 2,
+            "{label}: not gathered"
+        );
+    }
     let full = run::<T>(dev, &op, &x, 64, bias.as_deref());
     let again = run::<T>(dev, &op, &x, 64, bias.as_deref());
     assert!(

@@ -1388,6 +1388,11 @@ impl LinearW4A16Cuda {
         self.splits
     }
 
+    /// Output columns per kernel tile: the plan's tile, or narrower with GATHERED TILES ([`gathered_tile_warps`]).
+    pub fn tile_width(&self) -> usize {
+        self.plan.n_pad / self.tiles
+    }
+
     /// The operator with, next to each variant that can take it, a twin that applies an activation in its stores
     /// ([`LinearW4A16Cuda::run_with_activation`]): the `mma.sync` variants of M <= 16. A separate build, so that
     /// operators without an activation neither compile nor run the per-element call.
