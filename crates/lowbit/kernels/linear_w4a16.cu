@@ -215,6 +215,16 @@ struct Linear {
         const int slice = nt * WARPS + j;
         return make_int2(slice / STORED_WARPS, slice % STORED_WARPS);
     }
+    // ... and where that slice's codes of k tile kt, and its scales and zeros of group row g, begin.
+    __device__ static __forceinline__ const uint4* stored_codes(const Args& a, const Shape& s, int2 at, int kt) {
+        return a.qweight + ((size_t)(at.x * s.KT + kt) * STORED_WARPS + at.y) * (CHUNK / 16);
+    }
+    __device__ static __forceinline__ const u16* stored_scales(const Args& a, const Shape& s, int2 at, int g) {
+        return a.scales + ((size_t)at.x * s.GP + g) * (STORED_WARPS * WARP_N) + at.y * WARP_N;
+    }
+    __device__ static __forceinline__ const u8* stored_zeros(const Args& a, const Shape& s, int2 at, int g) {
+        return a.zeros + ((size_t)at.x * s.GP + g) * (STORED_WARPS * Z_CHUNK) + at.y * Z_CHUNK;
+    }
 
     // CTA c streams units [unit_begin(c), unit_begin(c + 1)) (common.cuh's STREAM-K partition).
     __device__ static __forceinline__ int unit_begin(int c, int units, int ctas) {
@@ -229,10 +239,8 @@ struct Linear {
         if constexpr (GATHER) {
 #pragma unroll
             for (int j = 0; j < W_BYTES / 16 / THREADS; ++j) {
-                const int c = tid + j * THREADS, i = c % (CHUNK / 16);
-                const int2 at = stored_slice(nt, c / (CHUNK / 16));
-                cp_async16(stage + c * 16,
-                           a.qweight + ((size_t)(at.x * s.KT + kt) * STORED_WARPS + at.y) * (CHUNK / 16) + i);
+                const int c = tid + j * THREADS;
+                cp_async16(stage + c * 16, stored_codes(a, s, stored_slice(nt, c / (CHUNK / 16)), kt) + c % (CHUNK / 16));
             }
         } else {
             const uint4* wsrc = a.qweight + (size_t)u * (W_BYTES / 16) + tid;
@@ -262,16 +270,11 @@ struct Linear {
         char* ss = stage + W_BYTES + X_BYTES;
         constexpr int S_CHUNKS = N_CTA * 2 / 16;  // per row
         if constexpr (GATHER) {  // UNIT_GROUPS: one row; a warp's 64 bytes of scales, 16 of zeros
-            for (int c = tid; c < S_CHUNKS; c += THREADS) {
-                const int2 at = stored_slice(nt, c / (S_CHUNK / 16));
-                cp_async16(ss + c * 16, a.scales + ((size_t)at.x * s.GP + g_lo) * (STORED_WARPS * WARP_N) +
-                                            at.y * WARP_N + c % (S_CHUNK / 16) * 8);
-            }
-            if (Z_ROW_BYTES > 0 && tid < WARPS) {
-                const int2 at = stored_slice(nt, tid);
-                cp_async16(ss + S_BYTES + tid * 16,
-                           a.zeros + ((size_t)at.x * s.GP + g_lo) * (STORED_WARPS * Z_CHUNK) + at.y * Z_CHUNK);
-            }
+            for (int c = tid; c < S_CHUNKS; c += THREADS)
+                cp_async16(ss + c * 16,
+                           stored_scales(a, s, stored_slice(nt, c / (S_CHUNK / 16)), g_lo) + c % (S_CHUNK / 16) * 8);
+            if (Z_ROW_BYTES > 0 && tid < WARPS)
+                cp_async16(ss + S_BYTES + tid * 16, stored_zeros(a, s, stored_slice(nt, tid), g_lo));
             return;
         }
         for (int c = tid; c < rows * S_CHUNKS; c += THREADS)
@@ -643,25 +646,21 @@ struct Linear {
         const u32 x_bytes = WGMMA ? 2 * s.M * 128 : s.M * (X_PITCH * 2);
         const u32 bytes = W_BYTES + x_bytes + rows * (N_CTA * 2 + Z_ROW_BYTES);
         if constexpr (GATHER) {
-            // Slices [0, first) from stored tile at.x (from its warp at.y), the rest from the start of the next.
-            const int2 at = stored_slice(nt, 0);
-            const int first = min(WARPS, STORED_WARPS - at.y);
+            // Slices [0, first) lie in one stored tile, the rest (if any) at the start of the next: one run of
+            // contiguous codes, scales and zeros each.
+            const int first = min(WARPS, STORED_WARPS - stored_slice(nt, 0).y), kt = k0 / K_TILE;
+            auto copy_run = [&](int j, int n) {
+                const int2 at = stored_slice(nt, j);
+                bulk_copy(stage + j * CHUNK, stored_codes(a, s, at, kt), n * CHUNK, full);
+                bulk_copy(stage + W_BYTES + X_BYTES + j * S_CHUNK, stored_scales(a, s, at, g_lo), n * S_CHUNK, full);
+                if (Z_ROW_BYTES > 0)
+                    bulk_copy(stage + W_BYTES + X_BYTES + S_BYTES + j * Z_CHUNK, stored_zeros(a, s, at, g_lo),
+                              n * Z_CHUNK, full);
+            };
             if (lane == 0) {
                 mbar_arrive_expect_tx(full, bytes);
-                for (int part = 0; part < 2; ++part) {
-                    const int t = at.x + part, w = part ? 0 : at.y, j = part ? first : 0;
-                    const int n = part ? WARPS - first : first;
-                    if (n == 0) break;
-                    const int kt = u - nt * s.KT;
-                    const size_t row = (size_t)t * s.GP + g_lo;
-                    bulk_copy(stage + j * CHUNK, a.qweight + ((size_t)(t * s.KT + kt) * STORED_WARPS + w) * (CHUNK / 16),
-                              n * CHUNK, full);
-                    bulk_copy(stage + W_BYTES + X_BYTES + j * S_CHUNK,
-                              a.scales + row * (STORED_WARPS * WARP_N) + w * WARP_N, n * S_CHUNK, full);
-                    if (Z_ROW_BYTES > 0)
-                        bulk_copy(stage + W_BYTES + X_BYTES + S_BYTES + j * Z_CHUNK,
-                                  a.zeros + row * (STORED_WARPS * Z_CHUNK) + w * Z_CHUNK, n * Z_CHUNK, full);
-                }
+                copy_run(0, first);
+                if (first < WARPS) copy_run(first, WARPS - first);
             }
             return;
         }

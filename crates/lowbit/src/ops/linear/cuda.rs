@@ -950,16 +950,20 @@ pub fn cluster_splits(n_tiles: usize, k_tiles: usize, sms: usize, code_bits: usi
     fill(sms).or_else(|| fill(two_per_sm)).unwrap_or(1)
 }
 
-/// GATHERED TILES (the decode kernel's header): the warps of a kernel tile narrower than the stored 256 columns whose
-/// tiles, split in two, fill at least 95% of two CTAs per SM where the stored tiles leave more slots empty; `None`
-/// for the stored tiles. Shape only (batch invariance). 8192 x 28672 (896 slices of 32 columns): 7 warps, 128 tiles,
-/// 256 CTAs, against 112 x 2 = 224. `fill`: 0.95, or 0 when forced (any divisor).
-pub fn gathered_tile_warps(slices: usize, k_tiles: usize, sms: usize, fill: f64) -> Option<usize> {
-    let slots = 2 * sms;
-    let stored = 2 * slices / 8;
+/// Warps of the stored units that GATHERED TILES cut kernel tiles from (256 columns).
+const GATHER_STORED_WARPS: usize = 8;
+
+/// GATHERED TILES (the decode kernel's header): the warps (7, 6 or 5) of a kernel tile narrower than the stored 256
+/// columns, over a weight of `slices` 32-column slices, whose tiles split in two make more CTAs than the stored
+/// tiles do, with two k tiles per split; on `sms` SMs they must also fill at least 95% of two CTAs per SM, and
+/// `None` for `sms` (forced) takes the first that divides. `None`: the stored tiles. Shape only (batch invariance).
+/// 8192 x 28672 (896 slices): 7 warps, 128 tiles, 256 CTAs, against 112 x 2 = 224.
+pub fn gathered_tile_warps(slices: usize, k_tiles: usize, sms: Option<usize>) -> Option<usize> {
+    let stored = 2 * slices / GATHER_STORED_WARPS;
+    let fills = |ctas: usize| sms.map_or(true, |sms| ctas <= 2 * sms && ctas * 20 >= 2 * sms * 19);
     [7, 6, 5].into_iter().find(|&w| {
         let ctas = 2 * slices / w;
-        slices % w == 0 && k_tiles >= 4 && ctas <= slots && ctas as f64 >= fill * slots as f64 && ctas > stored
+        slices % w == 0 && k_tiles >= 4 && ctas > stored && fills(ctas)
     })
 }
 
@@ -1241,14 +1245,14 @@ impl LinearW4A16Cuda {
         // GATHERED TILES: int4 in 256-column units with one scale row per unit, no offsets, on sm_90.
         let gather_ok = tma_supported
             && plan.code_bits == 4
-            && plan.warps == 8
+            && plan.warps == GATHER_STORED_WARPS
             && plan.group % K_TILE == 0
             && weight.offsets.is_none()
             && matches!(tuning.splits, None | Some(2));
         let slices = plan.n_tiles() * plan.warps;
         let gather_warps = match tuning.gather {
             Some(true) => Some(
-                gathered_tile_warps(slices, plan.k_tiles(), usize::MAX / 4, 0.0)
+                gathered_tile_warps(slices, plan.k_tiles(), None)
                     .filter(|_| gather_ok)
                     .ok_or_else(|| {
                         Error::invalid(
@@ -1260,7 +1264,7 @@ impl LinearW4A16Cuda {
                     })?,
             ),
             Some(false) => None,
-            None if gather_ok => gathered_tile_warps(slices, plan.k_tiles(), sms, 0.95),
+            None if gather_ok => gathered_tile_warps(slices, plan.k_tiles(), Some(sms)),
             None => None,
         };
         let (tiles, warps) = match gather_warps {
@@ -2165,14 +2169,14 @@ mod tests {
     #[test]
     fn gathered_tiles_of_the_anchor_layers() {
         // 8192 x 28672: 896 slices, 7 warps, 256 CTAs on 132 SMs; the other anchor layers keep their tiles.
-        assert_eq!(gathered_tile_warps(896, 64, 132, 0.95), Some(7));
+        assert_eq!(gathered_tile_warps(896, 64, Some(132)), Some(7));
         for slices in [128, 448, 848, 1024] {
-            assert_eq!(gathered_tile_warps(slices, 64, 132, 0.95), None, "{slices} slices");
+            assert_eq!(gathered_tile_warps(slices, 64, Some(132)), None, "{slices} slices");
         }
         // Forced: any divisor that adds CTAs; too few k tiles for two splits of two units.
-        assert_eq!(gathered_tile_warps(56, 8, usize::MAX / 4, 0.0), Some(7));
-        assert_eq!(gathered_tile_warps(60, 8, usize::MAX / 4, 0.0), Some(6));
-        assert_eq!(gathered_tile_warps(56, 3, usize::MAX / 4, 0.0), None);
+        assert_eq!(gathered_tile_warps(56, 8, None), Some(7));
+        assert_eq!(gathered_tile_warps(60, 8, None), Some(6));
+        assert_eq!(gathered_tile_warps(56, 3, None), None);
         // The layers of the GPU test `gathered_tiles` have 256-column tiles, and 1920 columns do not.
         for (n, k, slices) in [(1792, 1024, 56), (1536, 640, 48), (1790, 2048, 56)] {
             let p = Plan::new(n, k, 128, k / 128).unwrap();
