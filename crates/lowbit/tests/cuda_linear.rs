@@ -624,9 +624,9 @@ fn cluster_split_k() {
 
 /// GATHERED TILES forced on small layers (each with 256-column tiles: 56 or 48 slices): kernel tiles of 7 or 6 warps
 /// cut out of 256-column units, so tiles run from one stored tile into the next at every offset; N padded; per
-/// channel; act-order; bf16; with and without zeros. A layer of narrower tiles gets a typed error. check_case covers every M (the one-CTA-per-SM variants above 16 rows reduce the two splits through
-/// global memory, the cp.async variant of 64 rows gathers with every thread) against the reference, the 64-row call
-/// and a repeat.
+/// channel; act-order; bf16; with and without zeros. A layer of narrower tiles gets a typed error. check_case covers
+/// every M against the reference, the 64-row call and a repeat: up to 16 rows the kernels gather, above they take
+/// the stored tiles with the same two splits, so row 0 of every batch must still have the bits of M = 1.
 #[test]
 fn gathered_tiles() {
     let Some(dev) = device() else { return };

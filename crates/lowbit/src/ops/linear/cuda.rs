@@ -917,7 +917,8 @@ pub struct Tuning {
     /// wgmma for 17..32 rows on sm_90).
     pub wgmma: Option<bool>,
     /// Force GATHERED TILES on (the widest of 7, 6, 5 warps whose tiles divide the weight; an error where none
-    /// does or the weight cannot take them) or off; default: [`gathered_tile_warps`]. On, the split count is 2.
+    /// does or the weight cannot take them) or off; default: [`gathered_tile_warps`]. On, the split count is 2, or with `splits`
+    /// 1 stream-K over the gathered tiles, one CTA per tile unless `ctas` says otherwise. Up to 16 rows only.
     pub gather: Option<bool>,
 }
 
@@ -952,6 +953,11 @@ pub fn cluster_splits(n_tiles: usize, k_tiles: usize, sms: usize, code_bits: usi
 
 /// Warps of the stored units that GATHERED TILES cut kernel tiles from (256 columns).
 const GATHER_STORED_WARPS: usize = 8;
+
+/// Token tiles up to which the kernels gather (M <= 16). Above, the stored tiles (same two splits, hence the same
+/// bits) are faster: at M = 17..32 they multiply with wgmma, which takes whole warpgroups, and at 33..64 a gathered
+/// grid no longer fits two CTAs per SM (H200, 8192 x 28672, M = 32: 61.2 us gathered, 57.6 stored).
+const GATHER_MAX_MT: usize = 2;
 
 /// GATHERED TILES (the decode kernel's header): the warps (7, 6 or 5) of a kernel tile narrower than the stored 256
 /// columns, over a weight of `slices` 32-column slices, whose tiles split in two make more CTAs than the stored
@@ -1248,7 +1254,14 @@ impl LinearW4A16Cuda {
             && plan.warps == GATHER_STORED_WARPS
             && plan.group % K_TILE == 0
             && weight.offsets.is_none()
-            && matches!(tuning.splits, None | Some(2));
+            && match tuning.gather {
+                // Forced, also over stream-K's grid: one CTA per tile, no fix-up (an experiment's knob; up to 16
+                // rows, since above them the stored tiles would take another partition of k).
+                Some(true) => {
+                    matches!(tuning.splits, None | Some(2)) || (tuning.splits == Some(1) && max_m <= 8 * GATHER_MAX_MT)
+                }
+                _ => matches!(tuning.splits, None | Some(2)),
+            };
         let slices = plan.n_tiles() * plan.warps;
         let gather_warps = match tuning.gather {
             Some(true) => Some(
@@ -1259,7 +1272,7 @@ impl LinearW4A16Cuda {
                             "gather",
                             true,
                             "needs sm_90, int4 codes in 256-column tiles, groups of 128 k or more, no offsets, \
-                             2 splits, and 7, 6 or 5 dividing the 32-column slices",
+                             2 splits (or 1 up to 16 rows), and 7, 6 or 5 dividing the 32-column slices",
                         )
                     })?,
             ),
@@ -1272,7 +1285,7 @@ impl LinearW4A16Cuda {
             None => (plan.n_tiles(), plan.warps),
         };
         let splits = match tuning.splits {
-            _ if gather_warps.is_some() => 2,
+            _ if gather_warps.is_some() => tuning.splits.unwrap_or(2),
             Some(s @ (1 | 2 | 4 | 8)) if s <= plan.k_tiles() && (s == 1 || tma_supported) => s,
             Some(s) => {
                 return Err(Error::invalid(
@@ -1303,8 +1316,10 @@ impl LinearW4A16Cuda {
         // The largest launch: a chunk of MAX_M rows.
         let launch_m = max_m.min(MAX_M);
         for mt in [1, 2, 4, 8].into_iter().filter(|&mt| mt == 1 || 8 * mt / 2 < launch_m) {
+            let gather = gather_warps.is_some() && mt <= GATHER_MAX_MT;
+            let warps = if gather { warps } else { plan.warps };
             let mut variant = Variant::default_for(act, mt, zeros, unit_groups, warps, ctas_per_sm);
-            variant.gather = gather_warps.is_some();
+            variant.gather = gather;
             // M = 64 has no TMA variant (registers); nothing before sm_90 has.
             variant.tma = variant.tma && tma_supported && tuning.tma.unwrap_or(true);
             variant.receive = splits > 1;
@@ -1326,10 +1341,13 @@ impl LinearW4A16Cuda {
                 device.function_with_shared_memory(variant.source(), "w4a16_linear", variant.smem_bytes())?;
             kernels.push((variant, function, false));
         }
+        let tiles_of = |v: &Variant| if v.gather { tiles } else { plan.n_tiles() };
         for (v, f, cluster) in &mut kernels {
-            *cluster = runs_as_clusters(v, f, splits, tiles);
+            *cluster = runs_as_clusters(v, f, splits, tiles_of(v));
         }
+        // The widest grid (gathered tiles outnumber the stored ones): sizes the workspace and the trace buffer.
         let ctas = match splits {
+            1 if gather_warps.is_some() => tuning.ctas.unwrap_or(tiles).clamp(1, tiles * plan.k_tiles()),
             1 => tuning.ctas.unwrap_or(ctas_per_sm * sms).clamp(1, units),
             _ => tiles * splits,
         };
@@ -1382,7 +1400,8 @@ impl LinearW4A16Cuda {
         &self.weight
     }
 
-    /// CTAs per launch (one per SM, fewer for tiny weights).
+    /// CTAs of the widest launch (one per SM, fewer for tiny weights; with split-K every tile's splits, the
+    /// gathered tiles' when there are any).
     pub fn ctas(&self) -> usize {
         self.ctas
     }
@@ -1392,9 +1411,27 @@ impl LinearW4A16Cuda {
         self.splits
     }
 
-    /// Output columns per kernel tile: the plan's tile, or narrower with GATHERED TILES ([`gathered_tile_warps`]).
+    /// Output columns per kernel tile up to 16 rows: the plan's tile, or narrower with GATHERED TILES
+    /// ([`gathered_tile_warps`]; above 16 rows the kernels take the stored tiles).
     pub fn tile_width(&self) -> usize {
         self.plan.n_pad / self.tiles
+    }
+
+    /// Tiles of `variant`'s grid: `tiles` when it gathers, the stored tiles otherwise.
+    fn tiles_of(&self, variant: &Variant) -> usize {
+        if variant.gather {
+            self.tiles
+        } else {
+            self.plan.n_tiles()
+        }
+    }
+
+    /// CTAs of `variant`'s launch: every tile's splits with split-K, the stream-K grid otherwise.
+    fn ctas_of(&self, variant: &Variant) -> usize {
+        match self.splits {
+            1 => self.ctas,
+            splits => self.tiles_of(variant) * splits,
+        }
     }
 
     /// The operator with, next to each variant that can take it, a twin that applies an activation in its stores
@@ -1410,7 +1447,7 @@ impl LinearW4A16Cuda {
         for variant in twins {
             let function =
                 device.function_with_shared_memory(variant.source(), "w4a16_linear", variant.smem_bytes())?;
-            let cluster = runs_as_clusters(&variant, &function, self.splits, self.tiles);
+            let cluster = runs_as_clusters(&variant, &function, self.splits, self.tiles_of(&variant));
             self.kernels.push((variant, function, cluster));
         }
         Ok(self)
@@ -1633,10 +1670,10 @@ impl LinearW4A16Cuda {
             n: p.n as i32,
             k: p.k as i32,
             kt: p.k_tiles() as i32,
-            nt: self.tiles as i32,
+            nt: self.tiles_of(variant) as i32,
             group: p.group as i32,
             gp: p.group_rows as i32,
-            ctas: self.ctas as i32,
+            ctas: self.ctas_of(variant) as i32,
             group_shift: if p.group.is_power_of_two() {
                 p.group.trailing_zeros() as i32
             } else {
@@ -1653,7 +1690,7 @@ impl LinearW4A16Cuda {
         };
         // Cluster split-K and the kernel's DEPENDENT LAUNCH, each when this operator uses it.
         let launch = crate::cuda::Launch {
-            grid: self.ctas as u32,
+            grid: self.ctas_of(variant) as u32,
             grid_y: 1,
             block: variant.block_threads() as u32,
             smem: variant.smem_bytes(),
@@ -2280,18 +2317,16 @@ mod tests {
                 }
             }
         }
-        // GATHERED TILES (8192 x 28672's 7 warps): f16 and bf16, with and without zeros, at every M, on the grid
-        // they run (two splits; two CTAs per SM up to M = 16).
+        // GATHERED TILES (8192 x 28672's 7 warps): f16 and bf16, with and without zeros, up to M = 16, on the grid
+        // they run (two splits, two CTAs per SM).
         for act in [DType::F16, DType::Bf16] {
-            for mt in [1, 2, 4, 8] {
+            for mt in 1..=GATHER_MAX_MT {
                 for zeros in [true, false] {
                     let mut v = Variant::default_for(act, mt, zeros, true, 7, 2);
                     v.receive = true;
                     v.gather = true;
                     cases.push((v, "sm_90a"));
-                    if mt <= 2 {
-                        cases.push((Variant { activation: true, ..v }, "sm_90a"));
-                    }
+                    cases.push((Variant { activation: true, ..v }, "sm_90a"));
                 }
             }
         }
