@@ -92,6 +92,8 @@
 //   units: kernel tile nt is the 32-column slices [7 nt, 7 nt + 7) of the stored ones, which lie in one stored
 //   tile or run into the next. Each is a warp's contiguous 2 KB of a unit (and its 64 bytes of scales, 16 of
 //   zeros, of a row), so a stage is at most two copies of each, landing where a 224-column unit would have them.
+//   Up to 16 rows only (host: GATHER_MAX_MT): above, the stored tiles' two splits (the same k ranges, hence the same
+//   bits) take wgmma at M = 17..32, which needs whole warpgroups.
 //
 // The host prepends the #defines selecting one variant (LB_DTYPE, LB_MT, LB_ZEROS, LB_OFFSETS, LB_WARPS, LB_STAGES,
 // LB_TMA, LB_MIN_BLOCKS, LB_UNIT_GROUPS, LB_RECEIVE, LB_WBITS, LB_WGMMA, LB_ACTIVATION, LB_GATHER) and launches the

@@ -917,8 +917,9 @@ pub struct Tuning {
     /// wgmma for 17..32 rows on sm_90).
     pub wgmma: Option<bool>,
     /// Force GATHERED TILES on (the widest of 7, 6, 5 warps whose tiles divide the weight; an error where none
-    /// does or the weight cannot take them) or off; default: [`gathered_tile_warps`]. On, the split count is 2, or with `splits`
-    /// 1 stream-K over the gathered tiles, one CTA per tile unless `ctas` says otherwise. Up to 16 rows only.
+    /// does or the weight cannot take them) or off; default: [`gathered_tile_warps`]. On, the split count is 2:
+    /// over stream-K's grid, one CTA per gathered tile and no fix-up, H200 8192 x 28672 took 39.4 us at M = 1
+    /// against 32.4 (`bench/results/2026-11-29-h200-decode-gather-m16/`). Up to 16 rows; above, the stored tiles.
     pub gather: Option<bool>,
 }
 
@@ -1254,14 +1255,7 @@ impl LinearW4A16Cuda {
             && plan.warps == GATHER_STORED_WARPS
             && plan.group % K_TILE == 0
             && weight.offsets.is_none()
-            && match tuning.gather {
-                // Forced, also over stream-K's grid: one CTA per tile, no fix-up (an experiment's knob; up to 16
-                // rows, since above them the stored tiles would take another partition of k).
-                Some(true) => {
-                    matches!(tuning.splits, None | Some(2)) || (tuning.splits == Some(1) && max_m <= 8 * GATHER_MAX_MT)
-                }
-                _ => matches!(tuning.splits, None | Some(2)),
-            };
+            && matches!(tuning.splits, None | Some(2));
         let slices = plan.n_tiles() * plan.warps;
         let gather_warps = match tuning.gather {
             Some(true) => Some(
@@ -1272,7 +1266,7 @@ impl LinearW4A16Cuda {
                             "gather",
                             true,
                             "needs sm_90, int4 codes in 256-column tiles, groups of 128 k or more, no offsets, \
-                             2 splits (or 1 up to 16 rows), and 7, 6 or 5 dividing the 32-column slices",
+                             2 splits, and 7, 6 or 5 dividing the 32-column slices",
                         )
                     })?,
             ),
@@ -1285,7 +1279,7 @@ impl LinearW4A16Cuda {
             None => (plan.n_tiles(), plan.warps),
         };
         let splits = match tuning.splits {
-            _ if gather_warps.is_some() => tuning.splits.unwrap_or(2),
+            _ if gather_warps.is_some() => 2,
             Some(s @ (1 | 2 | 4 | 8)) if s <= plan.k_tiles() && (s == 1 || tma_supported) => s,
             Some(s) => {
                 return Err(Error::invalid(
@@ -1347,7 +1341,6 @@ impl LinearW4A16Cuda {
         }
         // The widest grid (gathered tiles outnumber the stored ones): sizes the workspace and the trace buffer.
         let ctas = match splits {
-            1 if gather_warps.is_some() => tuning.ctas.unwrap_or(tiles).clamp(1, tiles * plan.k_tiles()),
             1 => tuning.ctas.unwrap_or(ctas_per_sm * sms).clamp(1, units),
             _ => tiles * splits,
         };
