@@ -2,7 +2,7 @@
 //! traced launch and summarises its timeline (the kernel's `Trace` events, %globaltimer) over the CTAs.
 //!
 //! ```text
-//! cargo run --release --example gemm_trace -- 256x4096x4096 64x4096x4096 [--rotate-io] [--splits 1] [--small-batch 0] [--tokens 64|128] [--ksplit] [--look64 2|3] [--look-ksplit 2|3] [--ramp-ksplit N] [--stream on|off] [--stages N] [--decode-splits 1|2|4|8] [--ctas-per-sm 1|2] [--gather on|off] [--wgmma on|off] [--pdl on|off]
+//! cargo run --release --example gemm_trace -- 256x4096x4096 64x4096x4096 [--rotate-io] [--splits 1] [--small-batch 0] [--tokens 64|128] [--ksplit] [--look64 2|3] [--look-ksplit 2|3] [--ramp-ksplit N] [--stream on|off] [--stages N] [--decode-splits 1|2|4|8] [--ctas-per-sm 1|2] [--gather on|off] [--paired on|off] [--wgmma on|off] [--pdl on|off]
 //! ```
 //! Each shape is `MxKxN` (f16, group 128, zero points), `decode:MxKxN` for the decode kernel (the same weight; the
 //! stream-K fix-up's partials and counter show as `partials_seen`), or `conv:BxCxHxWxRxCo` for the convolution's
@@ -54,6 +54,7 @@ fn main() -> lowbit::Result<()> {
     let mut decode_splits = None;
     let mut ctas_per_sm = None;
     let mut gather = None;
+    let mut paired = None;
     let mut wgmma = None;
     let mut dependent_launch = None;
     let mut stream_k = false;
@@ -73,6 +74,7 @@ fn main() -> lowbit::Result<()> {
             "--decode-splits" => decode_splits = args.next().and_then(|v| v.parse().ok()),
             "--ctas-per-sm" => ctas_per_sm = args.next().and_then(|v| v.parse().ok()),
             "--gather" => gather = args.next().map(|v| v == "on"),
+            "--paired" => paired = args.next().map(|v| v == "on"),
             "--wgmma" => wgmma = args.next().map(|v| v == "on"),
             "--pdl" => dependent_launch = args.next().map(|v| v == "on"),
             "--stream" => stream_k = args.next().is_some_and(|v| v == "on"),
@@ -158,6 +160,7 @@ fn main() -> lowbit::Result<()> {
             splits: decode_splits,
             ctas_per_sm,
             gather,
+            paired,
             wgmma,
             dependent_launch,
             ..Tuning::default()

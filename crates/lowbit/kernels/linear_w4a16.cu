@@ -95,6 +95,16 @@
 //   Up to 16 rows only (host: GATHER_MAX_MT): above, the stored tiles' two splits (the same k ranges, hence the same
 //   bits) take wgmma at M = 17..32, which needs whole warpgroups.
 //
+// * BOTH SPLITS IN ONE CTA (PAIRED; gathered tiles). Two CTAs of one SM do not progress alike: the warp scheduler
+//   favours the older CTA's warps, so on an H200 (8192 x 28672, M = 16) each SM's first CTA ends its k range at
+//   ~28 us and its second at ~36 us, the last 8 us with one CTA, too few warps to keep the SM's share of DRAM busy
+//   (examples/gemm_trace's per-CTA timelines). A PAIRED CTA is one tile's two splits: warps [0, WARPS) take the
+//   first half of k, warps [WARPS, 2 WARPS) the second, each half with a ring of STAGES / 2 stages that the one
+//   producer fills in turn (half 0's unit i, half 1's unit i, ...). A half that falls behind holds the producer,
+//   hence the other half: the two stay within a ring of each other to the end. The second half hands its partial
+//   to the first through shared memory (the RECEIVE area), which adds it as cluster_reduce does (split 0 + split 1),
+//   so the bits are those of the cluster form and of the stored tiles above 16 rows.
+//
 // The host prepends the #defines selecting one variant (LB_DTYPE, LB_MT, LB_ZEROS, LB_OFFSETS, LB_WARPS, LB_STAGES,
 // LB_TMA, LB_MIN_BLOCKS, LB_UNIT_GROUPS, LB_RECEIVE, LB_WBITS, LB_WGMMA, LB_ACTIVATION, LB_GATHER) and launches the
 // extern "C" kernels at the bottom.
@@ -156,7 +166,7 @@ __device__ __forceinline__ float finish(const Shape& s, float v) {
 // OFFSETS: each weight is (q - midpoint)·s + o with a real per-group offset o (a convolution's per-block weights,
 // routed here at batch 1: see OFFSETS below); the zero rows of a stage then hold the offsets, in T like the scales.
 template <class T, int MT, bool HAS_ZEROS, bool OFFSETS, int WARPS, int STAGES, bool TMA, bool UNIT_GROUPS,
-          bool RECEIVE, int WBITS, bool WGMMA, bool ACTIVATION, bool GATHER>
+          bool RECEIVE, int WBITS, bool WGMMA, bool ACTIVATION, bool GATHER, bool PAIRED>
 struct Linear {
     static_assert(WBITS == 4 || (WBITS == 8 && T::MAGIC == F16::MAGIC), "int8 codes: fp16 activations only");
     static_assert(!OFFSETS || (!HAS_ZEROS && MT <= 2), "offsets: symmetric codes, M <= 16");
@@ -169,8 +179,13 @@ struct Linear {
                   "wgmma: the TMA pipeline, no offsets, M <= 32, whole warpgroups");
     static_assert(!GATHER || (WARPS < 8 && UNIT_GROUPS && !OFFSETS && WBITS == 4),
                   "gathered tiles: fewer warps than the stored 8, int4 with zeros or none, groups of 128 k or more");
-    static constexpr int THREADS = WARPS * 32;           // consumer (mma) threads
-    static constexpr int BLOCK = THREADS + (TMA ? 32 : 0);  // + one producer warp issuing the TMA copies
+    static_assert(!PAIRED || (GATHER && TMA && RECEIVE && STAGES % 2 == 0),
+                  "both splits in one CTA: gathered tiles, the TMA pipeline, a ring of STAGES / 2 per half");
+    static constexpr int THREADS = WARPS * 32;           // consumer (mma) threads of one k split
+    // PAIRED: two k splits, each with its ring of RING stages (otherwise one ring of all STAGES).
+    static constexpr int RINGS = PAIRED ? 2 : 1, RING = STAGES / RINGS;
+    static constexpr int CONSUMERS = THREADS * RINGS;
+    static constexpr int BLOCK = CONSUMERS + (TMA ? 32 : 0);  // + one producer warp issuing the TMA copies
     static constexpr int N_CTA = WARPS * WARP_N;
     static constexpr int M_ROWS = MT * 8;
     // Bytes of one stage: weights, x rows, scale rows, zero rows (each a multiple of 16).
@@ -688,21 +703,70 @@ struct Linear {
 #endif
     }
 
+    // Ring r's units [u_begin[r], u_begin[r] + count[r]) go through its stages [r RING, (r + 1) RING); PAIRED: the
+    // two rings in turn, unit i of one after unit i of the other. (Ring 1's range comes as scalars, ignored without
+    // PAIRED: an array argument of this out-of-line call would live in local memory.)
     __device__ static void produce(const TensorMap* xmap, const Args& a, const Shape& s, char* smem, u32 bars,
-                                   int u_begin, int count, int lane) {
-        const int early = min(STAGES, count);
-        for (int i = 0; i < early; ++i) issue_weights(a, s, smem + i * STAGE_BYTES, bars + i * 8, u_begin + i, lane);
+                                   int u_begin0, int count0, int u_begin1, int count1, int lane) {
+        const int u_begin[2] = {u_begin0, u_begin1}, count[2] = {count0, count1};
+        int most = 0;
+#pragma unroll
+        for (int r = 0; r < RINGS; ++r) most = max(most, count[r]);
+        const int early = min(RING, most);
+        for (int i = 0; i < early; ++i)
+#pragma unroll
+            for (int r = 0; r < RINGS; ++r)
+                if (i < count[r])
+                    issue_weights(a, s, smem + (r * RING + i) * STAGE_BYTES, bars + (r * RING + i) * 8, u_begin[r] + i,
+                                  lane);
         wait_for_prerequisite_grids();
-        for (int i = 0; i < early; ++i) issue_x(xmap, s, smem + i * STAGE_BYTES, bars + i * 8, u_begin + i, lane);
-        int buf = early % STAGES;
-        for (int i = early; i < count; ++i) {
-            const u32 full = bars + buf * 8, empty = bars + (STAGES + buf) * 8;
-            mbar_wait(empty, ((i / STAGES) - 1) & 1);
-            char* stage = smem + buf * STAGE_BYTES;
-            issue_weights(a, s, stage, full, u_begin + i, lane);
-            issue_x(xmap, s, stage, full, u_begin + i, lane);
-            if (++buf == STAGES) buf = 0;
+        for (int i = 0; i < early; ++i)
+#pragma unroll
+            for (int r = 0; r < RINGS; ++r)
+                if (i < count[r])
+                    issue_x(xmap, s, smem + (r * RING + i) * STAGE_BYTES, bars + (r * RING + i) * 8, u_begin[r] + i,
+                            lane);
+        int buf = early % RING;
+        for (int i = early; i < most; ++i) {
+#pragma unroll
+            for (int r = 0; r < RINGS; ++r) {
+                if (i >= count[r]) continue;
+                const int st = r * RING + buf;
+                const u32 full = bars + st * 8, empty = bars + (STAGES + st) * 8;
+                mbar_wait(empty, ((i / RING) - 1) & 1);
+                char* stage = smem + st * STAGE_BYTES;
+                issue_weights(a, s, stage, full, u_begin[r] + i, lane);
+                issue_x(xmap, s, stage, full, u_begin[r] + i, lane);
+            }
+            if (++buf == RING) buf = 0;
         }
+    }
+
+    // PAIRED's reduction: the second k split's warps store their partials in the RECEIVE area (fragment (warp, t,
+    // mt) of lane l at float4 ((warp * 2 + t) * MT + mt) * 32 + l, as cluster_reduce numbers them); after a barrier
+    // of both halves the first split's warps add them to their own (split 0 + split 1, cluster_reduce's order) and
+    // store the tile.
+    __device__ static void pair_reduce(const Args& a, const Shape& s, u32 area, int nt, int ring, int warp, int lane,
+                                       float (&acc)[2][MT][4]) {
+        if (ring == 1) {
+#pragma unroll
+            for (int t = 0; t < 2; ++t)
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+                    sts128f(area + (((warp * 2 + t) * MT + mt) * 32 + lane) * 16,
+                            make_float4(acc[t][mt][0], acc[t][mt][1], acc[t][mt][2], acc[t][mt][3]));
+        }
+        named_barrier_sync(1, CONSUMERS);
+        if (ring == 1) return;
+        trace_stamp(a.trace, TRACE_PARTIALS_SEEN);
+#pragma unroll
+        for (int t = 0; t < 2; ++t)
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                const float4 q = lds128f(area + (((warp * 2 + t) * MT + mt) * 32 + lane) * 16);
+                acc[t][mt][0] += q.x, acc[t][mt][1] += q.y, acc[t][mt][2] += q.z, acc[t][mt][3] += q.w;
+            }
+        store_output(a, s, nt, warp, lane, acc);
     }
 
     __device__ static void run(const TensorMap* xmap, const Args& a, const Shape& s) {
@@ -710,8 +774,14 @@ struct Linear {
         char* smem = smem_raw + (WGMMA ? (1024 - (smem_addr(smem_raw) & 1023)) & 1023 : 0);
         const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
         const int units = s.NT * s.KT;
+        // PAIRED: ring r (the warps [r WARPS, (r + 1) WARPS) and their stages) is split r of tile blockIdx.x.
+        const int ring = PAIRED ? min(warp / WARPS, RINGS - 1) : 0;
         int u_begin, count;
-        if (s.splits > 1) {  // split c % splits of tile c / splits: k tiles [r KT / S, (r + 1) KT / S)
+        if (PAIRED) {
+            const int k0 = ring * s.KT / 2;
+            u_begin = blockIdx.x * s.KT + k0;
+            count = (ring + 1) * s.KT / 2 - k0;
+        } else if (s.splits > 1) {  // split c % splits of tile c / splits: k tiles [r KT / S, (r + 1) KT / S)
             const int nt = blockIdx.x / s.splits, r = blockIdx.x - nt * s.splits;
             const int k0 = r * s.KT / s.splits;
             u_begin = nt * s.KT + k0;
@@ -741,8 +811,13 @@ struct Linear {
         if constexpr (TMA) {
             if (tid == 0) init_pipeline_barriers(bars, STAGES, THREADS);
             __syncthreads();
-            if (warp == WARPS) {
-                produce(xmap, a, s, smem, bars, u_begin, count, lane);
+            if (warp == CONSUMERS / 32) {
+                if constexpr (PAIRED) {
+                    const int u0 = blockIdx.x * s.KT, half = s.KT / 2;
+                    produce(xmap, a, s, smem, bars, u0, half, u0 + half, s.KT - half, lane);
+                } else {
+                    produce(xmap, a, s, smem, bars, u_begin, count, 0, 0, lane);
+                }
                 if (s.cluster) {  // cluster_reduce's barriers
                     cluster_sync();
                     if (!RECEIVE) cluster_sync();
@@ -751,19 +826,24 @@ struct Linear {
             }
         }
 
-        consume(a, s, smem, u_begin, count, tid);
+        consume(a, s, smem, u_begin, count, tid, ring);
     }
 
     // The mma warps' loop over this CTA's units: wait for a stage, compute it, release it; at each segment end
     // store the tile or hand it to the fix-up.
-    __device__ static void consume(const Args& a, const Shape& s, char* smem, int u_begin, int count, int tid) {
+    // PAIRED: `ring`'s warps (tid numbered from the first of them) through its own stages.
+    __device__ static void consume(const Args& a, const Shape& s, char* smem, int u_begin, int count, int tid,
+                                   int ring) {
+        tid -= ring * THREADS;
         const int warp = tid >> 5, lane = tid & 31;
         // The stages' and barriers' shared addresses, once: left to itself ptxas recomputes them in every iteration
         // from the CTA's cluster id (S2UR SR_CgaCtaId and five dependent instructions) right before the wait for
         // the stage. A shuffle is opaque to it, so the values stay in registers, and its result is warp-uniform to
         // ptxas: the stage addresses and wgmma's descriptors then live in uniform registers.
-        const u32 stages = __shfl_sync(0xffffffffu, smem_addr(smem), 0);
-        const u32 bars = stages + STAGES * STAGE_BYTES;  // run's `bars`, from the one register
+        const u32 base = __shfl_sync(0xffffffffu, smem_addr(smem), 0);
+        // This ring's stages, and its full / empty barriers (at bars + buf * 8 / bars + (STAGES + buf) * 8).
+        const u32 stages = base + ring * (RING * STAGE_BYTES);
+        const u32 bars = base + STAGES * STAGE_BYTES + ring * (RING * 8);
         // DEPENDENT LAUNCH: nothing the previous kernel may read or write (x, y, the workspace, the counters) is
         // touched before it has finished.
         wait_for_prerequisite_grids();
@@ -811,11 +891,13 @@ struct Linear {
 
             compute_stage(stages + buf * STAGE_BYTES, s, kt, warp, lane, acc);
             if constexpr (TMA) mbar_arrive(bars + (STAGES + buf) * 8);  // this thread is done reading the stage
-            if (++buf == STAGES) buf = 0, phase ^= 1;
+            if (++buf == RING) buf = 0, phase ^= 1;
 
             if (kt == s.KT - 1 || left == 1) {  // segment end (CTA-uniform)
                 if (seg_start >= 0) trace_stamp(a.trace, TRACE_MAINLOOP_END);
-                if (s.cluster) {  // the CTA's one segment, a split of its cluster's tile
+                if (PAIRED) {  // the ring's one segment, a split of the CTA's tile
+                    pair_reduce(a, s, base + RECEIVE_OFFSET, nt, ring, warp, lane, acc);
+                } else if (s.cluster) {  // the CTA's one segment, a split of its cluster's tile
                     cluster_reduce(a, s, stages + (RECEIVE ? RECEIVE_OFFSET : 0), nt, blockIdx.x % s.splits,
                                    warp, lane, tid, acc);
                 } else if (seg_start <= 0 && kt == s.KT - 1) {
@@ -871,13 +953,16 @@ struct Linear {
 #ifndef LB_GATHER
 #define LB_GATHER 0
 #endif
+#ifndef LB_PAIRED
+#define LB_PAIRED 0
+#endif
 #if LB_TMA && __CUDA_ARCH__ < 900
 #error "the TMA pipeline (LB_TMA) needs sm_90: select LB_TMA 0 for older GPUs"
 #endif
 
 typedef lowbit::w4a16::Linear<lowbit::LB_DTYPE, LB_MT, LB_ZEROS != 0, LB_OFFSETS != 0, LB_WARPS, LB_STAGES,
                               LB_TMA != 0, LB_UNIT_GROUPS != 0, LB_RECEIVE != 0, LB_WBITS, LB_WGMMA != 0,
-                              LB_ACTIVATION != 0, LB_GATHER != 0>
+                              LB_ACTIVATION != 0, LB_GATHER != 0, LB_PAIRED != 0>
     LinearVariant;
 
 extern "C" __global__ void __launch_bounds__(LinearVariant::BLOCK, LB_MIN_BLOCKS)

@@ -57,6 +57,8 @@ struct Case {
     wgmma: Option<bool>,
     /// GATHERED TILES forced on or off; `None` = the per-shape default.
     gather: Option<bool>,
+    /// With gathered tiles, both splits in one CTA (true) or in a cluster (false); `None` = the default (one CTA).
+    paired: Option<bool>,
 }
 
 impl Case {
@@ -78,6 +80,7 @@ impl Case {
             splits: None,
             wgmma: None,
             gather: None,
+            paired: None,
         }
     }
 }
@@ -294,6 +297,7 @@ fn check_case_bits<T: Float + DeviceRepr>(dev: &CudaDevice, rng: &mut Rng, c: &C
         splits: c.splits,
         wgmma: c.wgmma,
         gather: c.gather,
+        paired: c.paired,
         ..Tuning::default()
     };
     let packed = if bits == 8 {
@@ -411,6 +415,7 @@ fn matches_reference_across_shapes_and_batches() {
                     splits: None,
                     wgmma: None,
                     gather: None,
+                    paired: None,
                 };
                 dispatch(&dev, &mut rng, &case);
             }
@@ -625,8 +630,9 @@ fn cluster_split_k() {
 /// GATHERED TILES forced on small layers (each with 256-column tiles: 56 or 48 slices): kernel tiles of 7 or 6 warps
 /// cut out of 256-column units, so tiles run from one stored tile into the next at every offset; N padded; per
 /// channel; act-order; bf16; with and without zeros. A layer of narrower tiles gets a typed error. check_case covers
-/// every M against the reference, the 64-row call and a repeat: up to 16 rows the kernels gather, above they take
-/// the stored tiles with the same two splits, so row 0 of every batch must still have the bits of M = 1.
+/// every M against the reference, the 64-row call and a repeat: up to 16 rows the kernels gather (both splits in one
+/// CTA, and once as clusters of two CTAs), above they take the stored tiles with the same two splits, so row 0 of
+/// every batch must still have the bits of M = 1.
 #[test]
 fn gathered_tiles() {
     let Some(dev) = device() else { return };
@@ -635,8 +641,21 @@ fn gathered_tiles() {
         return;
     }
     let mut rng = Rng(0x09a7_e7ed);
-    for (n, k, group, act, zeros, act_order, bias, data) in [
-        (1792, 1024, 128, DType::F16, true, false, true, Data::ExactInteger),
+    for (n, k, group, act, zeros, act_order, bias, data, paired) in [
+        (1792, 1024, 128, DType::F16, true, false, true, Data::ExactInteger, None),
+        // The same as clusters of two CTAs, each split in a CTA of its own.
+        (
+            1792,
+            1024,
+            128,
+            DType::F16,
+            true,
+            false,
+            true,
+            Data::ExactInteger,
+            Some(false),
+        ),
+        // 5 k tiles: the second split is the longer.
         (
             1536,
             640,
@@ -646,6 +665,7 @@ fn gathered_tiles() {
             true,
             false,
             Data::Random { x_scale: 1.0 },
+            None,
         ),
         (
             1790,
@@ -656,8 +676,19 @@ fn gathered_tiles() {
             false,
             true,
             Data::Random { x_scale: 100.0 },
+            None,
         ),
-        (1792, 1536, 256, DType::Bf16, false, false, false, Data::ExactInteger),
+        (
+            1792,
+            1536,
+            256,
+            DType::Bf16,
+            false,
+            false,
+            false,
+            Data::ExactInteger,
+            None,
+        ),
     ] {
         let case = Case {
             zeros,
@@ -665,6 +696,7 @@ fn gathered_tiles() {
             bias,
             data,
             gather: Some(true),
+            paired,
             ..Case::new(n, k, group, act)
         };
         dispatch(&dev, &mut rng, &case);

@@ -25,7 +25,9 @@
 //! `LOWBIT_BENCH_STAGES=3,4` with that pipeline depth (`lowbit_s3`, ...), `LOWBIT_BENCH_TMA=0` with the cp.async
 //! pipeline instead of TMA (`lowbit_tma0`), `LOWBIT_BENCH_SPLITS=1,8` with cluster
 //! split-K forced to that split count, 1 being stream-K (`lowbit_k1`, ...); `LOWBIT_BENCH_NO_PDL=1` with the decode
-//! kernel launched without programmatic dependent launch (`lowbit_nopdl`). Each also gets a graph record (`_graph`).
+//! kernel launched without programmatic dependent launch (`lowbit_nopdl`); `LOWBIT_BENCH_GATHER=0,1` with GATHERED
+//! TILES forced off or on (`lowbit_gather0`, ...), `LOWBIT_BENCH_PAIRED=0,1` with their two splits as clusters of two
+//! CTAs (0) or in one CTA (1; `lowbit_paired0`, ...). Each also gets a graph record (`_graph`).
 //! `LOWBIT_BENCH_NO_PDL=1` also times the GEMM without it (`lowbit_gemm_nopdl`, M >= 64 on sm_90), and
 //! `LOWBIT_BENCH_STREAM=1` the GEMM with STREAM-K wherever its tiles allow it (`lowbit_gemm_stream`, M <= 1024),
 //! `LOWBIT_BENCH_GEMM_STAGES=3,4` with at most that many pipeline stages in its 16- and 64-token tiles
@@ -148,6 +150,14 @@ pub fn run(args: &BenchArgs, sink: &mut Sink) -> Result<()> {
             ..Tuning::default()
         };
         variants.push((format!("lowbit_gather{value}"), tuning));
+    }
+    // LOWBIT_BENCH_PAIRED=0,1: gathered tiles with both splits in one CTA (1) or as clusters of two CTAs (0).
+    for value in list_var("LOWBIT_BENCH_PAIRED")? {
+        let tuning = Tuning {
+            paired: Some(value != 0),
+            ..Tuning::default()
+        };
+        variants.push((format!("lowbit_paired{value}"), tuning));
     }
     // LOWBIT_BENCH_TMA=0: the decode kernel's cp.async pipeline (the one before Hopper) where a TMA variant exists.
     for value in list_var("LOWBIT_BENCH_TMA")? {

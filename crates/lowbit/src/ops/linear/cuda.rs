@@ -672,6 +672,9 @@ pub struct Variant {
     /// GATHERED TILES: a kernel tile of `warps` < 8 warps reads its 32-column slices out of the weight's stored
     /// 256-column units (see [`gathered_tile_warps`]).
     pub gather: bool,
+    /// BOTH SPLITS IN ONE CTA (gathered tiles): twice `warps` mma warps, one per k half and slice, each half with a
+    /// ring of `stages / 2`; one CTA per tile, no cluster (the kernel's header says why).
+    pub paired: bool,
 }
 
 impl Variant {
@@ -710,6 +713,19 @@ impl Variant {
             wgmma: false,
             activation: false,
             gather: false,
+            paired: false,
+        }
+    }
+
+    /// This (gathered, TMA) variant with both k splits of a tile in one CTA: one CTA per SM, so its registers are
+    /// capped for one; a ring per split of this variant's depth, and the RECEIVE area for the second split's partial.
+    fn paired(self) -> Variant {
+        Variant {
+            paired: true,
+            min_blocks: 1,
+            stages: 2 * self.stages,
+            receive: true,
+            ..self
         }
     }
 
@@ -738,14 +754,16 @@ impl Variant {
         let fits = |v: &Variant| {
             v.smem_bytes() <= limits.per_cta && v.min_blocks * (v.smem_bytes() + SMEM_RESERVED_PER_CTA) <= limits.per_sm
         };
-        while self.stages > 2 && !fits(self) {
-            self.stages -= 1;
+        // Paired variants keep an even depth (two rings).
+        let step = if self.paired { 2 } else { 1 };
+        while self.stages > 2 * step && !fits(self) {
+            self.stages -= step;
         }
     }
 
-    /// Threads per CTA: the mma warps, plus the producer warp with TMA.
+    /// Threads per CTA: the mma warps (twice `warps` when paired), plus the producer warp with TMA.
     pub fn block_threads(&self) -> usize {
-        self.warps * 32 + if self.tma { 32 } else { 0 }
+        self.warps * 32 * if self.paired { 2 } else { 1 } + if self.tma { 32 } else { 0 }
     }
 
     /// Dynamic shared memory of one CTA (`Linear::SMEM_BYTES`).
@@ -780,7 +798,7 @@ impl Variant {
 
     fn name(&self) -> String {
         format!(
-            "linear_w4a16_{}_b{}_m{}_z{}{}_g{}_w{}_s{}_{}{}{}{}{}{}",
+            "linear_w4a16_{}_b{}_m{}_z{}{}_g{}_w{}_s{}_{}{}{}{}{}{}{}",
             self.act.name(),
             self.wbits,
             self.mt,
@@ -794,7 +812,8 @@ impl Variant {
             if self.receive { "_recv" } else { "" },
             if self.wgmma { "_wgmma" } else { "" },
             if self.activation { "_act" } else { "" },
-            if self.gather { "_gather" } else { "" }
+            if self.gather { "_gather" } else { "" },
+            if self.paired { "_paired" } else { "" }
         )
     }
 
@@ -807,7 +826,7 @@ impl Variant {
                 "#define LB_DTYPE {}\n#define LB_MT {}\n#define LB_ZEROS {}\n#define LB_WARPS {}\n#define LB_STAGES {}\n\
                  #define LB_TMA {}\n#define LB_MIN_BLOCKS {}\n#define LB_UNIT_GROUPS {}\n#define LB_RECEIVE {}\n\
                  #define LB_WBITS {}\n#define LB_OFFSETS {}\n#define LB_WGMMA {}\n#define LB_ACTIVATION {}\n\
-                 #define LB_GATHER {}\n",
+                 #define LB_GATHER {}\n#define LB_PAIRED {}\n",
                 if self.act == DType::Bf16 { "BF16" } else { "F16" },
                 self.mt,
                 u8::from(self.zeros),
@@ -821,7 +840,8 @@ impl Variant {
                 u8::from(self.offsets),
                 u8::from(self.wgmma),
                 u8::from(self.activation),
-                u8::from(self.gather)
+                u8::from(self.gather),
+                u8::from(self.paired)
             ) + &crate::cuda::experiment_defines("LOWBIT_DECODE_DEFINES")
             },
             SOURCE,
@@ -834,7 +854,7 @@ impl Variant {
 /// M > 16) reduce the same splits in the same order through global memory.
 fn runs_as_clusters(variant: &Variant, function: &CudaFunction, splits: usize, n_tiles: usize) -> bool {
     let (block, smem) = (variant.block_threads() as u32, variant.smem_bytes());
-    splits > 1 && crate::cuda::resident_cluster_count(function, block, smem, splits) >= n_tiles
+    splits > 1 && !variant.paired && crate::cuda::resident_cluster_count(function, block, smem, splits) >= n_tiles
 }
 
 /// Token tiles for a batch of `m` rows.
@@ -921,6 +941,8 @@ pub struct Tuning {
     /// over stream-K's grid, one CTA per gathered tile and no fix-up, H200 8192 x 28672 took 39.4 us at M = 1
     /// against 32.4 (`bench/results/2026-11-29-h200-decode-gather-m16/`). Up to 16 rows; above, the stored tiles.
     pub gather: Option<bool>,
+    /// With gathered tiles, both k splits of a tile in one CTA (true, the default) or a cluster of two CTAs.
+    pub paired: Option<bool>,
 }
 
 /// The split count of cluster split-K for a weight of `n_tiles` x `k_tiles` units of `code_bits`-bit codes on `sms`
@@ -1329,6 +1351,9 @@ impl LinearW4A16Cuda {
             if let Some(stages) = tuning.stages {
                 variant.stages = stages.max(2);
             }
+            if gather && variant.tma && tuning.paired.unwrap_or(true) {
+                variant = variant.paired();
+            }
             // The depth (forced or default) is capped at what fits in this GPU's shared memory.
             variant.fit_stages(limits);
             let function =
@@ -1423,6 +1448,7 @@ impl LinearW4A16Cuda {
     fn ctas_of(&self, variant: &Variant) -> usize {
         match self.splits {
             1 => self.ctas,
+            _ if variant.paired => self.tiles_of(variant),
             splits => self.tiles_of(variant) * splits,
         }
     }
@@ -2310,8 +2336,8 @@ mod tests {
                 }
             }
         }
-        // GATHERED TILES (8192 x 28672's 7 warps): f16 and bf16, with and without zeros, up to M = 16, on the grid
-        // they run (two splits, two CTAs per SM).
+        // GATHERED TILES (8192 x 28672's 7 warps): f16 and bf16, with and without zeros, up to M = 16, both
+        // splits in one CTA (the default) and as clusters of two CTAs, two per SM.
         for act in [DType::F16, DType::Bf16] {
             for mt in 1..=GATHER_MAX_MT {
                 for zeros in [true, false] {
@@ -2320,6 +2346,9 @@ mod tests {
                     v.gather = true;
                     cases.push((v, "sm_90a"));
                     cases.push((Variant { activation: true, ..v }, "sm_90a"));
+                    let p = v.paired();
+                    cases.push((p, "sm_90a"));
+                    cases.push((Variant { activation: true, ..p }, "sm_90a"));
                 }
             }
         }
