@@ -99,9 +99,9 @@
 //   favours the older CTA's warps, so on an H200 (8192 x 28672, M = 16) each SM's first CTA ends its k range at
 //   ~28 us and its second at ~36 us, the last 8 us with one CTA, too few warps to keep the SM's share of DRAM busy
 //   (examples/gemm_trace's per-CTA timelines). A PAIRED CTA is one tile's two splits: warps [0, WARPS) take the
-//   first half of k, warps [WARPS, 2 WARPS) the second, each half with a ring of STAGES / 2 stages that the one
-//   producer fills in turn (half 0's unit i, half 1's unit i, ...). A half that falls behind holds the producer,
-//   hence the other half: the two stay within a ring of each other to the end. The second half hands its partial
+//   first half of k, warps [WARPS, 2 WARPS) the second, each half with a ring of STAGES / 2 stages and a producer
+//   warp of its own (one producer for both, alternating, held each half to the slower one's pace: 42.8 us at
+//   M = 1 against 32.5 for the cluster form, H200 8192 x 28672). The second half hands its partial
 //   to the first through shared memory (the RECEIVE area), which adds it as cluster_reduce does (split 0 + split 1),
 //   so the bits are those of the cluster form and of the stored tiles above 16 rows.
 //
@@ -185,7 +185,7 @@ struct Linear {
     // PAIRED: two k splits, each with its ring of RING stages (otherwise one ring of all STAGES).
     static constexpr int RINGS = PAIRED ? 2 : 1, RING = STAGES / RINGS;
     static constexpr int CONSUMERS = THREADS * RINGS;
-    static constexpr int BLOCK = CONSUMERS + (TMA ? 32 : 0);  // + one producer warp issuing the TMA copies
+    static constexpr int BLOCK = CONSUMERS + (TMA ? 32 * RINGS : 0);  // + a producer warp per ring (TMA copies)
     static constexpr int N_CTA = WARPS * WARP_N;
     static constexpr int M_ROWS = MT * 8;
     // Bytes of one stage: weights, x rows, scale rows, zero rows (each a multiple of 16).
@@ -703,41 +703,22 @@ struct Linear {
 #endif
     }
 
-    // Ring r's units [u_begin[r], u_begin[r] + count[r]) go through its stages [r RING, (r + 1) RING); PAIRED: the
-    // two rings in turn, unit i of one after unit i of the other. (Ring 1's range comes as scalars, ignored without
-    // PAIRED: an array argument of this out-of-line call would live in local memory.)
+    // Ring `ring`'s units [u_begin, u_begin + count) through its stages [ring RING, (ring + 1) RING) (PAIRED: a
+    // producer warp per ring, so that neither half's refills wait for the other's).
     __device__ static void produce(const TensorMap* xmap, const Args& a, const Shape& s, char* smem, u32 bars,
-                                   int u_begin0, int count0, int u_begin1, int count1, int lane) {
-        const int u_begin[2] = {u_begin0, u_begin1}, count[2] = {count0, count1};
-        int most = 0;
-#pragma unroll
-        for (int r = 0; r < RINGS; ++r) most = max(most, count[r]);
-        const int early = min(RING, most);
-        for (int i = 0; i < early; ++i)
-#pragma unroll
-            for (int r = 0; r < RINGS; ++r)
-                if (i < count[r])
-                    issue_weights(a, s, smem + (r * RING + i) * STAGE_BYTES, bars + (r * RING + i) * 8, u_begin[r] + i,
-                                  lane);
+                                   int u_begin, int count, int ring, int lane) {
+        smem += ring * (RING * STAGE_BYTES);
+        const u32 full0 = bars + ring * (RING * 8), empty0 = bars + (STAGES + ring * RING) * 8;
+        const int early = min(RING, count);
+        for (int i = 0; i < early; ++i) issue_weights(a, s, smem + i * STAGE_BYTES, full0 + i * 8, u_begin + i, lane);
         wait_for_prerequisite_grids();
-        for (int i = 0; i < early; ++i)
-#pragma unroll
-            for (int r = 0; r < RINGS; ++r)
-                if (i < count[r])
-                    issue_x(xmap, s, smem + (r * RING + i) * STAGE_BYTES, bars + (r * RING + i) * 8, u_begin[r] + i,
-                            lane);
+        for (int i = 0; i < early; ++i) issue_x(xmap, s, smem + i * STAGE_BYTES, full0 + i * 8, u_begin + i, lane);
         int buf = early % RING;
-        for (int i = early; i < most; ++i) {
-#pragma unroll
-            for (int r = 0; r < RINGS; ++r) {
-                if (i >= count[r]) continue;
-                const int st = r * RING + buf;
-                const u32 full = bars + st * 8, empty = bars + (STAGES + st) * 8;
-                mbar_wait(empty, ((i / RING) - 1) & 1);
-                char* stage = smem + st * STAGE_BYTES;
-                issue_weights(a, s, stage, full, u_begin[r] + i, lane);
-                issue_x(xmap, s, stage, full, u_begin[r] + i, lane);
-            }
+        for (int i = early; i < count; ++i) {
+            mbar_wait(empty0 + buf * 8, ((i / RING) - 1) & 1);
+            char* stage = smem + buf * STAGE_BYTES;
+            issue_weights(a, s, stage, full0 + buf * 8, u_begin + i, lane);
+            issue_x(xmap, s, stage, full0 + buf * 8, u_begin + i, lane);
             if (++buf == RING) buf = 0;
         }
     }
@@ -774,8 +755,9 @@ struct Linear {
         char* smem = smem_raw + (WGMMA ? (1024 - (smem_addr(smem_raw) & 1023)) & 1023 : 0);
         const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
         const int units = s.NT * s.KT;
-        // PAIRED: ring r (the warps [r WARPS, (r + 1) WARPS) and their stages) is split r of tile blockIdx.x.
-        const int ring = PAIRED ? min(warp / WARPS, RINGS - 1) : 0;
+        // PAIRED: ring r (the mma warps [r WARPS, (r + 1) WARPS), producer warp 2 WARPS + r, their stages) is split r
+        // of tile blockIdx.x.
+        const int ring = PAIRED ? (warp < CONSUMERS / 32 ? warp / WARPS : warp - CONSUMERS / 32) : 0;
         int u_begin, count;
         if (PAIRED) {
             const int k0 = ring * s.KT / 2;
@@ -811,13 +793,8 @@ struct Linear {
         if constexpr (TMA) {
             if (tid == 0) init_pipeline_barriers(bars, STAGES, THREADS);
             __syncthreads();
-            if (warp == CONSUMERS / 32) {
-                if constexpr (PAIRED) {
-                    const int u0 = blockIdx.x * s.KT, half = s.KT / 2;
-                    produce(xmap, a, s, smem, bars, u0, half, u0 + half, s.KT - half, lane);
-                } else {
-                    produce(xmap, a, s, smem, bars, u_begin, count, 0, 0, lane);
-                }
+            if (warp >= CONSUMERS / 32) {
+                produce(xmap, a, s, smem, bars, u_begin, count, ring, lane);
                 if (s.cluster) {  // cluster_reduce's barriers
                     cluster_sync();
                     if (!RECEIVE) cluster_sync();

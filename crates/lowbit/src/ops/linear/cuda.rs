@@ -761,9 +761,9 @@ impl Variant {
         }
     }
 
-    /// Threads per CTA: the mma warps (twice `warps` when paired), plus the producer warp with TMA.
+    /// Threads per CTA: the mma warps, plus the producer warp with TMA; twice both when paired.
     pub fn block_threads(&self) -> usize {
-        self.warps * 32 * if self.paired { 2 } else { 1 } + if self.tma { 32 } else { 0 }
+        (self.warps * 32 + if self.tma { 32 } else { 0 }) * if self.paired { 2 } else { 1 }
     }
 
     /// Dynamic shared memory of one CTA (`Linear::SMEM_BYTES`).
