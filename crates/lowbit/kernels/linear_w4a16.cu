@@ -88,26 +88,27 @@
 // * GATHERED TILES (GATHER; int4, groups of 128 k or more). 8192 x 28672 has 112 tiles of 256 columns: two splits
 //   make 224 CTAs and leave 40 SMs one CTA, so the busiest SMs move 18% more than their share; stream-K balances
 //   the bytes but pays a global fix-up (H200: ~5 us of a 35 us launch). A kernel tile of WARPS = 7 warps (224
-//   columns) gives 128 tiles, 256 CTAs in clusters of two, two per SM on 128 SMs. The weight keeps its 256-column
+//   columns) gives 128 tiles, whose 256 splits fill 128 SMs (as PAIRED CTAs, below). The weight keeps its 256-column
 //   units: kernel tile nt is the 32-column slices [7 nt, 7 nt + 7) of the stored ones, which lie in one stored
 //   tile or run into the next. Each is a warp's contiguous 2 KB of a unit (and its 64 bytes of scales, 16 of
 //   zeros, of a row), so a stage is at most two copies of each, landing where a 224-column unit would have them.
 //   Up to 16 rows only (host: GATHER_MAX_MT): above, the stored tiles' two splits (the same k ranges, hence the same
 //   bits) take wgmma at M = 17..32, which needs whole warpgroups.
 //
-// * BOTH SPLITS IN ONE CTA (PAIRED; gathered tiles). Two CTAs of one SM do not progress alike: the warp scheduler
-//   favours the older CTA's warps, so on an H200 (8192 x 28672, M = 16) each SM's first CTA ends its k range at
-//   ~28 us and its second at ~36 us, the last 8 us with one CTA, too few warps to keep the SM's share of DRAM busy
-//   (examples/gemm_trace's per-CTA timelines). A PAIRED CTA is one tile's two splits: warps [0, WARPS) take the
-//   first half of k, warps [WARPS, 2 WARPS) the second, each half with a ring of STAGES / 2 stages and a producer
-//   warp of its own (one producer for both, alternating, held each half to the slower one's pace: 42.8 us at
-//   M = 1 against 32.5 for the cluster form, H200 8192 x 28672). The second half hands its partial
-//   to the first through shared memory (the RECEIVE area), which adds it as cluster_reduce does (split 0 + split 1),
-//   so the bits are those of the cluster form and of the stored tiles above 16 rows.
+// * BOTH SPLITS IN ONE CTA (PAIRED; gathered tiles). Two CTAs on one SM do not progress alike: the SM favours the
+//   warps of the CTA it started first. As clusters of two CTAs, two per SM (H200, 8192 x 28672, M = 16), each SM's
+//   first CTA ends its k range at ~28 us and its second at ~36 us, and for those last 8 us one CTA's warps cannot
+//   keep the SM's share of DRAM busy (examples/gemm_trace's per-CTA timelines). A PAIRED CTA holds one tile's two
+//   splits: warps [0, WARPS) take the first half of k and warps [WARPS, 2 WARPS) the second. Each half has a ring
+//   of STAGES / 2 stages and a producer warp of its own. (With one producer feeding both rings in turn, each half
+//   went at the slower one's pace: 42.8 us at M = 1.) The halves now end within ~1 us of each other, and the
+//   launch takes 31.1 us against 32.3 at M = 1 and 37.0 against 38.1 at M = 16. The second half hands its
+//   partial to the first through shared memory (the RECEIVE area), which adds it as cluster_reduce does
+//   (split 0 + split 1), so the bits are those of the cluster form and of the stored tiles above 16 rows.
 //
 // The host prepends the #defines selecting one variant (LB_DTYPE, LB_MT, LB_ZEROS, LB_OFFSETS, LB_WARPS, LB_STAGES,
-// LB_TMA, LB_MIN_BLOCKS, LB_UNIT_GROUPS, LB_RECEIVE, LB_WBITS, LB_WGMMA, LB_ACTIVATION, LB_GATHER) and launches the
-// extern "C" kernels at the bottom.
+// LB_TMA, LB_MIN_BLOCKS, LB_UNIT_GROUPS, LB_RECEIVE, LB_WBITS, LB_WGMMA, LB_ACTIVATION, LB_GATHER, LB_PAIRED) and
+// launches the extern "C" kernels at the bottom.
 #include "common.cuh"
 
 namespace lowbit {

@@ -941,7 +941,9 @@ pub struct Tuning {
     /// over stream-K's grid, one CTA per gathered tile and no fix-up, H200 8192 x 28672 took 39.4 us at M = 1
     /// against 32.4 (`bench/results/2026-11-29-h200-decode-gather-m16/`). Up to 16 rows; above, the stored tiles.
     pub gather: Option<bool>,
-    /// With gathered tiles, both k splits of a tile in one CTA (true, the default) or a cluster of two CTAs.
+    /// With gathered tiles, both k splits of a tile in one CTA (true, the default) or a cluster of two CTAs, two per
+    /// SM (H200, 8192 x 28672, f16: 30.6 against 32.5 us at M = 1, 38.5 against 43.4 at M = 16;
+    /// `bench/results/2026-11-29-h200-decode-paired/`).
     pub paired: Option<bool>,
 }
 
@@ -986,7 +988,7 @@ const GATHER_MAX_MT: usize = 2;
 /// columns, over a weight of `slices` 32-column slices, whose tiles split in two make more CTAs than the stored
 /// tiles do, with two k tiles per split; on `sms` SMs they must also fill at least 95% of two CTAs per SM, and
 /// `None` for `sms` (forced) takes the first that divides. `None`: the stored tiles. Shape only (batch invariance).
-/// 8192 x 28672 (896 slices): 7 warps, 128 tiles, 256 CTAs, against 112 x 2 = 224.
+/// 8192 x 28672 (896 slices): 7 warps, 128 tiles, 256 splits (in 128 paired CTAs), against 112 x 2 = 224.
 pub fn gathered_tile_warps(slices: usize, k_tiles: usize, sms: Option<usize>) -> Option<usize> {
     let stored = 2 * slices / GATHER_STORED_WARPS;
     let fills = |ctas: usize| sms.map_or(true, |sms| ctas <= 2 * sms && ctas * 20 >= 2 * sms * 19);
