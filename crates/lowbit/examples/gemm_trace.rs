@@ -303,6 +303,37 @@ fn summarise(t: &[u64], name: &str) {
     println!("   loads         {}", stat(&span(8, 9)));
     println!("   sum, store    {}", stat(&span(9, 4)));
     println!("  items/CTA      {}", stat(&|c: &[u64]| Some(c[6] as f64)));
+    // CTAs sharing an SM need not progress alike (the decode kernel's BOTH SPLITS IN ONE CTA): the main loop's end by
+    // a CTA's place among its SM's CTAs, in launch order ("alone": the only CTA its SM ran).
+    let mut per_sm = std::collections::HashMap::<u64, usize>::new();
+    ctas.iter().for_each(|c| *per_sm.entry(c[7]).or_default() += 1);
+    let mut seen = std::collections::HashMap::<u64, usize>::new();
+    let mut places: Vec<(String, Vec<f64>)> = Vec::new();
+    for c in &ctas {
+        let rank = seen.entry(c[7]).or_default();
+        let place = match (per_sm[&c[7]], *rank) {
+            (1, _) => "alone".to_string(),
+            (_, r) => format!("SM's CTA {}", r + 1),
+        };
+        *rank += 1;
+        if let Some(end) = at(2)(c) {
+            match places.iter_mut().find(|(p, _)| *p == place) {
+                Some((_, ends)) => ends.push(end),
+                None => places.push((place, vec![end])),
+            }
+        }
+    }
+    places.sort_by(|a, b| a.0.cmp(&b.0));
+    for (place, mut ends) in places {
+        ends.sort_by(f64::total_cmp);
+        println!(
+            "  {place:14} {:4} CTAs, mainloop_end at min {:7.2}  med {:7.2}  max {:7.2}",
+            ends.len(),
+            ends[0],
+            ends[ends.len() / 2],
+            ends[ends.len() - 1]
+        );
+    }
     if let Ok(dir) = std::env::var("LOWBIT_TRACE_CSV") {
         let mut csv = String::from("cta,sm,items");
         for (_, event) in EVENTS {
