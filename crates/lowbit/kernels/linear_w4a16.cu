@@ -730,12 +730,13 @@ struct Linear {
     // store the tile.
     __device__ static void pair_reduce(const Args& a, const Shape& s, u32 area, int nt, int ring, int warp, int lane,
                                        float (&acc)[2][MT][4]) {
+        auto fragment_at = [&](int t, int mt) { return area + (((warp * 2 + t) * MT + mt) * 32 + lane) * 16; };
         if (ring == 1) {
 #pragma unroll
             for (int t = 0; t < 2; ++t)
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt)
-                    sts128f(area + (((warp * 2 + t) * MT + mt) * 32 + lane) * 16,
+                    sts128f(fragment_at(t, mt),
                             make_float4(acc[t][mt][0], acc[t][mt][1], acc[t][mt][2], acc[t][mt][3]));
         }
         named_barrier_sync(1, CONSUMERS);
@@ -745,7 +746,7 @@ struct Linear {
         for (int t = 0; t < 2; ++t)
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
-                const float4 q = lds128f(area + (((warp * 2 + t) * MT + mt) * 32 + lane) * 16);
+                const float4 q = lds128f(fragment_at(t, mt));
                 acc[t][mt][0] += q.x, acc[t][mt][1] += q.y, acc[t][mt][2] += q.z, acc[t][mt][3] += q.w;
             }
         store_output(a, s, nt, warp, lane, acc);

@@ -1362,10 +1362,6 @@ impl LinearW4A16Cuda {
                 device.function_with_shared_memory(variant.source(), "w4a16_linear", variant.smem_bytes())?;
             kernels.push((variant, function, false));
         }
-        let tiles_of = |v: &Variant| if v.gather { tiles } else { plan.n_tiles() };
-        for (v, f, cluster) in &mut kernels {
-            *cluster = runs_as_clusters(v, f, splits, tiles_of(v));
-        }
         // The widest grid (gathered tiles outnumber the stored ones): sizes the workspace and the trace buffer.
         let ctas = match splits {
             1 => tuning.ctas.unwrap_or(ctas_per_sm * sms).clamp(1, units),
@@ -1376,7 +1372,7 @@ impl LinearW4A16Cuda {
             .stream()
             .alloc_zeros(tiles * warps)
             .map_err(|e| crate::cuda::cuda_error("split-tile counters", e))?;
-        Ok(Self {
+        let mut op = Self {
             ctas,
             weight,
             counters,
@@ -1389,7 +1385,12 @@ impl LinearW4A16Cuda {
             tiles,
             trace: 0,
             dependent_launch: tma_supported && tuning.dependent_launch.unwrap_or(ctas * 20 >= sms * 19),
-        })
+        };
+        let clusters: Vec<bool> = op.kernels.iter().map(|(v, f, _)| op.runs_as_clusters(v, f)).collect();
+        for ((_, _, cluster), runs) in op.kernels.iter_mut().zip(clusters) {
+            *cluster = runs;
+        }
+        Ok(op)
     }
 
     /// Diagnostics: every later launch writes its CTAs' timelines (10 `u64` per CTA, the kernels' `Trace` in
@@ -1446,6 +1447,11 @@ impl LinearW4A16Cuda {
         }
     }
 
+    /// Whether `variant`, loaded as `function`, launches its splits as clusters ([`runs_as_clusters`] over its tiles).
+    fn runs_as_clusters(&self, variant: &Variant, function: &CudaFunction) -> bool {
+        runs_as_clusters(variant, function, self.splits, self.tiles_of(variant))
+    }
+
     /// CTAs of `variant`'s launch: every tile's splits with split-K, the stream-K grid otherwise.
     fn ctas_of(&self, variant: &Variant) -> usize {
         match self.splits {
@@ -1468,7 +1474,7 @@ impl LinearW4A16Cuda {
         for variant in twins {
             let function =
                 device.function_with_shared_memory(variant.source(), "w4a16_linear", variant.smem_bytes())?;
-            let cluster = runs_as_clusters(&variant, &function, self.splits, self.tiles_of(&variant));
+            let cluster = self.runs_as_clusters(&variant, &function);
             self.kernels.push((variant, function, cluster));
         }
         Ok(self)
