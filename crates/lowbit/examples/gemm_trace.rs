@@ -11,6 +11,7 @@
 //! `--rotate-io` rotates as many x and y buffers as weight copies (as `lowbit bench` does); by default all launches
 //! share one x and one y. `--tokens` picks the tile's tokens per warpgroup, and with `--ksplit` the K-split tile's
 //! (64 or 128), and `--ramp-ksplit` its RAMP (stages in flight while the pipeline first fills; 0: all).
+//! `--stages` sets the pipeline depth of the GEMM tile and of the decode kernel (per ring when paired).
 //! Output: one summary block per shape; with `LOWBIT_TRACE_CSV=dir` also the raw per-CTA timeline as
 //! `dir/<shape>.csv`.
 
@@ -158,6 +159,7 @@ fn main() -> lowbit::Result<()> {
     for (m, k, n) in decodes {
         let tuning = Tuning {
             splits: decode_splits,
+            stages,
             ctas_per_sm,
             gather,
             paired,
@@ -175,10 +177,11 @@ fn main() -> lowbit::Result<()> {
         let (us, t) = time_and_trace(&dev, &mut ops, launch, LinearW4A16Cuda::set_trace)?;
         println!(
             "== decode M={m} K={k} N={n}: {us:.1} us/launch ({copies} weights rotated), {} CTAs, tile width {}, \
-             splits {}",
+             splits {}, stages {}",
             ops[0].ctas(),
             ops[0].tile_width(),
-            ops[0].splits()
+            ops[0].splits(),
+            stages.map_or("default".to_string(), |s| format!("{s} (per ring when paired)"))
         );
         for (name, resident) in ops[0].cluster_residency() {
             println!("  {name}: resident clusters of 2 / 4 / 8 CTAs: {resident:?}");
@@ -237,7 +240,7 @@ fn linear_problem<O>(
     Ok((ops, dev.upload(&x)?, dev.alloc_zeros::<f16>(m * n)?))
 }
 
-/// Times `launch` over the rotated operators (a warm-up, then 20 rounds), then traces one launch of `ops[0]` after
+/// Times `launch` over the rotated operators (a warm-up, then 20 rounds, or `LOWBIT_TRACE_ROUNDS`), then traces one launch of `ops[0]` after
 /// one of every other (so its weight is not in L2). Returns µs per launch and the trace (SLOTS values per CTA).
 fn time_and_trace<O>(
     dev: &CudaDevice,
@@ -250,7 +253,11 @@ fn time_and_trace<O>(
         launch(op)?;
     }
     let timer = StreamTimer::new(dev)?;
-    let reps = 20 * ops.len();
+    let rounds = std::env::var("LOWBIT_TRACE_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    let reps = rounds * ops.len();
     timer.start(&stream)?;
     for op in ops.iter().cycle().take(reps) {
         launch(op)?;

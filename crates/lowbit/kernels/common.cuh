@@ -595,22 +595,20 @@ struct GroupTerms {
     u32 s2[2][2];      // the same scales as packed pairs {s, s} of the activation type (scaling A fragments)
 };
 
-// The zero terms and scales of this lane's four accumulator rows for scale/zero row `row` of a stage whose scale
-// rows start at shared address `params` (zero rows follow after `s_bytes`): one 8-byte and one 16-bit (8-bit
-// codes: 32-bit) shared load, because the SCALE/ZERO LAYOUT of linear_w4a16.cu puts a lane group's four values
-// together. `warp` is the 32-column slice of the N_CTA-wide tile.
-template <class T, bool HAS_ZEROS, int N_CTA, int WBITS = 4>
-__device__ __forceinline__ GroupTerms load_group_terms(u32 params, int s_bytes, int row, int warp, int lane) {
-    const int g = lane >> 2;
-    const uint2 sv = lds64(params + row * (N_CTA * 2) + warp * 64 + g * 8);
+// The zero terms and scales of this lane's four accumulator rows from its scales' and zero codes' shared addresses
+// in one scale/zero row: one 8-byte and one 16-bit (8-bit codes: 32-bit) shared load, because the SCALE/ZERO LAYOUT
+// of linear_w4a16.cu puts a lane group's four values together.
+template <class T, bool HAS_ZEROS, int WBITS = 4>
+__device__ __forceinline__ GroupTerms group_terms_at(u32 s_at, u32 z_at) {
+    const uint2 sv = lds64(s_at);
     GroupTerms gt;
     if (WBITS == 8 && HAS_ZEROS) {
-        FragmentOps<F16>::zero_terms8(lds32(params + s_bytes + row * N_CTA + warp * 32 + g * 4), gt.lo, gt.hi);
+        FragmentOps<F16>::zero_terms8(lds32(z_at), gt.lo, gt.hi);
     } else if (WBITS == 8) {  // symmetric: every zero is the midpoint 128 (an immediate operand of the sub)
         gt.lo[0] = gt.lo[1] = gt.hi[0] = gt.hi[1] = F16::INT8_BIAS;
     } else {
         u32 z = 0x8888u;  // symmetric: every zero is the midpoint 8
-        if (HAS_ZEROS) z = lds16(params + s_bytes + row * (N_CTA / 2) + warp * 16 + g * 2);
+        if (HAS_ZEROS) z = lds16(z_at);
         FragmentOps<T>::zero_terms(z * 0x10001u, gt.lo, gt.hi);
     }
     const float2 s0 = FragmentOps<T>::scale_pair(sv.x), s1 = FragmentOps<T>::scale_pair(sv.y);
@@ -618,6 +616,16 @@ __device__ __forceinline__ GroupTerms load_group_terms(u32 params, int s_bytes, 
     gt.s2[0][0] = prmt(sv.x, sv.x, 0x1010), gt.s2[0][1] = prmt(sv.x, sv.x, 0x3232);
     gt.s2[1][0] = prmt(sv.y, sv.y, 0x1010), gt.s2[1][1] = prmt(sv.y, sv.y, 0x3232);
     return gt;
+}
+
+// The same for scale/zero row `row` of a stage whose scale rows start at shared address `params` (zero rows follow
+// after `s_bytes`). `warp` is the 32-column slice of the N_CTA-wide tile: 64 bytes of scales a row, 32 zero codes.
+template <class T, bool HAS_ZEROS, int N_CTA, int WBITS = 4>
+__device__ __forceinline__ GroupTerms load_group_terms(u32 params, int s_bytes, int row, int warp, int lane) {
+    const int g = lane >> 2;
+    const u32 z_at = WBITS == 8 ? params + s_bytes + row * N_CTA + warp * 32 + g * 4
+                                : params + s_bytes + row * (N_CTA / 2) + warp * 16 + g * 2;
+    return group_terms_at<T, HAS_ZEROS, WBITS>(params + row * (N_CTA * 2) + warp * 64 + g * 8, z_at);
 }
 
 // ------------------------------------------------------------------------------------------------------------------

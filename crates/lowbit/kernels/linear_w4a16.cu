@@ -310,6 +310,22 @@ struct Linear {
         return load_group_terms<T, HAS_ZEROS, N_CTA, WBITS>(stage + W_BYTES + X_BYTES, S_BYTES, row, warp, lane);
     }
 
+    // PAIRED: a lane's addresses in a stage, as offsets from its start (its weight words, its x rows for ldmatrix, its
+    // scales and zero codes: one group row, UNIT_GROUPS), computed once. Otherwise ptxas rebuilds them from the
+    // thread index at every stage: ~15 of the ~265 instructions a warp issues per stage at M = 16, a launch that runs
+    // at the power cap. A shuffle is opaque to it, so they stay in registers. The two-CTA variants keep the rebuild
+    // (their register budget is 96).
+    struct LaneOffsets {
+        u32 w, x, s, z;
+    };
+    __device__ static __forceinline__ LaneOffsets lane_offsets(int warp, int lane) {
+        const int g = lane >> 2;
+        const u32 w = warp * (W_BYTES / WARPS) + lane * 16, x = W_BYTES + ((lane & 7) * X_PITCH + (lane >> 3) * 8) * 2;
+        const u32 s = W_BYTES + X_BYTES + warp * 64 + g * 8, z = W_BYTES + X_BYTES + S_BYTES + warp * 16 + g * 2;
+        return {__shfl_sync(0xffffffffu, w, lane), __shfl_sync(0xffffffffu, x, lane),
+                __shfl_sync(0xffffffffu, s, lane), __shfl_sync(0xffffffffu, z, lane)};
+    }
+
     // OFFSETS: this lane's four offsets of group row `row` ([tile][row g, g + 8]), one 8-byte load like the scales.
     __device__ static __forceinline__ void load_offsets(u32 stage, int row, int warp, int lane, float (&o)[2][2]) {
         const uint2 ov = lds64(stage + W_BYTES + X_BYTES + S_BYTES + row * (N_CTA * 2) + warp * 64 + (lane >> 2) * 8);
@@ -455,23 +471,28 @@ struct Linear {
         apply_scales(acc, acc_g, gt, 0);
     }
 
+    // PAIRED: `off` holds the lane's offsets (lane_offsets); the other variants derive them here.
     __device__ static __forceinline__ void compute_stage(u32 stage, const Shape& s, int kt, int warp, int lane,
-                                                         float (&acc)[2][MT][4]) {
+                                                         const LaneOffsets& off, float (&acc)[2][MT][4]) {
         if constexpr (WGMMA) {
             compute_stage_wgmma(stage, s, kt, warp, lane, acc);
             return;
         }
-        const u32 ws = stage + warp * (W_BYTES / WARPS) + lane * 16;
+        const u32 ws = PAIRED ? stage + off.w : stage + warp * (W_BYTES / WARPS) + lane * 16;
         // Row lane % 8 of a token tile at k offset 8 * (lane / 8) (x4: the four 8x8 matrices of a 32-k chunk).
-        const u32 xs = stage + W_BYTES + ((lane & 7) * X_PITCH + (lane >> 3) * 8) * 2;
+        const u32 xs = PAIRED ? stage + off.x : stage + W_BYTES + ((lane & 7) * X_PITCH + (lane >> 3) * 8) * 2;
+        auto group = [&](int row) {
+            if constexpr (PAIRED) return group_terms_at<T, HAS_ZEROS, WBITS>(stage + off.s, stage + off.z);
+            else return load_group(stage, row, warp, lane);
+        };
         const u32 starts = group_starts(s, kt);
         // OFFSETS: the group's sums of x per token, by one more mma per k16 step with an all-ones A fragment.
         const uint4 ones = make_uint4(T::ONE, T::ONE, T::ONE, T::ONE);
-        float xs_g[MT][4], off[2][2];
+        float xs_g[MT][4], offsets[2][2];
 #pragma unroll
         for (int pass = 0; pass < T_PASSES; ++pass) {
-            GroupTerms gt = load_group(stage, 0, warp, lane);
-            if constexpr (OFFSETS) load_offsets(stage, 0, warp, lane, off);
+            GroupTerms gt = group(0);
+            if constexpr (OFFSETS) load_offsets(stage, 0, warp, lane, offsets);
             float acc_g[T_PER_PASS][MT][4];
 #pragma unroll
             for (int kc = 0; kc < 4; ++kc) {
@@ -504,14 +525,14 @@ struct Linear {
 #pragma unroll
                                 for (int i = 0; i < 4; ++i) acc_g[tt][mt][i] = 0.0f;
                         const int row = __popc(starts & ((2u << step) - 1));
-                        gt = load_group(stage, row, warp, lane);
+                        gt = group(row);
                         if constexpr (OFFSETS) {
-                            apply_offsets(acc, xs_g, off);
+                            apply_offsets(acc, xs_g, offsets);
 #pragma unroll
                             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
                                 for (int i = 0; i < 4; ++i) xs_g[mt][i] = 0.0f;
-                            load_offsets(stage, row, warp, lane, off);
+                            load_offsets(stage, row, warp, lane, offsets);
                         }
                     }
                     if constexpr (OFFSETS) {
@@ -538,7 +559,7 @@ struct Linear {
                 }
             }
             apply_scales(acc, acc_g, gt, pass);
-            if constexpr (OFFSETS) apply_offsets(acc, xs_g, off);
+            if constexpr (OFFSETS) apply_offsets(acc, xs_g, offsets);
         }
     }
 
@@ -852,11 +873,21 @@ struct Linear {
         int seg_start = kt;  // k tile where the current segment starts; -1: a later segment (starts at 0)
         int buf = 0, ld_buf = STAGES - 1;
         u32 phase = 0;  // parity of the current use of stage `buf` (TMA)
+        // PAIRED: the lane's offsets once, and the first stage's diagnostic stamp outside the loop (3 instructions
+        // a stage). The two-CTA variants keep both in the loop: hoisted, they took up to 8 registers more.
+        LaneOffsets off{};
+        if constexpr (PAIRED) {
+            off = lane_offsets(warp, lane);
+            if (a.trace && count > 0) {
+                mbar_wait(bars, 0);
+                trace_stamp(a.trace, TRACE_FIRST_FULL);
+            }
+        }
 #pragma unroll 1
         for (int left = count; left > 0; --left) {
             if constexpr (TMA) {
                 mbar_wait(bars + buf * 8, phase);
-                if (left == count) trace_stamp(a.trace, TRACE_FIRST_FULL);
+                if (!PAIRED && left == count) trace_stamp(a.trace, TRACE_FIRST_FULL);
             } else {
                 cp_async_wait<STAGES - 2>();
                 __syncthreads();  // this stage visible to all; every warp is done with the buffer refilled next
@@ -868,7 +899,7 @@ struct Linear {
                 if (++ld_buf == STAGES) ld_buf = 0;
             }
 
-            compute_stage(stages + buf * STAGE_BYTES, s, kt, warp, lane, acc);
+            compute_stage(stages + buf * STAGE_BYTES, s, kt, warp, lane, off, acc);
             if constexpr (TMA) mbar_arrive(bars + (STAGES + buf) * 8);  // this thread is done reading the stage
             if (++buf == RING) buf = 0, phase ^= 1;
 

@@ -15,9 +15,9 @@
 //! for cuBLAS, every dense weight) is rotated among as many copies as it takes to exceed 2 × L2, so each launch
 //! reads device memory. Timing: the launchers of one M take turns (`Rounds`): an untimed round, then 7 rounds of
 //! one ~20 ms batch of launches each between CUDA events, so all of them run at the same clocks; the median batch is
-//! reported. CUDA-graph replays are timed after them, and from M = 256 on QuantLinear and both baselines again, each
-//! alone under sustained load (`lowbit_sustained`, `cublas_fp16_sustained`, `cublaslt_fp16_sustained`; see
-//! `sustained_us`). `bytes` is what the call must move at least: codes, scales and zeros (or the dense weight),
+//! reported. CUDA-graph replays are timed after them, and from M = 256 on (every M with
+//! `LOWBIT_BENCH_SUSTAINED=all`) QuantLinear and both baselines again, each alone under sustained load
+//! (`lowbit_sustained`, `cublas_fp16_sustained`, `cublaslt_fp16_sustained`; see `sustained_us`). `bytes` is what the call must move at least: codes, scales and zeros (or the dense weight),
 //! x and y.
 //!
 //! `LOWBIT_BENCH_VARIANTS=1` adds decode-kernel records with the grid forced to one (`lowbit_1sm`) or two
@@ -65,7 +65,8 @@ const MAX_DECODE_M: usize = lowbit::ops::linear::cuda::MAX_M;
 /// Calls captured per graph (cycling through the rotation sets).
 const GRAPH_CALLS: usize = 32;
 /// From this batch size on (compute-bound GEMMs, held by the power cap) the bench also times QuantLinear and the
-/// baselines alone under sustained load (`_sustained` records; `LOWBIT_BENCH_SUSTAINED=0` leaves them out).
+/// baselines alone under sustained load (`_sustained` records; `LOWBIT_BENCH_SUSTAINED=0` leaves them out,
+/// `LOWBIT_BENCH_SUSTAINED=all` adds them at every M: the decode kernel at 16 rows reaches the cap too).
 const SUSTAINED_MIN_M: usize = 256;
 
 /// The GEMM with one setting changed (a `LOWBIT_BENCH_*` knob), timed beside `lowbit_gemm` as `label` at the batch
@@ -572,8 +573,12 @@ fn bench_shape<T: DenseElement + ValidAsZeroBits>(
             sink.push(record(&format!("lowbit_graph{suffix}"), quant_bytes, replay))?;
         }
 
-        // Compute-bound batches: QuantLinear and both baselines, each alone under sustained load (`sustained_us`).
-        if m >= SUSTAINED_MIN_M && std::env::var("LOWBIT_BENCH_SUSTAINED").map_or(true, |v| v != "0") {
+        // Compute-bound batches (or every batch, on request): QuantLinear and both baselines, each alone under
+        // sustained load (`sustained_us`).
+        let sustained = std::env::var("LOWBIT_BENCH_SUSTAINED");
+        if sustained.as_deref().is_ok_and(|v| v == "all")
+            || (m >= SUSTAINED_MIN_M && sustained.map_or(true, |v| v != "0"))
+        {
             sink.status(format!("linear sustained {m}x{k}x{n} {dtype}"));
             let us = sustained_us(dev, &stream, dense_sets, |i| {
                 blas.run(&dense_w[i], &xs[i], m, &mut ys[i])
