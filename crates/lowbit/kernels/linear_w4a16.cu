@@ -310,11 +310,13 @@ struct Linear {
         return load_group_terms<T, HAS_ZEROS, N_CTA, WBITS>(stage + W_BYTES + X_BYTES, S_BYTES, row, warp, lane);
     }
 
-    // PAIRED: a lane's addresses in a stage, as offsets from its start (its weight words, its x rows for ldmatrix, its
-    // scales and zero codes: one group row, UNIT_GROUPS), computed once. Otherwise ptxas rebuilds them from the
-    // thread index at every stage: ~15 of the ~265 instructions a warp issues per stage at M = 16, a launch that runs
-    // at the power cap. A shuffle is opaque to it, so they stay in registers. The two-CTA variants keep the rebuild
-    // (their register budget is 96).
+    // HOISTED (paired, 9..16 rows): a lane's addresses in a stage, as offsets from its start (its weight words, its x
+    // rows for ldmatrix, its scales and zero codes: one group row, UNIT_GROUPS), computed once. Otherwise ptxas
+    // rebuilds them from the thread index at every stage: ~15 of the ~265 instructions a warp issues per stage at
+    // M = 16, a launch that runs at the power cap. A shuffle is opaque to it, so they stay in registers. Measured
+    // (H200, 8192 x 28672, gemm_trace A/B): M = 16 36.8 -> 36.2 us, but M = 1 and 4 31.1 -> 31.5 and 31.5 -> 31.9,
+    // so the M <= 8 variants keep the rebuild, as do the two-CTA ones (their register budget is 96).
+    static constexpr bool HOISTED = PAIRED && MT == 2;
     struct LaneOffsets {
         u32 w, x, s, z;
     };
@@ -471,18 +473,18 @@ struct Linear {
         apply_scales(acc, acc_g, gt, 0);
     }
 
-    // PAIRED: `off` holds the lane's offsets (lane_offsets); the other variants derive them here.
+    // HOISTED: `off` holds the lane's offsets (lane_offsets); the other variants derive them here.
     __device__ static __forceinline__ void compute_stage(u32 stage, const Shape& s, int kt, int warp, int lane,
                                                          const LaneOffsets& off, float (&acc)[2][MT][4]) {
         if constexpr (WGMMA) {
             compute_stage_wgmma(stage, s, kt, warp, lane, acc);
             return;
         }
-        const u32 ws = PAIRED ? stage + off.w : stage + warp * (W_BYTES / WARPS) + lane * 16;
+        const u32 ws = HOISTED ? stage + off.w : stage + warp * (W_BYTES / WARPS) + lane * 16;
         // Row lane % 8 of a token tile at k offset 8 * (lane / 8) (x4: the four 8x8 matrices of a 32-k chunk).
-        const u32 xs = PAIRED ? stage + off.x : stage + W_BYTES + ((lane & 7) * X_PITCH + (lane >> 3) * 8) * 2;
+        const u32 xs = HOISTED ? stage + off.x : stage + W_BYTES + ((lane & 7) * X_PITCH + (lane >> 3) * 8) * 2;
         auto group = [&](int row) {
-            if constexpr (PAIRED) return group_terms_at<T, HAS_ZEROS, WBITS>(stage + off.s, stage + off.z);
+            if constexpr (HOISTED) return group_terms_at<T, HAS_ZEROS, WBITS>(stage + off.s, stage + off.z);
             else return load_group(stage, row, warp, lane);
         };
         const u32 starts = group_starts(s, kt);
@@ -873,10 +875,10 @@ struct Linear {
         int seg_start = kt;  // k tile where the current segment starts; -1: a later segment (starts at 0)
         int buf = 0, ld_buf = STAGES - 1;
         u32 phase = 0;  // parity of the current use of stage `buf` (TMA)
-        // PAIRED: the lane's offsets once, and the first stage's diagnostic stamp outside the loop (3 instructions
-        // a stage). The two-CTA variants keep both in the loop: hoisted, they took up to 8 registers more.
+        // HOISTED: the lane's offsets once, and the first stage's diagnostic stamp outside the loop (3 instructions
+        // a stage). The others keep both in the loop (hoisted, the two-CTA variants took up to 8 registers more).
         LaneOffsets off{};
-        if constexpr (PAIRED) {
+        if constexpr (HOISTED) {
             off = lane_offsets(warp, lane);
             if (a.trace && count > 0) {
                 mbar_wait(bars, 0);
@@ -887,7 +889,7 @@ struct Linear {
         for (int left = count; left > 0; --left) {
             if constexpr (TMA) {
                 mbar_wait(bars + buf * 8, phase);
-                if (!PAIRED && left == count) trace_stamp(a.trace, TRACE_FIRST_FULL);
+                if (!HOISTED && left == count) trace_stamp(a.trace, TRACE_FIRST_FULL);
             } else {
                 cp_async_wait<STAGES - 2>();
                 __syncthreads();  // this stage visible to all; every warp is done with the buffer refilled next
