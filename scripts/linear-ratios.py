@@ -33,7 +33,9 @@ def main(path):
             return f"({b / us:.2f})" if b else ""
 
         cells = " ".join(
-            f"{impl.replace('lowbit', 'lb')}={us:.1f}{ratio(impl, us)}" for impl, us in v.items() if impl.startswith("lowbit")
+            f"{impl.replace('lowbit', 'lb')}={us:.1f}{ratio(impl, us)}"
+            for impl, us in v.items()
+            if impl.startswith("lowbit")
         )
         print(f"M={m} {k}x{n} {dtype}: {cells} base={base:.1f}" if base else f"M={m} {k}x{n} {dtype}: {cells}")
 

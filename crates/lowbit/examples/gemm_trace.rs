@@ -240,8 +240,9 @@ fn linear_problem<O>(
     Ok((ops, dev.upload(&x)?, dev.alloc_zeros::<f16>(m * n)?))
 }
 
-/// Times `launch` over the rotated operators (a warm-up, then 20 rounds, or `LOWBIT_TRACE_ROUNDS`), then traces one launch of `ops[0]` after
-/// one of every other (so its weight is not in L2). Returns µs per launch and the trace (SLOTS values per CTA).
+/// Times `launch` over the rotated operators (a warm-up, then 20 rounds, or `LOWBIT_TRACE_ROUNDS`), then traces one
+/// launch of `ops[0]` after one of every other (so its weight is not in L2). Returns µs per launch and the trace
+/// (SLOTS values per CTA).
 fn time_and_trace<O>(
     dev: &CudaDevice,
     ops: &mut [O],
