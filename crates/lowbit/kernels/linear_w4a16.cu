@@ -315,7 +315,9 @@ struct Linear {
     // rebuilds them from the thread index at every stage: ~15 of the ~265 instructions a warp issues per stage at
     // M = 16, a launch that runs at the power cap. A shuffle is opaque to it, so they stay in registers. Measured
     // (H200, 8192 x 28672, gemm_trace A/B): M = 16 36.8 -> 36.2 us, but M = 1 and 4 31.1 -> 31.5 and 31.5 -> 31.9,
-    // so the M <= 8 variants keep the rebuild, as do the two-CTA ones (their register budget is 96).
+    // so the M <= 8 variants keep the rebuild, as do the two-CTA ones (their register budget is 96). compute_stage
+    // and load_group_terms keep their own copies of these expressions: in any other form ptxas allocated the other
+    // variants' registers differently. Zero codes are 4-bit here (gathered tiles).
     static constexpr bool HOISTED = PAIRED && MT == 2;
     struct LaneOffsets {
         u32 w, x, s, z;
