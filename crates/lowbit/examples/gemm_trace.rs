@@ -316,7 +316,7 @@ fn summarise(t: &[u64], name: &str) {
     let mut per_sm = std::collections::HashMap::<u64, usize>::new();
     ctas.iter().for_each(|c| *per_sm.entry(c[7]).or_default() += 1);
     let mut seen = std::collections::HashMap::<u64, usize>::new();
-    let mut places: Vec<(String, Vec<f64>)> = Vec::new();
+    let mut places = std::collections::BTreeMap::<String, Vec<f64>>::new();
     for c in &ctas {
         let rank = seen.entry(c[7]).or_default();
         let place = match (per_sm[&c[7]], *rank) {
@@ -325,13 +325,9 @@ fn summarise(t: &[u64], name: &str) {
         };
         *rank += 1;
         if let Some(end) = at(2)(c) {
-            match places.iter_mut().find(|(p, _)| *p == place) {
-                Some((_, ends)) => ends.push(end),
-                None => places.push((place, vec![end])),
-            }
+            places.entry(place).or_default().push(end);
         }
     }
-    places.sort_by(|a, b| a.0.cmp(&b.0));
     for (place, mut ends) in places {
         ends.sort_by(f64::total_cmp);
         println!(
