@@ -49,6 +49,73 @@ __device__ void ldg_stream(const uint4* __restrict__ src, long long n, int ctas,
 extern "C" __global__ void ldg4(const uint4* src, long long n, int ctas, unsigned* out) { ldg_stream<4>(src, n, ctas, out); }
 extern "C" __global__ void ldg8(const uint4* src, long long n, int ctas, unsigned* out) { ldg_stream<8>(src, n, ctas, out); }
 
+// CTA c reads `per_cta` 16-byte words of an L2-resident window of `wrap` words (a power of two; word k at k mod wrap) by plain
+// loads, UNROLL in flight per thread: the load/store unit's path from L2, against the bulk copies' below.
+template <int UNROLL>
+__device__ void ldg_window(const uint4* __restrict__ src, long long per_cta, long long wrap, unsigned* out) {
+    const long long b = (long long)blockIdx.x * per_cta;
+    unsigned acc = 0;
+    for (long long i = threadIdx.x; i < per_cta; i += (long long)blockDim.x * UNROLL) {
+        uint4 v[UNROLL];
+#pragma unroll
+        for (int j = 0; j < UNROLL; ++j) {
+            const long long k = (b + i + (long long)j * blockDim.x) & (wrap - 1);
+            asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                         : "=r"(v[j].x), "=r"(v[j].y), "=r"(v[j].z), "=r"(v[j].w) : "l"(src + k));
+        }
+#pragma unroll
+        for (int j = 0; j < UNROLL; ++j) acc ^= v[j].x ^ v[j].y ^ v[j].z ^ v[j].w;
+    }
+    if (acc == 0x9e3779b9u) out[0] = acc;
+}
+extern "C" __global__ void ldg_l2(const uint4* src, long long per_cta, long long wrap, unsigned* out) {
+    ldg_window<8>(src, per_cta, wrap, out);
+}
+
+// Both paths at once: the `tma` ring on an L2 window (16 KB units), and each stage the 256 consumer threads also
+// load `extra` 16-byte words each from the window (a power-of-two count of words) by plain loads, before they
+// release the stage.
+extern "C" __global__ void tma_ldg(const char* src, int count, int unit, int stages, int window, int extra,
+                                   unsigned* out) {
+    extern __shared__ __align__(128) char smem[];
+    const u32 bars = smem_addr(smem + stages * unit);
+    if (threadIdx.x == 0) init_pipeline_barriers(bars, stages, 256);
+    __syncthreads();
+    if (threadIdx.x >= 256) {
+        if (threadIdx.x == 256) {
+            for (int i = 0, buf = 0; i < count; ++i) {
+                if (i >= stages) mbar_wait(bars + (stages + buf) * 8, ((i / stages) - 1) & 1);
+                mbar_arrive_expect_tx(bars + buf * 8, unit);
+                bulk_copy(smem + buf * unit, src + (long long)((blockIdx.x + i) % window) * unit, unit, bars + buf * 8);
+                if (++buf == stages) buf = 0;
+            }
+        }
+        return;
+    }
+    const uint4* words = reinterpret_cast<const uint4*>(src);
+    const long long wrap = (long long)window * unit / 16;
+    unsigned acc = 0;
+    for (int i = 0, buf = 0; i < count; ++i) {
+        uint4 v[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            if (j < extra) {
+                const long long k = ((long long)(blockIdx.x * 7 + i) * 256 * extra + j * 256 + threadIdx.x) & (wrap - 1);
+                asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                             : "=r"(v[j].x), "=r"(v[j].y), "=r"(v[j].z), "=r"(v[j].w) : "l"(words + k));
+            }
+        }
+        mbar_wait(bars + buf * 8, (i / stages) & 1);
+        acc ^= reinterpret_cast<const unsigned*>(smem + buf * unit)[threadIdx.x];
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+            if (j < extra) acc ^= v[j].x ^ v[j].y ^ v[j].z ^ v[j].w;
+        mbar_arrive(bars + (stages + buf) * 8);
+        if (++buf == stages) buf = 0;
+    }
+    if (acc == 0x9e3779b9u) out[0] = acc;
+}
+
 // CTA c copies units [c units / ctas, ...) of `unit` bytes into a ring of `stages`; 256 consumer threads read one
 // word each and release the stage. Thread 256 issues the copies. `window` > 0: unit u is read at u mod window.
 extern "C" __global__ void tma(const char* src, long long units, int ctas, int unit, int stages, int window,
@@ -238,6 +305,12 @@ impl Ring {
 
 fn main() -> lowbit::Result<()> {
     let mb: usize = std::env::args().nth(1).and_then(|v| v.parse().ok()).unwrap_or(122);
+    if std::env::var("LOWBIT_PROBE").as_deref() == Ok("compile") {
+        // Without a GPU: does the probe compile, and with what resources?
+        let compiled = lowbit::cuda::compile(&PROBE, "sm_90a")?;
+        compiled.resource_lines().for_each(|l| println!("{l}"));
+        return Ok(());
+    }
     let dev = CudaDevice::new(0)?;
     let stream = dev.stream().clone();
     let sms = dev.info().sm_count as usize;
@@ -274,6 +347,9 @@ fn main() -> lowbit::Result<()> {
         Ok(())
     };
 
+    if std::env::var("LOWBIT_PROBE").as_deref() == Ok("l2-paths") {
+        return l2_paths(&dev, &bufs[0], out_ptr);
+    }
     for (name, per_sm, threads) in [
         ("ldg4", 1, 1024),
         ("ldg4", 2, 512),
@@ -403,6 +479,103 @@ fn main() -> lowbit::Result<()> {
                     us / count as f64
                 );
             }
+        }
+    }
+    Ok(())
+}
+
+/// How fast one SM takes in bytes from L2, by path: bulk copies into a ring of 3, 6 or 12 stages (if the rate grows
+/// with the bytes in flight, latency limits it), plain 16-byte loads by 256-1024 threads, and both at once (the
+/// ring, plus `extra` words a consumer thread per stage). On 8 SMs and on every SM; 2 MiB windows that stay in L2.
+fn l2_paths(dev: &CudaDevice, buf: &CudaSlice<u8>, out_ptr: u64) -> lowbit::Result<()> {
+    let stream = dev.stream().clone();
+    let timer = StreamTimer::new(dev)?;
+    let sms = dev.info().sm_count as usize;
+    let src = buf.device_ptr(&stream).0;
+    let median = |launch: &dyn Fn() -> lowbit::Result<()>| -> lowbit::Result<f64> {
+        launch()?;
+        let mut runs = Vec::new();
+        for _ in 0..5 {
+            timer.start(&stream)?;
+            for _ in 0..10 {
+                launch()?;
+            }
+            runs.push(timer.stop_ms(&stream)? * 1e3 / 10.0);
+        }
+        runs.sort_by(f64::total_cmp);
+        Ok(runs[2])
+    };
+    let report = |what: &str, ctas: usize, bytes_per_cta: f64, us: f64| {
+        let per_sm = bytes_per_cta / us / 1e3;
+        println!(
+            "  {what:<34} {ctas:3} SMs {us:8.1} us {per_sm:6.1} GB/s per SM {:6.2} TB/s in all",
+            per_sm * ctas as f64 / 1e3
+        );
+    };
+    let per_cta = 512usize; // 16 KB units: 8 MiB a CTA
+    println!("L2 intake per SM by path (2 MiB windows):");
+    for ctas in [8usize, sms] {
+        for stages in [3usize, 6, 12] {
+            let ring = Ring {
+                ctas,
+                unit: 16 << 10,
+                stages,
+                window: 128,
+            };
+            let f = dev.function_with_shared_memory(&PROBE, "tma", ring.smem())?;
+            let us = median(&|| ring.launch(&stream, &f, src, per_cta * ctas, out_ptr))?;
+            report(
+                &format!("bulk copies, 16 KB x {stages}"),
+                ctas,
+                (per_cta << 14) as f64,
+                us,
+            );
+        }
+        for threads in [256u32, 512, 1024] {
+            let f = dev.function(&PROBE, "ldg_l2")?;
+            let (words, wrap) = ((per_cta << 10) as i64, (2i64 << 20) / 16);
+            let us = median(&|| {
+                let mut b = stream.launch_builder(&f);
+                b.arg(&src).arg(&words).arg(&wrap).arg(&out_ptr);
+                let cfg = LaunchConfig {
+                    grid_dim: (ctas as u32, 1, 1),
+                    block_dim: (threads, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // SAFETY: the kernel reads the first 2 MiB of `buf` (wrap words) and may write out[0].
+                launched(unsafe { b.launch(cfg) })
+            })?;
+            report(
+                &format!("plain loads, {threads} threads x 8"),
+                ctas,
+                (per_cta << 14) as f64,
+                us,
+            );
+        }
+        for extra in [0i32, 2, 4, 8] {
+            let (unit, stages) = (16usize << 10, 6usize);
+            let smem = stages * unit + 16 * stages;
+            let f = dev.function_with_shared_memory(&PROBE, "tma_ldg", smem)?;
+            let (count, unit_i, stages_i, window) = (per_cta as i32, unit as i32, stages as i32, 128i32);
+            let us = median(&|| {
+                let mut b = stream.launch_builder(&f);
+                b.arg(&src)
+                    .arg(&count)
+                    .arg(&unit_i)
+                    .arg(&stages_i)
+                    .arg(&window)
+                    .arg(&extra)
+                    .arg(&out_ptr);
+                let cfg = LaunchConfig {
+                    grid_dim: (ctas as u32, 1, 1),
+                    block_dim: (288, 1, 1),
+                    shared_mem_bytes: smem as u32,
+                };
+                // SAFETY: the kernel reads the first `window` units of `buf` and may write out[0].
+                launched(unsafe { b.launch(cfg) })
+            })?;
+            let bytes = per_cta as f64 * (unit as f64 + 256.0 * 16.0 * extra as f64);
+            report(&format!("both, 16 KB x 6 + {} KB loads", extra * 4), ctas, bytes, us);
         }
     }
     Ok(())
