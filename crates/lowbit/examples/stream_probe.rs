@@ -194,6 +194,73 @@ extern "C" __global__ void stages(const char* x, int window, const char* w, long
     if (acc == 0x9e3779b9u) out[0] = acc;
 }
 
+// The same stages with a producer warpgroup (threads 256..383) that copies x by 16-byte cp.async (the load/store
+// unit's path, which takes in more per SM than bulk copies: `l2_paths`) while its first thread copies the codes by
+// one bulk copy (`lsu` 1), or copies both by cp.async (`lsu` 2); `lsu` 0 copies both by bulk copies as `stages`
+// does. Each producer thread's cp.async complete on the stage's full barrier (cp.async.mbarrier.arrive.noinc), so
+// it counts 128 arrivals plus the bulk copies' one.
+extern "C" __global__ void stages_lsu(const char* x, int window, const char* w, long long w_units, int count,
+                                      int x_unit, int w_unit, int nstages, int reads, int lsu, unsigned* out) {
+    extern __shared__ __align__(128) char smem[];
+    const int unit = x_unit + w_unit;
+    const u32 bars = smem_addr(smem + nstages * unit);
+    if (threadIdx.x == 0) {
+        for (int st = 0; st < nstages; ++st) {
+            mbar_init(bars + st * 8, lsu == 2 ? 128 : lsu == 1 ? 129 : 1);
+            mbar_init(bars + (nstages + st) * 8, 256);
+        }
+        mbar_init_fence();
+    }
+    __syncthreads();
+    if (threadIdx.x >= 256) {
+        const int p = threadIdx.x - 256;
+        for (int i = 0, buf = 0; i < count; ++i) {
+            if (i >= nstages) mbar_wait(bars + (nstages + buf) * 8, ((i / nstages) - 1) & 1);
+            const u32 full = bars + buf * 8, dst = smem_addr(smem + buf * unit);
+            const long long wu = ((long long)blockIdx.x * count + i) % w_units;
+            const char* xs = x + (long long)((blockIdx.x + i) % window) * x_unit;
+            const char* ws = w + wu * w_unit;
+            if (lsu == 0) {
+                if (p == 0) {
+                    mbar_arrive_expect_tx(full, unit);
+                    bulk_copy(dst, xs, x_unit, full);
+                    bulk_copy(dst + x_unit, ws, w_unit, full);
+                }
+            } else {
+                if (lsu == 1 && p == 0) {
+                    mbar_arrive_expect_tx(full, w_unit);
+                    bulk_copy(dst + x_unit, ws, w_unit, full);
+                }
+                for (int at = p * 16; at < x_unit; at += 128 * 16) cp_async16_shared(dst + at, xs + at);
+                if (lsu == 2)
+                    for (int at = p * 16; at < w_unit; at += 128 * 16) cp_async16_shared(dst + x_unit + at, ws + at);
+                asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(full) : "memory");
+            }
+            if (++buf == nstages) buf = 0;
+        }
+        return;
+    }
+    unsigned acc = 0;
+    for (int i = 0, buf = 0; i < count; ++i) {
+        mbar_wait(bars + buf * 8, (i / nstages) & 1);
+        const u32 stage = smem_addr(smem + buf * unit);
+        for (int r = 0; r < reads; ++r) {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                const int at = (threadIdx.x + j * 256) * 16;
+                if (at < x_unit) {
+                    const uint4 v = lds128(stage + ((at + r * 528) & (x_unit - 1)));
+                    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+                }
+            }
+        }
+        acc ^= reinterpret_cast<const unsigned*>(smem + buf * unit + x_unit)[threadIdx.x];
+        mbar_arrive(bars + (nstages + buf) * 8);
+        if (++buf == nstages) buf = 0;
+    }
+    if (acc == 0x9e3779b9u) out[0] = acc;
+}
+
 // The same stages in clusters of two CTAs that stream the same x (cluster c's units) and their own codes. With
 // `multicast`, CTA r copies half r of each x unit into both CTAs' stages (.multicast::cluster): each SM requests half
 // the x bytes and still receives all of them. Consumers release a stage with one arrival per warp on both CTAs'
@@ -348,7 +415,7 @@ fn main() -> lowbit::Result<()> {
     };
 
     if std::env::var("LOWBIT_PROBE").as_deref() == Ok("l2-paths") {
-        return l2_paths(&dev, &bufs[0], out_ptr);
+        return l2_paths(&dev, &bufs, out_ptr);
     }
     for (name, per_sm, threads) in [
         ("ldg4", 1, 1024),
@@ -487,7 +554,8 @@ fn main() -> lowbit::Result<()> {
 /// How fast one SM takes in bytes from L2, by path: bulk copies into a ring of 3, 6 or 12 stages (if the rate grows
 /// with the bytes in flight, latency limits it), plain 16-byte loads by 256-1024 threads, and both at once (the
 /// ring, plus `extra` words a consumer thread per stage). On 8 SMs and on every SM; 2 MiB windows that stay in L2.
-fn l2_paths(dev: &CudaDevice, buf: &CudaSlice<u8>, out_ptr: u64) -> lowbit::Result<()> {
+fn l2_paths(dev: &CudaDevice, bufs: &[CudaSlice<u8>], out_ptr: u64) -> lowbit::Result<()> {
+    let buf = &bufs[0];
     let stream = dev.stream().clone();
     let timer = StreamTimer::new(dev)?;
     let sms = dev.info().sm_count as usize;
@@ -576,6 +644,72 @@ fn l2_paths(dev: &CudaDevice, buf: &CudaSlice<u8>, out_ptr: u64) -> lowbit::Resu
             })?;
             let bytes = per_cta as f64 * (unit as f64 + 256.0 * 16.0 * extra as f64);
             report(&format!("both, 16 KB x 6 + {} KB loads", extra * 4), ctas, bytes, us);
+        }
+    }
+    stages_by_path(dev, bufs, out_ptr)
+}
+
+/// The GEMM's stages (x from L2, codes from memory; 64 a CTA, one CTA per SM) with x by cp.async from a producer
+/// warpgroup and the codes by a bulk copy, or both by cp.async, against both by bulk copies (`stages_lsu`).
+fn stages_by_path(dev: &CudaDevice, bufs: &[CudaSlice<u8>], out_ptr: u64) -> lowbit::Result<()> {
+    let stream = dev.stream().clone();
+    let timer = StreamTimer::new(dev)?;
+    let sms = dev.info().sm_count as usize;
+    let src = bufs[0].device_ptr(&stream).0;
+    let ptrs: Vec<u64> = bufs[1..].iter().map(|b| b.device_ptr(&stream).0).collect();
+    let bytes = bufs[0].len();
+    let count = 64usize;
+    println!("the GEMM's stages by copy path, one CTA per SM, 64 stages a CTA:");
+    for (label, x_kb, w_kb, nstages) in [("K-split", 16, 8, 6), ("64-token", 16, 16, 6), ("128-token", 32, 16, 4)] {
+        for ctas in [96usize, sms] {
+            for (lsu, what) in [(0i32, "bulk copies"), (1, "x by cp.async"), (2, "all by cp.async")] {
+                for reads in [0i32, 2] {
+                    let (x_unit, w_unit) = (x_kb << 10, w_kb << 10);
+                    let smem = nstages * (x_unit + w_unit) + 16 * nstages;
+                    let f = dev.function_with_shared_memory(&PROBE, "stages_lsu", smem)?;
+                    let window = ((512 << 10) / x_unit) as i32;
+                    let w_units = (bytes / w_unit) as i64;
+                    let launch = |p: u64| -> lowbit::Result<()> {
+                        let mut b = stream.launch_builder(&f);
+                        let (n, xu, wu, ns) = (count as i32, x_unit as i32, w_unit as i32, nstages as i32);
+                        b.arg(&src)
+                            .arg(&window)
+                            .arg(&p)
+                            .arg(&w_units)
+                            .arg(&n)
+                            .arg(&xu)
+                            .arg(&wu)
+                            .arg(&ns);
+                        b.arg(&reads).arg(&lsu).arg(&out_ptr);
+                        let cfg = LaunchConfig {
+                            grid_dim: (ctas as u32, 1, 1),
+                            block_dim: (384, 1, 1),
+                            shared_mem_bytes: smem as u32,
+                        };
+                        // SAFETY: the kernel reads `window` x units of bufs[0] and w units below w_units of p (live
+                        // buffers of `bytes`), and may write out[0].
+                        launched(unsafe { b.launch(cfg) })
+                    };
+                    for &p in &ptrs {
+                        launch(p)?;
+                    }
+                    let mut runs = Vec::new();
+                    for _ in 0..5 {
+                        timer.start(&stream)?;
+                        for p in ptrs.iter().cycle().take(20) {
+                            launch(*p)?;
+                        }
+                        runs.push(timer.stop_ms(&stream)? * 1e3 / 20.0);
+                    }
+                    runs.sort_by(f64::total_cmp);
+                    let us = runs[2] / count as f64;
+                    let per_sm = (x_unit + w_unit) as f64 / us / 1e3;
+                    println!(
+                        "  {label:<9} {x_kb} + {w_kb} KB x {nstages}, {ctas:3} CTAs, {what:<15} {reads} reads: \
+                         {us:5.3} us a stage, {per_sm:6.1} GB/s per SM"
+                    );
+                }
+            }
         }
     }
     Ok(())

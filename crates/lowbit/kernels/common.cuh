@@ -745,9 +745,7 @@ __device__ __forceinline__ int stream_cta_of(long long u, long long units, long 
 // caller's numbering) at (warp F4 + j) 32 + lane of the slot's slot_floats floats, so a warp's stores cover 512
 // contiguous bytes. The functions are taken by reference: copying their closures cost the 64-token GEMM 8 bytes of
 // spills, and the counter's address is formed where it is used, so it is not live across the stores and loads.
-// CHUNK: the float4 of one piece loaded at once (all F4 by default; fewer where a piece's loads beside the
-// accumulators would spill). The sums are the same either way: each element still adds the pieces in order.
-template <int F4, int BATCH, int CHUNK = F4, class CounterOf, class SlotOf, class Counted>
+template <int F4, int BATCH, class CounterOf, class SlotOf, class Counted>
 __device__ __forceinline__ bool warp_fixup(float* partials, long long slot_floats, int mine,
                                            const CounterOf& counter_of, int pieces, const SlotOf& slot_of,
                                            const Counted& counted, int warp, int lane, float* acc) {
@@ -766,30 +764,26 @@ __device__ __forceinline__ bool warp_fixup(float* partials, long long slot_float
     counted();
     if (arrived != (u32)(pieces - 1)) return false;
     __syncwarp();
-    static_assert(F4 % CHUNK == 0, "a piece loads in whole chunks");
     for (int p0 = 0; p0 < pieces; p0 += BATCH) {
+        float4 q[BATCH][F4];
 #pragma unroll
-        for (int j0 = 0; j0 < F4; j0 += CHUNK) {
-            float4 q[BATCH][CHUNK];
+        for (int b = 0; b < BATCH; ++b) {
+            const int slot = slot_of(p0 + b);
+            if (p0 + b < pieces) {
 #pragma unroll
-            for (int b = 0; b < BATCH; ++b) {
-                const int slot = slot_of(p0 + b);
-                if (p0 + b < pieces) {
-#pragma unroll
-                    for (int j = 0; j < CHUNK; ++j) q[b][j] = __ldcg(slot_ptr(slot, j0 + j));
-                }
+                for (int j = 0; j < F4; ++j) q[b][j] = __ldcg(slot_ptr(slot, j));
             }
+        }
 #pragma unroll
-            for (int b = 0; b < BATCH; ++b) {
-                if (p0 + b >= pieces) break;
+        for (int b = 0; b < BATCH; ++b) {
+            if (p0 + b >= pieces) break;
 #pragma unroll
-                for (int j = 0; j < CHUNK; ++j) {
-                    float* d = acc + 4 * (j0 + j);
-                    if (p0 + b == 0) {
-                        d[0] = q[b][j].x, d[1] = q[b][j].y, d[2] = q[b][j].z, d[3] = q[b][j].w;
-                    } else {
-                        d[0] += q[b][j].x, d[1] += q[b][j].y, d[2] += q[b][j].z, d[3] += q[b][j].w;
-                    }
+            for (int j = 0; j < F4; ++j) {
+                float* d = acc + 4 * j;
+                if (p0 + b == 0) {
+                    d[0] = q[b][j].x, d[1] = q[b][j].y, d[2] = q[b][j].z, d[3] = q[b][j].w;
+                } else {
+                    d[0] += q[b][j].x, d[1] += q[b][j].y, d[2] += q[b][j].z, d[3] += q[b][j].w;
                 }
             }
         }

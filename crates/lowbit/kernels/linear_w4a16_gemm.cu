@@ -231,7 +231,7 @@ struct Gemm {
     static constexpr int DATA_BYTES = PIPE_BYTES > Y_BYTES ? PIPE_BYTES : Y_BYTES;
     static constexpr int TILE_FLOATS = BM * N_CTA;
     // Tiles that may take STREAM-K (the host's STREAM_MAX_TOKENS): the 128-token tile's fix-up would spill.
-    static constexpr bool STREAM = !CONV && !KSPLIT;
+    static constexpr bool STREAM = WG_TOKENS <= 64 && !CONV && !KSPLIT;
 
     __device__ static __forceinline__ void wgmma(float (&d)[ACC], uint4 a, u64 desc, int accumulate) {
         wgmma_m64k16<T, WG_TOKENS>(d, a, desc, accumulate);
@@ -970,11 +970,10 @@ struct Gemm {
             const int c = w.first_cta + piece;
             return 2 * c + (unit_begin(s, c) >= (long long)w.tile_seq * s.KT ? 0 : 1);
         };
-        // BATCH pieces' loads in flight: 64 registers of float4 (two pieces of the 64-token tile spilled). The
-        // 96-token tile loads a piece in quarters: all 96 floats beside its 96 accumulators spilled, halves too.
-        constexpr int BATCH = ACC <= 8 ? 4 : 1, CHUNK = ACC > 32 ? ACC / 8 : ACC / 2;
+        // BATCH pieces' loads in flight: 64 registers of float4 (two pieces of the 64-token tile spilled).
+        constexpr int BATCH = ACC <= 8 ? 4 : 1;
         auto counter_of = [&] { return a.counters + (w.mt * s.NT + w.nt) * MAX_CLUSTER + (ctid >> 5); };
-        return warp_fixup<ACC / 2, BATCH, CHUNK>(a.partials, TILE_FLOATS, w.slot, counter_of, w.pieces, slot_of, [] {},
+        return warp_fixup<ACC / 2, BATCH>(a.partials, TILE_FLOATS, w.slot, counter_of, w.pieces, slot_of, [] {},
                                           ctid >> 5, ctid & 31, &acc[0][0]);
     }
 

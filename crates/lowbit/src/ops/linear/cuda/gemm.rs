@@ -175,9 +175,7 @@ fn default_lag(wg_n: usize, wg_tokens: usize, conv: bool) -> usize {
 
 /// Largest tile (tokens per warpgroup) that may take STREAM-K: its slots (two per SM, one tile of fp32 each) are
 /// part of the workspace.
-const STREAM_MAX_TOKENS: usize = 128;
-/// Most tiles per SM a STREAM-K launch may have: the arrival counters are one row per tile.
-const STREAM_TILES_PER_SM: usize = 4;
+const STREAM_MAX_TOKENS: usize = 64;
 /// Deepest pipeline (lowered to what fits in shared memory).
 const MAX_STAGES: usize = 6;
 
@@ -526,9 +524,8 @@ pub struct LinearW4A16Gemm {
     /// Launch as the programmatic dependent of the stream's previous kernel (the kernel's DEPENDENT LAUNCH);
     /// always, unless turned off for benchmarking ([`LinearW4A16Gemm::set_dependent_launch`]).
     dependent_launch: bool,
-    /// Arrival counters of tiles split into several cluster groups or by STREAM-K,
-    /// `[STREAM_TILES_PER_SM sms][MAX_CLUSTER]` (cluster groups: at most one split tile per SM), zero between launches
-    /// (the last arrival resets its counter).
+    /// Arrival counters of tiles split into several cluster groups or by STREAM-K, `[sms][MAX_CLUSTER]` (at most
+    /// one tile per SM splits either way), zero between launches (the last arrival resets its counter).
     counters: cudarc::driver::CudaSlice<u32>,
 }
 
@@ -634,7 +631,7 @@ impl LinearW4A16Gemm {
         let sms = device.info().sm_count as usize;
         let counters = device
             .stream()
-            .alloc_zeros::<u32>(STREAM_TILES_PER_SM * sms * MAX_CLUSTER)
+            .alloc_zeros::<u32>(sms * MAX_CLUSTER)
             .map_err(|e| crate::cuda::cuda_error("split-K counters", e))?;
         Ok(Self {
             weight,
@@ -804,12 +801,11 @@ impl LinearW4A16Gemm {
                 .find_map(|s| fitting(s, false))
                 .unwrap_or(SplitPlan::NONE);
         }
-        // STREAM-K, only when forced (`force_stream_k`): linear tiles of up to STREAM_MAX_TOKENS tokens, at most
-        // STREAM_TILES_PER_SM per SM (the counters). Measured on the H200 it matched the whole-tile plan with RAMP on the one layer where
+        // STREAM-K, only when forced (`force_stream_k`): linear tiles of up to STREAM_MAX_TOKENS tokens, at most one
+        // per SM (the counters). Measured on the H200 it matched the whole-tile plan with RAMP on the one layer where
         // it had gained (`w4a16-gemm.md`), so the model does not offer it.
         let v = &kernel.variant;
-        let stream =
-            !v.conv && !v.ksplit && v.wg_tokens <= STREAM_MAX_TOKENS && tiles <= STREAM_TILES_PER_SM * self.sms;
+        let stream = !v.conv && !v.ksplit && v.wg_tokens <= STREAM_MAX_TOKENS && tiles <= self.sms;
         if stream && self.forced_stream {
             return SplitPlan::STREAM;
         }
