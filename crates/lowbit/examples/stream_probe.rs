@@ -26,7 +26,7 @@ using namespace lowbit;
 
 // CTA c reads 16-byte words [c n / ctas, (c + 1) n / ctas), UNROLL loads in flight per thread.
 template <int UNROLL>
-__device__ void ldg_stream(const uint4* __restrict__ src, long long n, int ctas, unsigned* out) {
+__device__ void ldg_stream(const uint4* __restrict__ src, long long n, long long ctas, unsigned* out) {
     const long long b = (long long)blockIdx.x * n / ctas, e = (long long)(blockIdx.x + 1) * n / ctas;
     unsigned acc = 0;
     for (long long i = b + threadIdx.x; i < e; i += (long long)blockDim.x * UNROLL) {
@@ -46,11 +46,16 @@ __device__ void ldg_stream(const uint4* __restrict__ src, long long n, int ctas,
     }
     if (acc == 0x9e3779b9u) out[0] = acc;  // keeps the loads
 }
-extern "C" __global__ void ldg4(const uint4* src, long long n, int ctas, unsigned* out) { ldg_stream<4>(src, n, ctas, out); }
-extern "C" __global__ void ldg8(const uint4* src, long long n, int ctas, unsigned* out) { ldg_stream<8>(src, n, ctas, out); }
+extern "C" __global__ void ldg4(const uint4* src, long long n, long long ctas, unsigned* out) {
+    ldg_stream<4>(src, n, ctas, out);
+}
+extern "C" __global__ void ldg8(const uint4* src, long long n, long long ctas, unsigned* out) {
+    ldg_stream<8>(src, n, ctas, out);
+}
 
-// CTA c reads `per_cta` 16-byte words of an L2-resident window of `wrap` words (a power of two; word k at k mod wrap) by plain
-// loads, UNROLL in flight per thread: the load/store unit's path from L2, against the bulk copies' below.
+// CTA c reads `per_cta` 16-byte words of an L2-resident window of `wrap` words (a power of two; word k at k mod
+// wrap) by plain loads, UNROLL in flight per thread: the load/store unit's path from L2, against the bulk copies'
+// below.
 template <int UNROLL>
 __device__ void ldg_window(const uint4* __restrict__ src, long long per_cta, long long wrap, unsigned* out) {
     const long long b = (long long)blockIdx.x * per_cta;
@@ -100,7 +105,8 @@ extern "C" __global__ void tma_ldg(const char* src, int count, int unit, int sta
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
             if (j < extra) {
-                const long long k = ((long long)(blockIdx.x * 7 + i) * 256 * extra + j * 256 + threadIdx.x) & (wrap - 1);
+                const long long at = (long long)(blockIdx.x * 7 + i) * 256 * extra + j * 256 + threadIdx.x;
+                const long long k = at & (wrap - 1);
                 asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                              : "=r"(v[j].x), "=r"(v[j].y), "=r"(v[j].z), "=r"(v[j].w) : "l"(words + k));
             }
@@ -148,30 +154,11 @@ extern "C" __global__ void tma(const char* src, long long units, int ctas, int u
     if (acc == 0x9e3779b9u) out[0] = acc;
 }
 
-// The GEMM's stages without its math: each stage is `x_unit` bytes from an L2 window (x: unit u at u mod window) and
-// `w_unit` bytes from device memory (the codes: CTA c's contiguous range, wrapping at w_units), by two bulk copies.
-// The 256 consumer threads wait for a stage, read its x part `reads` times with 16-byte shared loads (as the wgmmas
-// read x as their B operand: 2 passes a stage for the K-split tile, 4 for the 64- and 128-token tiles), and release.
-extern "C" __global__ void stages(const char* x, int window, const char* w, long long w_units, int count,
-                                  int x_unit, int w_unit, int nstages, int reads, unsigned* out) {
-    extern __shared__ __align__(128) char smem[];
-    const int unit = x_unit + w_unit;
-    const u32 bars = smem_addr(smem + nstages * unit);
-    if (threadIdx.x == 0) init_pipeline_barriers(bars, nstages, 256);
-    __syncthreads();
-    if (threadIdx.x >= 256) {
-        if (threadIdx.x == 256) {
-            for (int i = 0, buf = 0; i < count; ++i) {
-                if (i >= nstages) mbar_wait(bars + (nstages + buf) * 8, ((i / nstages) - 1) & 1);
-                mbar_arrive_expect_tx(bars + buf * 8, unit);
-                const long long wu = ((long long)blockIdx.x * count + i) % w_units;
-                bulk_copy(smem + buf * unit, x + (long long)((blockIdx.x + i) % window) * x_unit, x_unit, bars + buf * 8);
-                bulk_copy(smem + buf * unit + x_unit, w + wu * w_unit, w_unit, bars + buf * 8);
-                if (++buf == nstages) buf = 0;
-            }
-        }
-        return;
-    }
+// The consumers of the stage kernels below (threads 0..255): wait for each stage, read its x part `reads` times
+// with 16-byte shared loads (as the wgmmas read x as their B operand: 2 passes a stage for the K-split tile, 4 for the
+// 64- and 128-token tiles), touch the codes, and release it.
+__device__ void consume_stages(const char* smem, u32 bars, int count, int x_unit, int unit, int nstages, int reads,
+                               unsigned* out) {
     unsigned acc = 0;
     for (int i = 0, buf = 0; i < count; ++i) {
         mbar_wait(bars + buf * 8, (i / nstages) & 1);
@@ -192,6 +179,33 @@ extern "C" __global__ void stages(const char* x, int window, const char* w, long
         if (++buf == nstages) buf = 0;
     }
     if (acc == 0x9e3779b9u) out[0] = acc;
+}
+
+// The GEMM's stages without its math: each stage is `x_unit` bytes from an L2 window (x: unit u at u mod window) and
+// `w_unit` bytes from device memory (the codes: CTA c's contiguous range, wrapping at w_units), by two bulk copies.
+// The 256 consumer threads are `consume_stages`.
+extern "C" __global__ void stages(const char* x, int window, const char* w, long long w_units, int count,
+                                  int x_unit, int w_unit, int nstages, int reads, unsigned* out) {
+    extern __shared__ __align__(128) char smem[];
+    const int unit = x_unit + w_unit;
+    const u32 bars = smem_addr(smem + nstages * unit);
+    if (threadIdx.x == 0) init_pipeline_barriers(bars, nstages, 256);
+    __syncthreads();
+    if (threadIdx.x >= 256) {
+        if (threadIdx.x == 256) {
+            for (int i = 0, buf = 0; i < count; ++i) {
+                if (i >= nstages) mbar_wait(bars + (nstages + buf) * 8, ((i / nstages) - 1) & 1);
+                mbar_arrive_expect_tx(bars + buf * 8, unit);
+                const long long wu = ((long long)blockIdx.x * count + i) % w_units;
+                const char* xs = x + (long long)((blockIdx.x + i) % window) * x_unit;
+                bulk_copy(smem + buf * unit, xs, x_unit, bars + buf * 8);
+                bulk_copy(smem + buf * unit + x_unit, w + wu * w_unit, w_unit, bars + buf * 8);
+                if (++buf == nstages) buf = 0;
+            }
+        }
+        return;
+    }
+    consume_stages(smem, bars, count, x_unit, unit, nstages, reads, out);
 }
 
 // The same stages with a producer warpgroup (threads 256..383) that copies x by 16-byte cp.async (the load/store
@@ -240,25 +254,7 @@ extern "C" __global__ void stages_lsu(const char* x, int window, const char* w, 
         }
         return;
     }
-    unsigned acc = 0;
-    for (int i = 0, buf = 0; i < count; ++i) {
-        mbar_wait(bars + buf * 8, (i / nstages) & 1);
-        const u32 stage = smem_addr(smem + buf * unit);
-        for (int r = 0; r < reads; ++r) {
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                const int at = (threadIdx.x + j * 256) * 16;
-                if (at < x_unit) {
-                    const uint4 v = lds128(stage + ((at + r * 528) & (x_unit - 1)));
-                    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-                }
-            }
-        }
-        acc ^= reinterpret_cast<const unsigned*>(smem + buf * unit + x_unit)[threadIdx.x];
-        mbar_arrive(bars + (nstages + buf) * 8);
-        if (++buf == nstages) buf = 0;
-    }
-    if (acc == 0x9e3779b9u) out[0] = acc;
+    consume_stages(smem, bars, count, x_unit, unit, nstages, reads, out);
 }
 
 // The same stages in clusters of two CTAs that stream the same x (cluster c's units) and their own codes. With
@@ -370,6 +366,103 @@ impl Ring {
     }
 }
 
+/// µs per launch: one warm-up launch per source, then the median of 5 batches of `per_batch` launches cycling
+/// through `sources` (rotated buffers, or one address over and over).
+fn median_us(
+    dev: &CudaDevice,
+    sources: &[u64],
+    per_batch: usize,
+    launch: &dyn Fn(u64) -> lowbit::Result<()>,
+) -> lowbit::Result<f64> {
+    let (timer, stream) = (StreamTimer::new(dev)?, dev.stream());
+    for &p in sources {
+        launch(p)?;
+    }
+    let mut runs = Vec::new();
+    for _ in 0..5 {
+        timer.start(stream)?;
+        for p in sources.iter().cycle().take(per_batch) {
+            launch(*p)?;
+        }
+        runs.push(timer.stop_ms(stream)? * 1e3 / per_batch as f64);
+    }
+    runs.sort_by(f64::total_cmp);
+    Ok(runs[2])
+}
+
+/// A launch on `stream` of a plain-load kernel (`ldg4`, `ldg8`, `ldg_l2`): `(CTAs, threads)`, the source, its two
+/// 64-bit arguments, and the word it may write. The caller names the bytes the kernel reads from `src`, which must
+/// be live.
+fn launch_loads(
+    stream: &std::sync::Arc<cudarc::driver::CudaStream>,
+    f: &cudarc::driver::CudaFunction,
+    (ctas, threads): (usize, u32),
+    src: u64,
+    args: [i64; 2],
+    out: u64,
+) -> lowbit::Result<()> {
+    let mut b = stream.launch_builder(f);
+    b.arg(&src).arg(&args[0]).arg(&args[1]).arg(&out);
+    let cfg = LaunchConfig {
+        grid_dim: (ctas as u32, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: the kernels read within the range their caller states of a live buffer, and may write out[0].
+    launched(unsafe { b.launch(cfg) })
+}
+
+/// A launch of one of the GEMM-stage kernels (`stages`, `stages_mc`, `stages_lsu`): `ctas` CTAs of `threads`, each
+/// streaming `count` stages of an `x_unit` from L2 (a 512 KB window of the x buffer) and a `w_unit` of codes from a
+/// rotated buffer, through `nstages` stages; then the kernel's own int arguments.
+struct StageLaunch {
+    ctas: usize,
+    threads: u32,
+    x_unit: usize,
+    w_unit: usize,
+    nstages: usize,
+    count: usize,
+}
+
+impl StageLaunch {
+    fn smem(&self) -> usize {
+        self.nstages * (self.x_unit + self.w_unit) + 16 * self.nstages
+    }
+
+    /// µs a stage: the kernel timed over the codes buffers `w` (each of `w_bytes`), x from `x`.
+    fn stage_us(
+        &self,
+        dev: &CudaDevice,
+        kernel: &str,
+        (x, w, w_bytes): (u64, &[u64], usize),
+        extra: &[i32],
+        out: u64,
+    ) -> lowbit::Result<f64> {
+        let stream = dev.stream();
+        let f = dev.function_with_shared_memory(&PROBE, kernel, self.smem())?;
+        let window = ((512 << 10) / self.x_unit) as i32;
+        let w_units = (w_bytes / self.w_unit) as i64;
+        let ints = [self.count, self.x_unit, self.w_unit, self.nstages].map(|v| v as i32);
+        let us = median_us(dev, w, 20, &|p| {
+            let mut b = stream.launch_builder(&f);
+            b.arg(&x).arg(&window).arg(&p).arg(&w_units);
+            ints.iter().chain(extra).for_each(|v| {
+                b.arg(v);
+            });
+            b.arg(&out);
+            let cfg = LaunchConfig {
+                grid_dim: (self.ctas as u32, 1, 1),
+                block_dim: (self.threads, 1, 1),
+                shared_mem_bytes: self.smem() as u32,
+            };
+            // SAFETY: the kernel reads `window` x units of x and w units below w_units of p (live buffers of at
+            // least those sizes), and may write out[0].
+            launched(unsafe { b.launch(cfg) })
+        })?;
+        Ok(us / self.count as f64)
+    }
+}
+
 fn main() -> lowbit::Result<()> {
     let mb: usize = std::env::args().nth(1).and_then(|v| v.parse().ok()).unwrap_or(122);
     if std::env::var("LOWBIT_PROBE").as_deref() == Ok("compile") {
@@ -388,35 +481,20 @@ fn main() -> lowbit::Result<()> {
         .collect::<lowbit::Result<_>>()?;
     let out = dev.alloc_zeros::<u32>(1)?;
     let out_ptr = out.device_ptr(&stream).0;
-    let timer = StreamTimer::new(&dev)?;
     println!(
         "{} ({sms} SMs), {mb} MiB per pass, {copies} buffers rotated",
         dev.info().name
     );
-
-    let time = |label: &str, launch: &dyn Fn(u64) -> lowbit::Result<()>| -> lowbit::Result<()> {
-        let ptrs: Vec<u64> = bufs.iter().map(|b| b.device_ptr(&stream).0).collect();
-        for &p in &ptrs {
-            launch(p)?; // warm-up
-        }
-        let mut runs = Vec::new();
-        for _ in 0..5 {
-            let reps = 10 * copies;
-            timer.start(&stream)?;
-            for p in ptrs.iter().cycle().take(reps) {
-                launch(*p)?;
-            }
-            runs.push(timer.stop_ms(&stream)? * 1e3 / reps as f64);
-        }
-        runs.sort_by(f64::total_cmp);
-        let us = runs[2];
-        println!("{label:<28} {us:8.2} us  {:6.3} TB/s", bytes as f64 / us / 1e6);
-        Ok(())
-    };
-
     if std::env::var("LOWBIT_PROBE").as_deref() == Ok("l2-paths") {
         return l2_paths(&dev, &bufs, out_ptr);
     }
+
+    let ptrs: Vec<u64> = bufs.iter().map(|b| b.device_ptr(&stream).0).collect();
+    let time = |label: &str, launch: &dyn Fn(u64) -> lowbit::Result<()>| -> lowbit::Result<()> {
+        let us = median_us(&dev, &ptrs, 10 * copies, launch)?;
+        println!("{label:<28} {us:8.2} us  {:6.3} TB/s", bytes as f64 / us / 1e6);
+        Ok(())
+    };
     for (name, per_sm, threads) in [
         ("ldg4", 1, 1024),
         ("ldg4", 2, 512),
@@ -425,18 +503,11 @@ fn main() -> lowbit::Result<()> {
         ("ldg4", 8, 256),
     ] {
         let f = dev.function(&PROBE, name)?;
-        let ctas = (per_sm * sms) as i32;
+        let ctas = per_sm * sms;
         let n = (bytes / 16) as i64;
         time(&format!("{name} {per_sm}/SM x {threads}"), &|p| {
-            let mut b = stream.launch_builder(&f);
-            b.arg(&p).arg(&n).arg(&ctas).arg(&out_ptr);
-            let cfg = LaunchConfig {
-                grid_dim: (ctas as u32, 1, 1),
-                block_dim: (threads, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            // SAFETY: the kernel reads n 16-byte words of p (a live buffer of `bytes`) and may write out[0].
-            launched(unsafe { b.launch(cfg) })
+            // The kernel reads n 16-byte words of p, a live buffer of `bytes`.
+            launch_loads(&stream, &f, (ctas, threads), p, [n, ctas as i64], out_ptr)
         })?;
     }
     for (per_sm, unit_kb, stages) in [(2, 16, 3), (2, 16, 4), (1, 16, 6), (2, 32, 3), (3, 16, 3), (4, 8, 4)] {
@@ -455,7 +526,7 @@ fn main() -> lowbit::Result<()> {
 
     // From L2: 16 KB units of a 2 MiB window, 6 stages (the GEMM's 64-token tile), 512 units (8 MiB) per CTA.
     let per_cta = 512;
-    let src = bufs[0].device_ptr(&stream).0;
+    let src = ptrs[0];
     println!("from L2 (a 2 MiB window), one CTA per SM, 16 KB x 6:");
     for ctas in [8usize, 16, 33, 66, 99, sms] {
         let ring = Ring {
@@ -465,18 +536,9 @@ fn main() -> lowbit::Result<()> {
             window: 128,
         };
         let f = dev.function_with_shared_memory(&PROBE, "tma", ring.smem())?;
-        let launch = || ring.launch(&stream, &f, src, per_cta * ctas, out_ptr);
-        launch()?;
-        let mut runs = Vec::new();
-        for _ in 0..5 {
-            timer.start(&stream)?;
-            for _ in 0..10 {
-                launch()?;
-            }
-            runs.push(timer.stop_ms(&stream)? * 1e3 / 10.0);
-        }
-        runs.sort_by(f64::total_cmp);
-        let us = runs[2];
+        let us = median_us(&dev, &[src], 10, &|p| {
+            ring.launch(&stream, &f, p, per_cta * ctas, out_ptr)
+        })?;
         let per_sm = (per_cta * 16384) as f64 / us / 1e3; // GB/s
         println!(
             "  {ctas:3} SMs {us:8.1} us  {per_sm:6.1} GB/s per SM  {:6.2} TB/s in all",
@@ -487,7 +549,6 @@ fn main() -> lowbit::Result<()> {
     // The GEMM's stages without its math (the `stages` kernel): x from a 512 KB window in L2, the codes from the
     // rotated buffers, 64 stages per CTA, the consumers reading x as the wgmmas would (`reads` passes) or not at all.
     println!("the GEMM's stages (x from L2 + codes from memory), one CTA per SM, 64 stages a CTA:");
-    let count = 64usize;
     // Then in clusters of two (`stages_mc`), x copied by each CTA (`copy`) or half by each, multicast to both (`mc`).
     let variants = [
         ("stages", 0i32, "0 reads"),
@@ -496,54 +557,23 @@ fn main() -> lowbit::Result<()> {
         ("stages_mc", 0, "pairs, copy"),
         ("stages_mc", 1, "pairs, mc"),
     ];
-    for (label, x_kb, w_kb, nstages) in [("K-split", 16, 8, 6), ("64-token", 16, 16, 6), ("128-token", 32, 16, 4)] {
+    for (label, x_kb, w_kb, nstages) in STAGE_SIZES {
         for ctas in [96usize, sms] {
             for (kernel, reads, what) in variants {
                 let (x_unit, w_unit) = (x_kb << 10, w_kb << 10);
-                let smem = nstages * (x_unit + w_unit) + 16 * nstages;
-                let f = dev.function_with_shared_memory(&PROBE, kernel, smem)?;
-                let window = (512 << 10) / x_unit;
-                let w_units = (bytes / w_unit) as i64;
-                let stage_us = |p: u64, x: u64| -> lowbit::Result<()> {
-                    let mut b = stream.launch_builder(&f);
-                    let (window, count, xu, wu) = (window as i32, count as i32, x_unit as i32, w_unit as i32);
-                    let (ns, r) = (nstages as i32, reads);
-                    b.arg(&x)
-                        .arg(&window)
-                        .arg(&p)
-                        .arg(&w_units)
-                        .arg(&count)
-                        .arg(&xu)
-                        .arg(&wu)
-                        .arg(&ns);
-                    b.arg(&r).arg(&out_ptr);
-                    let cfg = LaunchConfig {
-                        grid_dim: (ctas as u32, 1, 1),
-                        block_dim: (288, 1, 1),
-                        shared_mem_bytes: smem as u32,
-                    };
-                    // SAFETY: the kernel reads `window` x units of bufs[0] and w units below w_units of p (live
-                    // buffers of `bytes`), and may write out[0].
-                    launched(unsafe { b.launch(cfg) })
+                let launch = StageLaunch {
+                    ctas,
+                    threads: 288,
+                    x_unit,
+                    w_unit,
+                    nstages,
+                    count: 64,
                 };
-                let ptrs: Vec<u64> = bufs[1..].iter().map(|b| b.device_ptr(&stream).0).collect();
-                for &p in &ptrs {
-                    stage_us(p, src)?;
-                }
-                let mut runs = Vec::new();
-                for _ in 0..5 {
-                    timer.start(&stream)?;
-                    for p in ptrs.iter().cycle().take(20) {
-                        stage_us(*p, src)?;
-                    }
-                    runs.push(timer.stop_ms(&stream)? * 1e3 / 20.0);
-                }
-                runs.sort_by(f64::total_cmp);
-                let us = runs[2];
-                let per_sm = (count * (x_unit + w_unit)) as f64 / us / 1e3; // GB/s
+                let us = launch.stage_us(&dev, kernel, (src, &ptrs[1..], bytes), &[reads], out_ptr)?;
+                let per_sm = (x_unit + w_unit) as f64 / us / 1e3; // GB/s
                 println!(
-                    "  {label:<9} {x_kb} + {w_kb} KB x {nstages}, {ctas:3} CTAs, {what:<11}: {:5.3} us a stage, {per_sm:6.1} GB/s per SM",
-                    us / count as f64
+                    "  {label:<9} {x_kb} + {w_kb} KB x {nstages}, {ctas:3} CTAs, {what:<11}: {us:5.3} us a stage, \
+                     {per_sm:6.1} GB/s per SM"
                 );
             }
         }
@@ -551,28 +581,20 @@ fn main() -> lowbit::Result<()> {
     Ok(())
 }
 
+/// The stage sizes of the GEMM's tiles: x KB (from L2), codes KB (from memory), stages.
+const STAGE_SIZES: [(&str, usize, usize, usize); 3] =
+    [("K-split", 16, 8, 6), ("64-token", 16, 16, 6), ("128-token", 32, 16, 4)];
+
 /// How fast one SM takes in bytes from L2, by path: bulk copies into a ring of 3, 6 or 12 stages (if the rate grows
 /// with the bytes in flight, latency limits it), plain 16-byte loads by 256-1024 threads, and both at once (the
 /// ring, plus `extra` words a consumer thread per stage). On 8 SMs and on every SM; 2 MiB windows that stay in L2.
+/// Then the GEMM's stages by copy path.
 fn l2_paths(dev: &CudaDevice, bufs: &[CudaSlice<u8>], out_ptr: u64) -> lowbit::Result<()> {
-    let buf = &bufs[0];
     let stream = dev.stream().clone();
-    let timer = StreamTimer::new(dev)?;
     let sms = dev.info().sm_count as usize;
-    let src = buf.device_ptr(&stream).0;
-    let median = |launch: &dyn Fn() -> lowbit::Result<()>| -> lowbit::Result<f64> {
-        launch()?;
-        let mut runs = Vec::new();
-        for _ in 0..5 {
-            timer.start(&stream)?;
-            for _ in 0..10 {
-                launch()?;
-            }
-            runs.push(timer.stop_ms(&stream)? * 1e3 / 10.0);
-        }
-        runs.sort_by(f64::total_cmp);
-        Ok(runs[2])
-    };
+    let ptrs: Vec<u64> = bufs.iter().map(|b| b.device_ptr(&stream).0).collect();
+    let src = ptrs[0];
+    let median = |launch: &dyn Fn(u64) -> lowbit::Result<()>| median_us(dev, &[src], 10, launch);
     let report = |what: &str, ctas: usize, bytes_per_cta: f64, us: f64| {
         let per_sm = bytes_per_cta / us / 1e3;
         println!(
@@ -591,7 +613,7 @@ fn l2_paths(dev: &CudaDevice, bufs: &[CudaSlice<u8>], out_ptr: u64) -> lowbit::R
                 window: 128,
             };
             let f = dev.function_with_shared_memory(&PROBE, "tma", ring.smem())?;
-            let us = median(&|| ring.launch(&stream, &f, src, per_cta * ctas, out_ptr))?;
+            let us = median(&|p| ring.launch(&stream, &f, p, per_cta * ctas, out_ptr))?;
             report(
                 &format!("bulk copies, 16 KB x {stages}"),
                 ctas,
@@ -602,17 +624,8 @@ fn l2_paths(dev: &CudaDevice, bufs: &[CudaSlice<u8>], out_ptr: u64) -> lowbit::R
         for threads in [256u32, 512, 1024] {
             let f = dev.function(&PROBE, "ldg_l2")?;
             let (words, wrap) = ((per_cta << 10) as i64, (2i64 << 20) / 16);
-            let us = median(&|| {
-                let mut b = stream.launch_builder(&f);
-                b.arg(&src).arg(&words).arg(&wrap).arg(&out_ptr);
-                let cfg = LaunchConfig {
-                    grid_dim: (ctas as u32, 1, 1),
-                    block_dim: (threads, 1, 1),
-                    shared_mem_bytes: 0,
-                };
-                // SAFETY: the kernel reads the first 2 MiB of `buf` (wrap words) and may write out[0].
-                launched(unsafe { b.launch(cfg) })
-            })?;
+            // The kernel reads the first 2 MiB of the buffer (wrap words).
+            let us = median(&|p| launch_loads(&stream, &f, (ctas, threads), p, [words, wrap], out_ptr))?;
             report(
                 &format!("plain loads, {threads} threads x 8"),
                 ctas,
@@ -625,9 +638,9 @@ fn l2_paths(dev: &CudaDevice, bufs: &[CudaSlice<u8>], out_ptr: u64) -> lowbit::R
             let smem = stages * unit + 16 * stages;
             let f = dev.function_with_shared_memory(&PROBE, "tma_ldg", smem)?;
             let (count, unit_i, stages_i, window) = (per_cta as i32, unit as i32, stages as i32, 128i32);
-            let us = median(&|| {
+            let us = median(&|p| {
                 let mut b = stream.launch_builder(&f);
-                b.arg(&src)
+                b.arg(&p)
                     .arg(&count)
                     .arg(&unit_i)
                     .arg(&stages_i)
@@ -639,71 +652,32 @@ fn l2_paths(dev: &CudaDevice, bufs: &[CudaSlice<u8>], out_ptr: u64) -> lowbit::R
                     block_dim: (288, 1, 1),
                     shared_mem_bytes: smem as u32,
                 };
-                // SAFETY: the kernel reads the first `window` units of `buf` and may write out[0].
+                // SAFETY: the kernel reads the first `window` units of the buffer and may write out[0].
                 launched(unsafe { b.launch(cfg) })
             })?;
             let bytes = per_cta as f64 * (unit as f64 + 256.0 * 16.0 * extra as f64);
             report(&format!("both, 16 KB x 6 + {} KB loads", extra * 4), ctas, bytes, us);
         }
     }
-    stages_by_path(dev, bufs, out_ptr)
-}
 
-/// The GEMM's stages (x from L2, codes from memory; 64 a CTA, one CTA per SM) with x by cp.async from a producer
-/// warpgroup and the codes by a bulk copy, or both by cp.async, against both by bulk copies (`stages_lsu`).
-fn stages_by_path(dev: &CudaDevice, bufs: &[CudaSlice<u8>], out_ptr: u64) -> lowbit::Result<()> {
-    let stream = dev.stream().clone();
-    let timer = StreamTimer::new(dev)?;
-    let sms = dev.info().sm_count as usize;
-    let src = bufs[0].device_ptr(&stream).0;
-    let ptrs: Vec<u64> = bufs[1..].iter().map(|b| b.device_ptr(&stream).0).collect();
-    let bytes = bufs[0].len();
-    let count = 64usize;
+    // The GEMM's stages (64 a CTA, one CTA per SM) with x by cp.async from a producer warpgroup and the codes by a
+    // bulk copy, or both by cp.async, against both by bulk copies (`stages_lsu`).
     println!("the GEMM's stages by copy path, one CTA per SM, 64 stages a CTA:");
-    for (label, x_kb, w_kb, nstages) in [("K-split", 16, 8, 6), ("64-token", 16, 16, 6), ("128-token", 32, 16, 4)] {
+    for (label, x_kb, w_kb, nstages) in STAGE_SIZES {
         for ctas in [96usize, sms] {
             for (lsu, what) in [(0i32, "bulk copies"), (1, "x by cp.async"), (2, "all by cp.async")] {
                 for reads in [0i32, 2] {
-                    let (x_unit, w_unit) = (x_kb << 10, w_kb << 10);
-                    let smem = nstages * (x_unit + w_unit) + 16 * nstages;
-                    let f = dev.function_with_shared_memory(&PROBE, "stages_lsu", smem)?;
-                    let window = ((512 << 10) / x_unit) as i32;
-                    let w_units = (bytes / w_unit) as i64;
-                    let launch = |p: u64| -> lowbit::Result<()> {
-                        let mut b = stream.launch_builder(&f);
-                        let (n, xu, wu, ns) = (count as i32, x_unit as i32, w_unit as i32, nstages as i32);
-                        b.arg(&src)
-                            .arg(&window)
-                            .arg(&p)
-                            .arg(&w_units)
-                            .arg(&n)
-                            .arg(&xu)
-                            .arg(&wu)
-                            .arg(&ns);
-                        b.arg(&reads).arg(&lsu).arg(&out_ptr);
-                        let cfg = LaunchConfig {
-                            grid_dim: (ctas as u32, 1, 1),
-                            block_dim: (384, 1, 1),
-                            shared_mem_bytes: smem as u32,
-                        };
-                        // SAFETY: the kernel reads `window` x units of bufs[0] and w units below w_units of p (live
-                        // buffers of `bytes`), and may write out[0].
-                        launched(unsafe { b.launch(cfg) })
+                    let launch = StageLaunch {
+                        ctas,
+                        threads: 384,
+                        x_unit: x_kb << 10,
+                        w_unit: w_kb << 10,
+                        nstages,
+                        count: 64,
                     };
-                    for &p in &ptrs {
-                        launch(p)?;
-                    }
-                    let mut runs = Vec::new();
-                    for _ in 0..5 {
-                        timer.start(&stream)?;
-                        for p in ptrs.iter().cycle().take(20) {
-                            launch(*p)?;
-                        }
-                        runs.push(timer.stop_ms(&stream)? * 1e3 / 20.0);
-                    }
-                    runs.sort_by(f64::total_cmp);
-                    let us = runs[2] / count as f64;
-                    let per_sm = (x_unit + w_unit) as f64 / us / 1e3;
+                    let codes = (src, &ptrs[1..], bufs[0].len());
+                    let us = launch.stage_us(dev, "stages_lsu", codes, &[reads, lsu], out_ptr)?;
+                    let per_sm = ((x_kb + w_kb) << 10) as f64 / us / 1e3;
                     println!(
                         "  {label:<9} {x_kb} + {w_kb} KB x {nstages}, {ctas:3} CTAs, {what:<15} {reads} reads: \
                          {us:5.3} us a stage, {per_sm:6.1} GB/s per SM"
