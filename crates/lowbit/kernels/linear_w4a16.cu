@@ -111,11 +111,6 @@
 // launches the extern "C" kernels at the bottom.
 #include "common.cuh"
 
-// Experiment (LOWBIT_DECODE_DEFINES, not a variant): FOLD below.
-#ifndef LB_FOLD_ZEROS
-#define LB_FOLD_ZEROS 0
-#endif
-
 namespace lowbit {
 namespace w4a16 {
 
@@ -342,23 +337,6 @@ struct Linear {
         o[0][0] = o0.x, o[0][1] = o0.y, o[1][0] = o1.x, o[1][1] = o1.y;
     }
 
-    // FOLD (an experiment): the mma takes the codes as the lop3 leaves them, 1024 + q (row g) and 1024 + 16q (row
-    // g + 8), and the magic number and the zero come off per group as offsets on the group's sum of x (OFFSETS'
-    // ones-mma): s (q - z) = s (1024 + q) - s (1024 + z), and (s / 16)(1024 + 16q) - s (64 + z). That saves the sub
-    // or fma of every pair (4 of a word's 9 instructions) for one more mma per token tile and k16 step.
-    static constexpr bool FOLD = LB_FOLD_ZEROS && !OFFSETS && !WGMMA && WBITS == 4 && T::MAGIC == F16::MAGIC;
-    static constexpr bool SUMS = OFFSETS || FOLD;  // the group's sums of x per token are needed
-    // FOLD: the offsets of a group from its zero terms ({1024 + z} for row g, {-(64 + z)} for row g + 8; exact times
-    // an f16 scale in fp32), and row g + 8's scale / 16.
-    __device__ static __forceinline__ void fold_terms(GroupTerms& gt, float (&o)[2][2]) {
-#pragma unroll
-        for (int t = 0; t < 2; ++t) {
-            o[t][0] = -gt.s[t][0] * FragmentOps<F16>::pair_to_f32(gt.lo[t]).x;
-            o[t][1] = gt.s[t][1] * FragmentOps<F16>::pair_to_f32(gt.hi[t]).x;
-            gt.s[t][1] *= 0.0625f;
-        }
-    }
-
     // Tiles per pass over a unit: both (one pass) while the group accumulators fit in registers next to `acc`;
     // at M = 64 one tile per pass (the unit's words and x fragments are read from shared memory twice).
     static constexpr int T_PASSES = MT >= 8 ? 2 : 1;
@@ -417,11 +395,6 @@ struct Linear {
             return FragmentOps<F16>::dequant8(t == 0 ? w8.x : w8.z, t == 0 ? w8.y : w8.w, gt.lo[t], gt.hi[t]);
         }
         const u32 word = ks == 0 ? (t == 0 ? wq.x : wq.y) : (t == 0 ? wq.z : wq.w);
-        if constexpr (FOLD) {
-            const u32 w8 = word >> 8;
-            return make_uint4(and_or<0x000F000Fu, F16::MAGIC>(word), and_or<0x00F000F0u, F16::MAGIC>(word),
-                              and_or<0x000F000Fu, F16::MAGIC>(w8), and_or<0x00F000F0u, F16::MAGIC>(w8));
-        }
         return FragmentOps<T>::dequant(word, gt.lo[t], gt.hi[t]);
     }
 
@@ -524,7 +497,6 @@ struct Linear {
         for (int pass = 0; pass < T_PASSES; ++pass) {
             GroupTerms gt = group(0);
             if constexpr (OFFSETS) load_offsets(stage, 0, warp, lane, offsets);
-            if constexpr (FOLD) fold_terms(gt, offsets);
             float acc_g[T_PER_PASS][MT][4];
 #pragma unroll
             for (int kc = 0; kc < 4; ++kc) {
@@ -558,17 +530,16 @@ struct Linear {
                                 for (int i = 0; i < 4; ++i) acc_g[tt][mt][i] = 0.0f;
                         const int row = __popc(starts & ((2u << step) - 1));
                         gt = group(row);
-                        if constexpr (SUMS) {
+                        if constexpr (OFFSETS) {
                             apply_offsets(acc, xs_g, offsets);
 #pragma unroll
                             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
                                 for (int i = 0; i < 4; ++i) xs_g[mt][i] = 0.0f;
-                            if constexpr (OFFSETS) load_offsets(stage, row, warp, lane, offsets);
-                            else fold_terms(gt, offsets);
+                            load_offsets(stage, row, warp, lane, offsets);
                         }
                     }
-                    if constexpr (SUMS) {
+                    if constexpr (OFFSETS) {
 #pragma unroll
                         for (int mt = 0; mt < MT; ++mt) {
                             if (step == 0)
@@ -592,7 +563,7 @@ struct Linear {
                 }
             }
             apply_scales(acc, acc_g, gt, pass);
-            if constexpr (SUMS) apply_offsets(acc, xs_g, offsets);
+            if constexpr (OFFSETS) apply_offsets(acc, xs_g, offsets);
         }
     }
 
