@@ -77,6 +77,18 @@ extern "C" __global__ void ldg_l2(const uint4* src, long long per_cta, long long
     ldg_window<8>(src, per_cta, wrap, out);
 }
 
+// The producer of a ring of `stages` buffers of `unit` bytes (one thread): for each of `count` stages it waits until
+// the consumers have freed the buffer, announces `unit` bytes on its full barrier and issues copy(i, buffer, full).
+template <class Copy>
+__device__ void produce_ring(char* smem, u32 bars, int count, int stages, int unit, const Copy& copy) {
+    for (int i = 0, buf = 0; i < count; ++i) {
+        if (i >= stages) mbar_wait(bars + (stages + buf) * 8, ((i / stages) - 1) & 1);
+        mbar_arrive_expect_tx(bars + buf * 8, unit);
+        copy(i, smem + buf * unit, bars + buf * 8);
+        if (++buf == stages) buf = 0;
+    }
+}
+
 // Both paths at once: the `tma` ring on an L2 window (16 KB units), and each stage the 256 consumer threads also
 // load `extra` 16-byte words each from the window (a power-of-two count of words) by plain loads, before they
 // release the stage.
@@ -88,12 +100,9 @@ extern "C" __global__ void tma_ldg(const char* src, int count, int unit, int sta
     __syncthreads();
     if (threadIdx.x >= 256) {
         if (threadIdx.x == 256) {
-            for (int i = 0, buf = 0; i < count; ++i) {
-                if (i >= stages) mbar_wait(bars + (stages + buf) * 8, ((i / stages) - 1) & 1);
-                mbar_arrive_expect_tx(bars + buf * 8, unit);
-                bulk_copy(smem + buf * unit, src + (long long)((blockIdx.x + i) % window) * unit, unit, bars + buf * 8);
-                if (++buf == stages) buf = 0;
-            }
+            produce_ring(smem, bars, count, stages, unit, [&](int i, char* dst, u32 full) {
+                bulk_copy(dst, src + (long long)((blockIdx.x + i) % window) * unit, unit, full);
+            });
         }
         return;
     }
@@ -134,13 +143,10 @@ extern "C" __global__ void tma(const char* src, long long units, int ctas, int u
     __syncthreads();
     if (threadIdx.x >= 256) {
         if (threadIdx.x == 256) {
-            for (int i = 0, buf = 0; i < count; ++i) {
-                if (i >= stages) mbar_wait(bars + (stages + buf) * 8, ((i / stages) - 1) & 1);
-                mbar_arrive_expect_tx(bars + buf * 8, unit);
+            produce_ring(smem, bars, count, stages, unit, [&](int i, char* dst, u32 full) {
                 const long long u = window > 0 ? (b + i) % window : b + i;
-                bulk_copy(smem + buf * unit, src + u * unit, unit, bars + buf * 8);
-                if (++buf == stages) buf = 0;
-            }
+                bulk_copy(dst, src + u * unit, unit, full);
+            });
         }
         return;
     }
@@ -193,15 +199,11 @@ extern "C" __global__ void stages(const char* x, int window, const char* w, long
     __syncthreads();
     if (threadIdx.x >= 256) {
         if (threadIdx.x == 256) {
-            for (int i = 0, buf = 0; i < count; ++i) {
-                if (i >= nstages) mbar_wait(bars + (nstages + buf) * 8, ((i / nstages) - 1) & 1);
-                mbar_arrive_expect_tx(bars + buf * 8, unit);
+            produce_ring(smem, bars, count, nstages, unit, [&](int i, char* dst, u32 full) {
                 const long long wu = ((long long)blockIdx.x * count + i) % w_units;
-                const char* xs = x + (long long)((blockIdx.x + i) % window) * x_unit;
-                bulk_copy(smem + buf * unit, xs, x_unit, bars + buf * 8);
-                bulk_copy(smem + buf * unit + x_unit, w + wu * w_unit, w_unit, bars + buf * 8);
-                if (++buf == nstages) buf = 0;
-            }
+                bulk_copy(dst, x + (long long)((blockIdx.x + i) % window) * x_unit, x_unit, full);
+                bulk_copy(dst + x_unit, w + wu * w_unit, w_unit, full);
+            });
         }
         return;
     }
