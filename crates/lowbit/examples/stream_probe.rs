@@ -24,6 +24,14 @@ const SOURCE: &str = r#"
 #include "common.cuh"
 using namespace lowbit;
 
+// One 16-byte load that bypasses L1 (each word is read once), as the weight streams read.
+__device__ __forceinline__ uint4 ldg_nc(const uint4* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
 // CTA c reads 16-byte words [c n / ctas, (c + 1) n / ctas), UNROLL loads in flight per thread.
 template <int UNROLL>
 __device__ void ldg_stream(const uint4* __restrict__ src, long long n, long long ctas, unsigned* out) {
@@ -34,12 +42,7 @@ __device__ void ldg_stream(const uint4* __restrict__ src, long long n, long long
 #pragma unroll
         for (int j = 0; j < UNROLL; ++j) {
             const long long k = i + (long long)j * blockDim.x;
-            if (k < e) {
-                asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                             : "=r"(v[j].x), "=r"(v[j].y), "=r"(v[j].z), "=r"(v[j].w) : "l"(src + k));
-            } else {
-                v[j] = make_uint4(0, 0, 0, 0);
-            }
+            v[j] = k < e ? ldg_nc(src + k) : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
         for (int j = 0; j < UNROLL; ++j) acc ^= v[j].x ^ v[j].y ^ v[j].z ^ v[j].w;
@@ -64,9 +67,7 @@ __device__ void ldg_window(const uint4* __restrict__ src, long long per_cta, lon
         uint4 v[UNROLL];
 #pragma unroll
         for (int j = 0; j < UNROLL; ++j) {
-            const long long k = (b + i + (long long)j * blockDim.x) & (wrap - 1);
-            asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                         : "=r"(v[j].x), "=r"(v[j].y), "=r"(v[j].z), "=r"(v[j].w) : "l"(src + k));
+            v[j] = ldg_nc(src + ((b + i + (long long)j * blockDim.x) & (wrap - 1)));
         }
 #pragma unroll
         for (int j = 0; j < UNROLL; ++j) acc ^= v[j].x ^ v[j].y ^ v[j].z ^ v[j].w;
@@ -115,9 +116,7 @@ extern "C" __global__ void tma_ldg(const char* src, int count, int unit, int sta
         for (int j = 0; j < 8; ++j) {
             if (j < extra) {
                 const long long at = (long long)(blockIdx.x * 7 + i) * 256 * extra + j * 256 + threadIdx.x;
-                const long long k = at & (wrap - 1);
-                asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                             : "=r"(v[j].x), "=r"(v[j].y), "=r"(v[j].z), "=r"(v[j].w) : "l"(words + k));
+                v[j] = ldg_nc(words + (at & (wrap - 1)));
             }
         }
         mbar_wait(bars + buf * 8, (i / stages) & 1);
