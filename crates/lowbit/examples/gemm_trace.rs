@@ -2,7 +2,7 @@
 //! traced launch and summarises its timeline (the kernel's `Trace` events, %globaltimer) over the CTAs.
 //!
 //! ```text
-//! cargo run --release --example gemm_trace -- 256x4096x4096 64x4096x4096 [--rotate-io] [--splits 1] [--small-batch 0] [--tokens 64|128] [--ksplit] [--look64 2|3] [--look-ksplit 2|3] [--ramp-ksplit N] [--x-loads on|off] [--stream on|off] [--stages N] [--decode-splits 1|2|4|8] [--ctas-per-sm 1|2] [--gather on|off] [--paired on|off] [--wgmma on|off] [--pdl on|off]
+//! cargo run --release --example gemm_trace -- 256x4096x4096 64x4096x4096 [--rotate-io] [--splits 1] [--small-batch 0] [--tokens 64|128] [--ksplit] [--look64 2|3] [--look-ksplit 2|3] [--ramp-ksplit N] [--stream on|off] [--stages N] [--decode-splits 1|2|4|8] [--ctas-per-sm 1|2] [--gather on|off] [--paired on|off] [--wgmma on|off] [--pdl on|off]
 //! ```
 //! Each shape is `MxKxN` (f16, group 128, zero points), `decode:MxKxN` for the decode kernel (the same weight; the
 //! stream-K fix-up's partials and counter show as `partials_seen`), or `conv:BxCxHxWxRxCo` for the convolution's
@@ -10,8 +10,7 @@
 //! the pack).
 //! `--rotate-io` rotates as many x and y buffers as weight copies (as `lowbit bench` does); by default all launches
 //! share one x and one y. `--tokens` picks the tile's tokens per warpgroup, and with `--ksplit` the K-split tile's
-//! (64 or 128), and `--ramp-ksplit` its RAMP (stages in flight while the pipeline first fills; 0: all);
-//! `--x-loads` loads the 64-token K-split tile's x by plain loads (on, the default) or by TMA (off).
+//! (64 or 128), and `--ramp-ksplit` its RAMP (stages in flight while the pipeline first fills; 0: all).
 //! `--stages` sets the pipeline depth of the GEMM tile and of the decode kernel (per ring when paired).
 //! Output: one summary block per shape; with `LOWBIT_TRACE_CSV=dir` also the raw per-CTA timeline as
 //! `dir/<shape>.csv`.
@@ -63,7 +62,6 @@ fn main() -> lowbit::Result<()> {
     let mut k_split = false;
     let mut rotate_io = false;
     let mut stages = None;
-    let mut x_loads = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -74,7 +72,6 @@ fn main() -> lowbit::Result<()> {
             "--look64" => look64 = args.next().and_then(|v| v.parse().ok()),
             "--look-ksplit" => look_ksplit = args.next().and_then(|v| v.parse().ok()),
             "--ramp-ksplit" => ramp_ksplit = args.next().and_then(|v| v.parse().ok()),
-            "--x-loads" => x_loads = args.next().map(|v| v == "on"),
             "--decode-splits" => decode_splits = args.next().and_then(|v| v.parse().ok()),
             "--ctas-per-sm" => ctas_per_sm = args.next().and_then(|v| v.parse().ok()),
             "--gather" => gather = args.next().map(|v| v == "on"),
@@ -112,9 +109,6 @@ fn main() -> lowbit::Result<()> {
             }
             if let Some(stages) = ramp_ksplit {
                 op.set_k_split_ramp(&dev, stages)?;
-            }
-            if let Some(on) = x_loads {
-                op.set_k_split_x_loads(&dev, on)?;
             }
             op.force_stream_k(stream_k);
             op.force_k_split(k_split);

@@ -269,18 +269,6 @@ __device__ __forceinline__ void st_global_v4_if(void* dst, uint4 v, bool p) {
         : "memory");
 }
 
-// A 16-byte read-only global load past L1 under a predicate (zeros when false). Volatile: issued where it is
-// written, so loads meant to be in flight during a wait are not sunk past it.
-__device__ __forceinline__ uint4 ld_global_nc_v4_if(const void* src, bool p) {
-    uint4 v;
-    asm volatile(
-        "{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n mov.b32 %0, 0;\n mov.b32 %1, 0;\n mov.b32 %2, 0;\n"
-        " mov.b32 %3, 0;\n @p ld.global.nc.L1::no_allocate.v4.b32 {%0, %1, %2, %3}, [%4];\n}\n"
-        : "=&r"(v.x), "=&r"(v.y), "=&r"(v.z), "=&r"(v.w)
-        : "l"(src), "r"((int)p));
-    return v;
-}
-
 // ------------------------------------------------------------------------------------------------------------------
 // Tensor-core and async-copy primitives
 // ------------------------------------------------------------------------------------------------------------------
@@ -323,12 +311,11 @@ __device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
         : "memory");
 }
 // The mbarriers of a STAGES-deep producer/consumer pipeline at shared address `bars`: STAGES "full" barriers (the
-// producer's one expect_tx arrival each, plus `fillers` arrivals of threads that store into the stage), then STAGES
-// "empty" ones (an arrival from each of `consumers` threads). Called by one thread, before the CTA barrier that
-// publishes them.
-__device__ __forceinline__ void init_pipeline_barriers(u32 bars, int stages, u32 consumers, u32 fillers = 0) {
+// producer's one expect_tx arrival each), then STAGES "empty" ones (an arrival from each of `consumers` threads).
+// Called by one thread, before the CTA barrier that publishes them.
+__device__ __forceinline__ void init_pipeline_barriers(u32 bars, int stages, u32 consumers) {
     for (int st = 0; st < stages; ++st) {
-        mbar_init(bars + st * 8, 1 + fillers);
+        mbar_init(bars + st * 8, 1);
         mbar_init(bars + (stages + st) * 8, consumers);
     }
     mbar_init_fence();
@@ -394,10 +381,6 @@ __device__ __forceinline__ float2 lds64f(u32 addr) {
 }
 __device__ __forceinline__ void sts128f(u32 addr, float4 v) {
     asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
-                 : "memory");
-}
-__device__ __forceinline__ void sts128(u32 addr, uint4 v) {
-    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
                  : "memory");
 }
 __device__ __forceinline__ void sts64f(u32 addr, float2 v) {

@@ -35,16 +35,6 @@
 //   for the token-split 128-column tile. Since the warpgroups walk their own stages, each has its own producer
 //   thread (PRODUCERS), and each releases a stage as soon as its last wgmma is done (EARLY_RELEASE in stage_step).
 //
-// * X BY LOADS (LB_X_LOADS; the 64-token K-split tile). One SM's TMA copies take in ~60 GB/s from L2 whatever the
-//   depth (examples/stream_probe, `l2-paths`), so the K-split tile's 24 KB stages landed in ~0.45 us of its 0.62 us
-//   k tile. Plain 16-byte loads by many threads take in more. So x goes by loads from the producer warpgroup: each
-//   producer is two warps (64 threads), which load their stage's 16 KB of x into registers (16 loads a thread)
-//   BEFORE waiting for the stage to be free, then store them in TMA's 128-byte swizzle (the wgmma descriptors are
-//   unchanged), fence them to the async proxy that wgmma reads through, and arrive on the stage's full barrier
-//   (1 + 64 arrivals: the codes' expect_tx, then one per thread). The codes and group rows stay on bulk copies.
-//   Rows past M and k past x's columns read as zeros (the host stages x when K is not a multiple of 8, so a
-//   16-byte piece is all in or all out).
-//
 // * OVERLAP. Each k16 step: wgmma.fence, two wgmmas, commit, wait until at most LOOK - 1 groups are in flight,
 //   then convert the A fragments of the step LOOK ahead (LB_LOOKAHEAD, 2 or 3; 4 or 8 fragment buffers, so the one
 //   written is read by no group in flight). The tensor cores always have the next step queued while a warp
@@ -116,7 +106,7 @@
 //   MB of weights and of x in L2 instead of streaming both from memory.
 //
 // The host prepends the #defines selecting one variant (LB_DTYPE, LB_ZEROS, LB_WG_N, LB_WG_TOKENS, LB_STAGES,
-// LB_UNIT_GROUPS, LB_CONV, LB_LOOKAHEAD, LB_WBITS, LB_RAMP, LB_LAG, LB_KSPLIT, LB_UNIT_N, LB_X_LOADS).
+// LB_UNIT_GROUPS, LB_CONV, LB_LOOKAHEAD, LB_WBITS, LB_RAMP, LB_LAG, LB_KSPLIT, LB_UNIT_N).
 #include "common.cuh"
 
 namespace lowbit {
@@ -175,9 +165,6 @@ struct Args {
                            // STREAM-K: [2 G][BM * N_CTA] fp32, one slot per CTA and partial segment
     u32* counters;         // [tiles][MAX_CLUSTER] arrivals (split-K groups: per rank; STREAM-K: per consumer
                            // warp), zero between launches
-    const u16* x;          // X BY LOADS: x rows (x_stride apart, x_cols columns, a multiple of 8), also in xmap
-    long long x_stride;
-    int x_cols;
 };
 
 constexpr int MAX_CLUSTER = 8;  // counters per tile
@@ -188,14 +175,13 @@ constexpr int MAX_CLUSTER = 8;  // counters per tile
 // KSPLIT: the two consumer warpgroups take alternate stages of an item's k range (WG_N 1; see the header's K-SPLIT
 // TILE). UNIT_N: columns of a repacked unit, N_CTA or (K-split tile over a 256-column weight) 2 N_CTA.
 template <class T, int ZMODE, int WG_N, int WG_TOKENS, int STAGES, bool UNIT_GROUPS, bool CONV, int LOOK, int WBITS,
-          int RAMP, int LAG, bool KSPLIT, int UNIT_N, bool X_LOADS>
+          int RAMP, int LAG, bool KSPLIT, int UNIT_N>
 struct Gemm {
     static_assert(LOOK == 2 || LOOK == 3, "k16 steps converted ahead of the wgmmas: 2 or 3");
     static_assert(LAG >= 0 && LAG < STAGES, "STAGGER: warpgroup 1 at most STAGES - 1 k tiles behind");
     static_assert(!KSPLIT || (WG_N == 1 && LAG == 0 && !CONV && (WG_TOKENS == 64 || WG_TOKENS == 128)),
                   "K-split tile: 128 columns x 64 or 128 tokens, no STAGGER, linear only");
     static_assert(UNIT_N == 128 * WG_N || (KSPLIT && UNIT_N == 256), "a tile is a unit, or half of one");
-    static_assert(!X_LOADS || (KSPLIT && WG_TOKENS == 64), "x by loads: the 64-token K-split tile");
     static constexpr int STAGGER_BARRIER = 2;  // named barrier 1 is consumer_sync's
     static_assert(WBITS == 4 || (WBITS == 8 && T::MAGIC == F16::MAGIC),
                   "int8 codes: fp16 activations only (bf16 cannot hold 1024 + u; see INT8 CODES)");
@@ -214,13 +200,6 @@ struct Gemm {
     // warpgroup's stages (produce), and each stage released as soon as its last wgmma is done (stage_step).
     static constexpr int PRODUCERS = KSPLIT ? 2 : 1;
     static constexpr bool EARLY_RELEASE = KSPLIT;
-    // X BY LOADS: the threads of one producer (two warps), and the 16-byte pieces of x each loads per stage.
-    static constexpr int X_THREADS = X_LOADS ? 64 : 1;
-    static constexpr int X_PIECES = X_LOADS ? WG_TOKENS * K_TILE * 2 / 16 / X_THREADS : 1;
-    // Registers per thread after setmaxnreg (multiples of 8; 2 x 128 consumer + 128 producer threads within 64 K): the
-    // producer's x pieces take 64 more than its 40, and 104 in all spilled its loop's bookkeeping.
-    static constexpr int PRODUCER_REGS = X_LOADS ? 112 : 40;
-    static constexpr int CONSUMER_REGS = X_LOADS ? 192 : 232;
     // Tokens per warpgroup in the epilogue: a K-split tile's warpgroups first trade halves (exchange_halves), so
     // each then holds the sums of 32 tokens, as the token-split tile's do.
     static constexpr int EPI_TOKENS = KSPLIT ? WG_TOKENS / 2 : WG_TOKENS;
@@ -352,7 +331,7 @@ struct Gemm {
         // columns at w W_BYTES / 4 in a 128-column tile's terms), so 4 warps' columns are contiguous.
         const int unit_nt = w.nt / HALVES, half = w.nt % HALVES;
         const size_t row0 = (size_t)unit_nt * s.GP + g_lo;
-        mbar_arrive_expect_tx(full, (X_LOADS ? 0 : X_BYTES) + W_BYTES + rows * (UNIT_N * 2 + Z_ROW_BYTES));
+        mbar_arrive_expect_tx(full, X_BYTES + W_BYTES + rows * (UNIT_N * 2 + Z_ROW_BYTES));
         bulk_copy(stage + X_BYTES, a.qweight + (((size_t)unit_nt * s.KT + kt) * HALVES + half) * (W_BYTES / 16), W_BYTES,
                   full);
         bulk_copy(stage + X_BYTES + W_BYTES, a.scales + row0 * UNIT_N, rows * (UNIT_N * 2), full);
@@ -376,32 +355,8 @@ struct Gemm {
         }
     }
 
-    // X BY LOADS: thread t of a producer's 64 loads 16-byte piece t % 16 of each x row of stage kt (pieces 0-7: box 0,
-    // 8-15: box 1), rows t / 16, t / 16 + 4, ...: a warp reads two whole 256-byte row segments per load.
-    __device__ static __forceinline__ void load_x(const Args& a, const Shape& s, const Work& w, int kt, int t,
-                                                  uint4 (&v)[X_PIECES]) {
-        const int k = kt * K_TILE + (t % 16) * 8, m0 = w.mt * BM + t / 16;
-        const u16* src = a.x + (long long)m0 * a.x_stride + k;
-        const long long step = 4 * a.x_stride;
-        // Rows left from m0 (0 past K): compared with constants, where m0 + 4 j < M kept 16 row numbers in registers.
-        const int rows = k < a.x_cols ? s.M - m0 : 0;
-#pragma unroll
-        for (int j = 0; j < X_PIECES; ++j) v[j] = ld_global_nc_v4_if(src + j * step, 4 * j < rows);
-    }
-    // ... and stores them where TMA would: piece c of row r of a box at 16-byte chunk c ^ (r % 8) of the row's 128
-    // bytes (the 128-byte swizzle). A warp's 8-thread phases each fill one row: no bank conflicts.
-    __device__ static __forceinline__ void store_x(u32 stage, int t, const uint4 (&v)[X_PIECES]) {
-        const int piece = t % 16, box = piece / 8, c = piece % 8;
-#pragma unroll
-        for (int j = 0; j < X_PIECES; ++j) {
-            const int row = t / 16 + 4 * j;
-            sts128(stage + box * (BM * 128) + row * 128 + ((c ^ (row & 7)) << 4), v[j]);
-        }
-    }
-
-    // TMA producer (one thread; X BY LOADS: two warps, whose first thread issues the bulk copies): for every k tile
-    // of every item of this CTA, wait for the stage to be free, announce its bytes, issue the copies. It runs ahead
-    // across items, so the next tile's stages fill during an epilogue.
+    // TMA producer (one thread): for every k tile of every item of this CTA, wait for the stage to be free, announce
+    // its bytes, issue the copies. It runs ahead across items, so the next tile's stages fill during an epilogue.
     // DEPENDENT LAUNCH: the weights of the first item's first stages go out before the wait for the previous
     // kernel, their x after. (Only the first item's: the producer runs on 40 registers.)
     // RAMP (LB_RAMP > 0; the host's RAMP_STAGES for small batches): the first fill issues stage i only once stage
@@ -414,13 +369,11 @@ struct Gemm {
     // EARLY_RELEASE (stage_step).
     __device__ static void produce(const TensorMap* xmap, const Args& a, const Shape& s, u32 base, u32 bars,
                                    int producer) {
-        const int t = threadIdx.x % X_THREADS;  // X BY LOADS: this thread of the producer's two warps
-        const bool leader = t == 0;             // issues the bulk copies
         int early = 0;
         Work w;
         if (Cursor(s).next(s, w)) {
             early = min(RAMP > 0 && RAMP < STAGES ? RAMP : STAGES, w.kt1 - w.kt0);
-            for (int i = producer; i < early && leader; i += PRODUCERS)
+            for (int i = producer; i < early; i += PRODUCERS)
                 issue_weights(a, s, base + i * STAGE_BYTES, bars + i * 8, w, w.kt0 + i);
         }
         wait_for_prerequisite_grids();
@@ -430,20 +383,12 @@ struct Gemm {
                 const u32 full = bars + buf * 8, empty = bars + (STAGES + buf) * 8;
                 const u32 stage = base + buf * STAGE_BYTES;
                 if (PRODUCERS == 1 || i % PRODUCERS == producer) {
-                    uint4 xv[X_PIECES];
-                    if (X_LOADS) load_x(a, s, w, kt, t, xv);  // in flight while the stage drains
                     if (i >= early) {
                         if (i >= STAGES) mbar_wait(empty, ((i / STAGES) - 1) & 1);
                         else if (RAMP > 0 && i >= RAMP) mbar_wait(bars + (i - RAMP) * 8, 0);
-                        if (leader) issue_weights(a, s, stage, full, w, kt);
+                        issue_weights(a, s, stage, full, w, kt);
                     }
-                    if (X_LOADS) {
-                        store_x(stage, t, xv);
-                        fence_proxy_async_shared();  // the stores, to the async proxy wgmma reads through
-                        mbar_arrive(full);
-                    } else {
-                        issue_x(xmap, s, stage, full, w, kt);
-                    }
+                    issue_x(xmap, s, stage, full, w, kt);
                 }
                 if (++buf == STAGES) buf = 0;
             }
@@ -1116,18 +1061,16 @@ struct Gemm {
 
         if (tid == 0) {
             mbar_init(bars + STAGES * 16 + 8, 1);  // epilogue_split's global step (after the arrival word)
-            // KSPLIT: one warpgroup reads a stage. X BY LOADS: every thread of a producer stores into it.
-            init_pipeline_barriers(bars, STAGES, CONSUMERS / STRIDE, X_LOADS ? X_THREADS : 0);
+            init_pipeline_barriers(bars, STAGES, CONSUMERS / STRIDE);  // KSPLIT: one warpgroup reads a stage
         }
         __syncthreads();
         if (wg == 2) {
-            setmaxnreg_dec<PRODUCER_REGS>();
-            const int p = (tid - CONSUMERS) / (X_LOADS ? X_THREADS : 32);  // a warp's lane 0, or (X BY LOADS) 2 warps
-            if ((X_LOADS || tid % 32 == 0) && p < PRODUCERS) produce(xmap, a, s, base, bars, p);
+            setmaxnreg_dec<40>();
+            if (tid % 32 == 0 && (tid - CONSUMERS) / 32 < PRODUCERS) produce(xmap, a, s, base, bars, (tid - CONSUMERS) / 32);
             if (splits_a_tile) cluster_sync(), cluster_sync();  // epilogue_split's two barriers
             return;
         }
-        setmaxnreg_inc<CONSUMER_REGS>();
+        setmaxnreg_inc<232>();
         trace_stamp(a.trace, TRACE_ENTRY);
         // DEPENDENT LAUNCH: nothing the previous kernel may read or write (y, bias, the partials, the counters) is
         // touched before it has finished.
@@ -1200,14 +1143,10 @@ struct Gemm {
 #ifndef LB_UNIT_N
 #define LB_UNIT_N (128 * LB_WG_N)
 #endif
-#ifndef LB_X_LOADS
-#define LB_X_LOADS 0
-#endif
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 typedef lowbit::w4a16_gemm::Gemm<lowbit::LB_DTYPE, LB_ZEROS, LB_WG_N, LB_WG_TOKENS, LB_STAGES, LB_UNIT_GROUPS != 0,
-                                 LB_CONV != 0, LB_LOOKAHEAD, LB_WBITS, LB_RAMP, LB_LAG, LB_KSPLIT != 0, LB_UNIT_N,
-                                 LB_X_LOADS != 0>
+                                 LB_CONV != 0, LB_LOOKAHEAD, LB_WBITS, LB_RAMP, LB_LAG, LB_KSPLIT != 0, LB_UNIT_N>
     GemmVariant;
 
 extern "C" __global__ void __launch_bounds__(GemmVariant::BLOCK, 1)

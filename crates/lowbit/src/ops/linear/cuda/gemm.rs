@@ -217,9 +217,6 @@ pub struct GemmVariant {
     pub ksplit: bool,
     /// Columns of a repacked unit: `n_cta()`, or twice that for a K-split tile over a 256-column weight.
     pub unit_n: usize,
-    /// x by plain loads from the producer warpgroup instead of TMA (the kernel's X BY LOADS; the 64-token K-split
-    /// tile only).
-    pub x_loads: bool,
 }
 
 impl GemmVariant {
@@ -250,7 +247,6 @@ impl GemmVariant {
             lag: default_lag(wg_n, wg_tokens, conv),
             ksplit: false,
             unit_n: 128 * wg_n,
-            x_loads: false,
         }
     }
 
@@ -263,7 +259,6 @@ impl GemmVariant {
             lookahead: 2,
             ksplit: true,
             unit_n,
-            x_loads: tokens == 64,
             ..Self::with_defaults(act, wbits, zeros, unit_groups, false, 1, tokens)
         }
     }
@@ -364,7 +359,7 @@ impl GemmVariant {
 
     fn name(&self) -> String {
         format!(
-            "linear_w4a16_gemm_{}_w{}_z{}_g{}_wgn{}_t{}_s{}_l{}_r{}_d{}{}{}{}",
+            "linear_w4a16_gemm_{}_w{}_z{}_g{}_wgn{}_t{}_s{}_l{}_r{}_d{}{}{}",
             self.act.name(),
             self.wbits,
             self.zero_mode(),
@@ -380,8 +375,7 @@ impl GemmVariant {
                 format!("_ks{}", self.unit_n)
             } else {
                 String::new()
-            },
-            if self.x_loads { "_xl" } else { "" }
+            }
         )
     }
 
@@ -393,7 +387,7 @@ impl GemmVariant {
                     "#define LB_DTYPE {}\n#define LB_ZEROS {}\n#define LB_WG_N {}\n#define LB_WG_TOKENS {}\n\
                  #define LB_STAGES {}\n#define LB_UNIT_GROUPS {}\n#define LB_CONV {}\n#define LB_LOOKAHEAD {}\n\
                  #define LB_WBITS {}\n#define LB_RAMP {}\n#define LB_LAG {}\n#define LB_KSPLIT {}\n\
-                 #define LB_UNIT_N {}\n#define LB_X_LOADS {}\n",
+                 #define LB_UNIT_N {}\n",
                     if self.act == DType::Bf16 { "BF16" } else { "F16" },
                     self.zero_mode(),
                     self.wg_n,
@@ -406,8 +400,7 @@ impl GemmVariant {
                     self.ramp,
                     self.lag,
                     u8::from(self.ksplit),
-                    self.unit_n,
-                    u8::from(self.x_loads)
+                    self.unit_n
                 ) + &crate::cuda::experiment_defines("LOWBIT_GEMM_DEFINES")
             },
             SOURCE,
@@ -427,9 +420,6 @@ struct GemmArgs {
     trace: u64,
     partials: u64,
     counters: u64,
-    x: u64,
-    x_stride: i64,
-    x_cols: i32,
 }
 
 /// `lowbit::w4a16_gemm::Shape`, in field order (15 ints, an int64, the convolution fields).
@@ -926,12 +916,6 @@ impl LinearW4A16Gemm {
         self.reload_k_split(device, usize::MAX, |v| v.ramp = stages)
     }
 
-    /// Reloads the 64-token K-split tile with x by plain loads (the kernel's X BY LOADS) or by TMA (benchmarking).
-    #[doc(hidden)]
-    pub fn set_k_split_x_loads(&mut self, device: &CudaDevice, on: bool) -> Result<()> {
-        self.reload_k_split(device, 64, |v| v.x_loads = on)
-    }
-
     /// Reloads the K-split tiles of at most `max_tokens` tokens as `change` modifies their variants.
     fn reload_k_split(
         &mut self,
@@ -1126,10 +1110,8 @@ impl LinearW4A16Gemm {
         };
         let (qweight, scales, zeros, perm) = self.weight.pointers(stream);
 
-        // TMA reads x in place when its rows are 16-byte aligned and in k order; otherwise x is staged. Loads of x
-        // (X BY LOADS) take 16-byte pieces, each wholly inside K or past it: K a multiple of 8, or x staged.
-        let pieces_fit = p.k % 8 == 0 || !kernel.variant.x_loads;
-        let direct = perm == 0 && x_ptr % 16 == 0 && (x_stride * 2) % 16 == 0 && pieces_fit;
+        // TMA reads x in place when its rows are 16-byte aligned and in k order; otherwise x is staged.
+        let direct = perm == 0 && x_ptr % 16 == 0 && (x_stride * 2) % 16 == 0;
         let (x_ptr, x_stride, x_cols) = if direct {
             (x_ptr, x_stride, p.k)
         } else {
@@ -1235,7 +1217,6 @@ impl LinearW4A16Gemm {
             ));
         }
         args.trace = self.trace;
-        (args.x, args.x_stride, args.x_cols) = (x, x_stride as i64, x_cols as i32);
         let shape = GemmShape {
             m: m as i32,
             n: p.n as i32,
