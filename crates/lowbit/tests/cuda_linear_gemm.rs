@@ -467,16 +467,40 @@ fn strided_rows_leave_the_gaps_alone() {
         bias: true,
         ..BASE
     };
+    check_strided(&dev, c, (c.k + 64, c.n + 40), |_| {});
+    // The 64-token K-split tile the same way, and with K = 1004 (per channel): rows of x 16-byte aligned but K not a
+    // multiple of 8, so the tensor map's columns end inside a 16-byte piece, before the gap.
+    let k_split = |op: &mut LinearW4A16Gemm| {
+        op.force_k_split(true);
+        op.force_tile_tokens(Some(64));
+    };
+    check_strided(&dev, c, (c.k + 64, c.n + 40), k_split);
+    let k_tail = Case {
+        k: 1004,
+        group: 1004,
+        ..c
+    };
+    check_strided(&dev, k_tail, (1008, c.n + 8), k_split);
+}
+
+/// [`strided_rows_leave_the_gaps_alone`] for one case and `(x_stride, y_stride)`, the operator adjusted by `setup`.
+fn check_strided(
+    dev: &Arc<CudaDevice>,
+    c: Case,
+    (x_stride, y_stride): (usize, usize),
+    setup: impl Fn(&mut LinearW4A16Gemm),
+) {
+    let m = 300;
     let mut rng = Rng(0x57D);
     let w = quant(&mut rng, &c);
-    let weight = DeviceW4::upload(&dev, &repack(&w, c.act).unwrap()).unwrap();
-    let (m, x_stride, y_stride) = (300, c.k + 64, c.n + 40);
-    let op = LinearW4A16Gemm::with_weight(&dev, weight, m, None).unwrap();
+    let weight = DeviceW4::upload(dev, &repack(&w, c.act).unwrap()).unwrap();
+    let mut op = LinearW4A16Gemm::with_weight(dev, weight, m, None).unwrap();
+    setup(&mut op);
     let x = values(&mut rng, m * c.k, &c);
     let bias: Vec<f32> = (0..c.n)
         .map(|_| lowbit::dtype::round_to(c.act, rng.uniform(-1.0, 1.0)))
         .collect();
-    let want = run::<f16>(&dev, &op, &c, &x, m, Some(&bias));
+    let want = run::<f16>(dev, &op, &c, &x, m, Some(&bias));
 
     let gap = f16::from_f32(-777.0);
     let mut x_rows = vec![gap; m * x_stride];
@@ -502,13 +526,14 @@ fn strided_rows_leave_the_gaps_alone() {
     )
     .unwrap();
     let got = dev.download(&y).unwrap();
+    let label = format!("{c:?} x_stride {x_stride} ({:?})", op.variant(m));
     for (i, row) in got.chunks(y_stride).enumerate() {
         for (j, (g, w)) in row[..c.n].iter().zip(&want[i * c.n..(i + 1) * c.n]).enumerate() {
-            assert_eq!(g.to_f32().to_bits(), w.to_bits(), "row {i}, column {j}");
+            assert_eq!(g.to_f32().to_bits(), w.to_bits(), "{label}: row {i}, column {j}");
         }
         assert!(
             row[c.n..].iter().all(|&v| v == gap),
-            "row {i}: the gap after it was written"
+            "{label}: row {i}: the gap after it was written"
         );
     }
 }
