@@ -109,15 +109,6 @@
 // LB_UNIT_GROUPS, LB_CONV, LB_LOOKAHEAD, LB_WBITS, LB_RAMP, LB_LAG, LB_KSPLIT, LB_UNIT_N).
 #include "common.cuh"
 
-// Experiments (LOWBIT_GEMM_DEFINES): LB_IN_FLIGHT, the wgmma groups a step's wait leaves in flight (0: LOOK - 1);
-// LB_PREFETCH_WORDS, the next step pair's weight words read one pair early.
-#ifndef LB_IN_FLIGHT
-#define LB_IN_FLIGHT 0
-#endif
-#ifndef LB_PREFETCH_WORDS
-#define LB_PREFETCH_WORDS 0
-#endif
-
 namespace lowbit {
 namespace w4a16_gemm {
 
@@ -195,8 +186,6 @@ struct Gemm {
     static_assert(WBITS == 4 || (WBITS == 8 && T::MAGIC == F16::MAGIC),
                   "int8 codes: fp16 activations only (bf16 cannot hold 1024 + u; see INT8 CODES)");
     static constexpr int FRAG_BUFS = LOOK == 2 ? 4 : 8;  // >= 2 LOOK - 1, dividing the 8 steps of a stage
-    static constexpr int IN_FLIGHT = LB_IN_FLIGHT > 0 ? LB_IN_FLIGHT : LOOK - 1;
-    static_assert(IN_FLIGHT + LOOK <= FRAG_BUFS, "the buffer converted into is read by no group in flight");
     static constexpr int STEPS = K_TILE / 16;           // k16 steps of a stage
     static constexpr bool HAS_ZEROS = ZMODE == ZEROS_CODES;
     static constexpr bool OFFSETS = ZMODE == ZEROS_OFFSETS;
@@ -419,7 +408,7 @@ struct Gemm {
     struct Converter {
         u32 ws, params, starts;
         int pw;
-        uint4 wq, wq_next;
+        uint4 wq;
         GroupTerms gt;
         u32 o2[2][2];  // OFFSETS: the offsets of rows g / g + 8 per tile as packed pairs {o, o}
 
@@ -464,12 +453,8 @@ struct Gemm {
         template <int J>
         __device__ __forceinline__ void convert(uint4 (&frag)[2], int lane) {
             // int4: one 16-byte read per two steps (words x, y: step 2i; z, w: 2i + 1); int8: one per step.
-            if (WBITS == 8) {
-                wq = lds128(ws + J * 512);
-            } else if (J % 2 == 0) {
-                wq = LB_PREFETCH_WORDS && J > 0 ? wq_next : lds128(ws + (J / 2) * 512);
-                if (LB_PREFETCH_WORDS && J + 2 < STEPS) wq_next = lds128(ws + (J / 2 + 1) * 512);
-            }
+            if (WBITS == 8) wq = lds128(ws + J * 512);
+            else if (J % 2 == 0) wq = lds128(ws + (J / 2) * 512);
             if (!UNIT_GROUPS && J > 0 && (starts >> J) & 1) load_terms(__popc(starts & ((2u << J) - 1)), lane);
             const uint4 w = WBITS == 8 || J % 2 == 0 ? wq : make_uint4(wq.z, wq.w, 0, 0);
 #pragma unroll
@@ -523,8 +508,8 @@ struct Gemm {
         wgmma(acc[1], frag[J % FRAG_BUFS][1], desc, accumulate);
         wgmma_commit();
         fence_accumulators(acc);
-        wgmma_wait<IN_FLIGHT>();
-        if (!EARLY_RELEASE && J == IN_FLIGHT - 1 && kt > first) {  // the previous stage's last group is done: release it
+        wgmma_wait<LOOK - 1>();
+        if (!EARLY_RELEASE && J == LOOK - 2 && kt > first) {  // the previous stage's last group is done: release it
             mbar_arrive(bars + (STAGES + at.template buf_behind<STRIDE>()) * 8);
         }
         if (J + LOOK < STEPS) {
