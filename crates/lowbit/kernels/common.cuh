@@ -435,27 +435,11 @@ __device__ __forceinline__ void st_cluster_f32x4(u32 addr, float4 v) {
                  "f"(v.w)
                  : "memory");
 }
-// A cluster barrier that orders nothing but execution: no GPU-scope fence before the arrival (a release arrival
-// compiles to MEMBAR.ALL.GPU, which waits for every store in flight to be acknowledged).
-__device__ __forceinline__ void cluster_barrier_relaxed() {
-    asm volatile("barrier.cluster.arrive.relaxed;\nbarrier.cluster.wait;\n" ::: "memory");
-}
-// 16 bytes into the shared memory of a CTA of the cluster, completing `bytes` 16 on that CTA's mbarrier `bar` (both
-// addresses mapped by cluster_map): the receiver learns from its own barrier that they have landed, and the sender
-// waits for nothing.
-__device__ __forceinline__ void st_async_f32x4(u32 addr, float4 v, u32 bar) {
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];\n" ::"r"(
-                     addr),
-                 "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(bar)
-                 : "memory");
-}
 #else
 // Clusters exist from sm_90 on; the host launches none before (the decode kernel's shared code calls these).
 __device__ __forceinline__ void cluster_sync() { __trap(); }
 __device__ __forceinline__ u32 cluster_map(u32, int) { __trap(); return 0; }
 __device__ __forceinline__ void st_cluster_f32x4(u32, float4) { __trap(); }
-__device__ __forceinline__ void cluster_barrier_relaxed() { __trap(); }
-__device__ __forceinline__ void st_async_f32x4(u32, float4, u32) { __trap(); }
 #endif
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 

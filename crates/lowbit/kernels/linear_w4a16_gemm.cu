@@ -109,12 +109,6 @@
 // LB_UNIT_GROUPS, LB_CONV, LB_LOOKAHEAD, LB_WBITS, LB_RAMP, LB_LAG, LB_KSPLIT, LB_UNIT_N).
 #include "common.cuh"
 
-// Experiment (LOWBIT_GEMM_DEFINES): LB_SPLIT_ASYNC 0 pushes the split-K partials with st.shared::cluster between two
-// release/acquire cluster barriers, as before; 1 with st.async, each owner waiting on its own mbarrier.
-#ifndef LB_SPLIT_ASYNC
-#define LB_SPLIT_ASYNC 1
-#endif
-
 namespace lowbit {
 namespace w4a16_gemm {
 
@@ -678,35 +672,24 @@ struct Gemm {
         const int dw = (WG_N == 2 ? wg * 4 : 0) + ((ctid >> 5) & 3);
         const int wm = WG_N == 2 ? 0 : wg;
         const u32 slab = base + rank * slab_bytes + g * 16;  // this CTA's slab in every owner, at this lane's quad
-        constexpr int BLOCKS = N_CTA / 16;
-        const int pairs = min(share, BM / 2 - rank * share);  // this CTA's row pairs
-        const u32 pushed = base + DATA_BYTES + STAGES * 16 + 16;  // its mbarrier for them (LB_SPLIT_ASYNC)
-        if (LB_SPLIT_ASYNC) {
-            cluster_barrier_relaxed();  // every CTA of the cluster is past its main loop: its stages may be written
-            // Each CTA of the cluster sends this one its pairs: BLOCKS x 8 quads of 16 bytes a pair.
-            if (ctid == 0) mbar_arrive_expect_tx(pushed, max(pairs, 0) * BLOCKS * 128 * s.cluster);
-        } else {
-            cluster_sync();
-        }
+        cluster_sync();
 #pragma unroll
         for (int j = 0; j < EPI_TOKENS / 8; ++j) {
             const int pair = wm * (EPI_TOKENS / 2) + j * 4 + t4;  // rows 2 pair, 2 pair + 1 of the tile
             const int owner = (pair * s.split_pairs_recip) >> 16;
             const u32 pair_at = slab + (pair - owner * share) * (PAIR_FLOATS * 4);
-            const u32 owner_bar = LB_SPLIT_ASYNC ? cluster_map(pushed, owner) : 0;
 #pragma unroll
             for (int t = 0; t < 2; ++t) {
                 const int block = dw * 2 + t;  // columns 16 block .. 16 block + 15
-                const u32 to = cluster_map(pair_at + block * (QUAD_BLOCK_FLOATS * 4), owner);
-                const float4 v = make_float4(acc[t][4 * j], acc[t][4 * j + 2], acc[t][4 * j + 1], acc[t][4 * j + 3]);
-                if (LB_SPLIT_ASYNC) st_async_f32x4(to, v, owner_bar);
-                else st_cluster_f32x4(to, v);
+                st_cluster_f32x4(cluster_map(pair_at + block * (QUAD_BLOCK_FLOATS * 4), owner),
+                                 make_float4(acc[t][4 * j], acc[t][4 * j + 2], acc[t][4 * j + 1], acc[t][4 * j + 3]));
             }
         }
-        if (LB_SPLIT_ASYNC) mbar_wait(pushed, 0);  // one split item per CTA and launch: phase 0
-        else cluster_sync();
+        cluster_sync();
         trace_stamp(a.trace, TRACE_PARTIALS_SEEN);
 
+        constexpr int BLOCKS = N_CTA / 16;
+        const int pairs = min(share, BM / 2 - rank * share);  // this CTA's row pairs
         // One row of one 16-column block per item, the two rows of a pair on neighbouring threads. Linear: then
         // consecutive blocks of the pair (16-byte stores along y's rows). Convolution: then consecutive pairs of
         // the block, so each channel plane receives a warp's 32 consecutive positions per store. Quad q of a block
@@ -1078,15 +1061,13 @@ struct Gemm {
 
         if (tid == 0) {
             mbar_init(bars + STAGES * 16 + 8, 1);  // epilogue_split's global step (after the arrival word)
-            mbar_init(bars + STAGES * 16 + 16, 1);  // and its partials received (LB_SPLIT_ASYNC)
             init_pipeline_barriers(bars, STAGES, CONSUMERS / STRIDE);  // KSPLIT: one warpgroup reads a stage
         }
         __syncthreads();
         if (wg == 2) {
             setmaxnreg_dec<40>();
             if (tid % 32 == 0 && (tid - CONSUMERS) / 32 < PRODUCERS) produce(xmap, a, s, base, bars, (tid - CONSUMERS) / 32);
-            if (splits_a_tile && LB_SPLIT_ASYNC) cluster_barrier_relaxed();  // epilogue_split's barrier
-            else if (splits_a_tile) cluster_sync(), cluster_sync();              // its two barriers
+            if (splits_a_tile) cluster_sync(), cluster_sync();  // epilogue_split's two barriers
             return;
         }
         setmaxnreg_inc<232>();

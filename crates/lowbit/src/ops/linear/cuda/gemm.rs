@@ -325,10 +325,9 @@ impl GemmVariant {
         }
     }
 
-    /// Dynamic shared memory (`Gemm::DATA_BYTES` + barriers + the split-K arrival word and two mbarriers + 1 KB of
-    /// alignment slack).
+    /// Dynamic shared memory (`Gemm::DATA_BYTES` + barriers + the split-K arrival word + 1 KB of alignment slack).
     pub fn smem_bytes(&self) -> usize {
-        1024 + self.data_bytes() + self.stages * 16 + 24
+        1024 + self.data_bytes() + self.stages * 16 + 16
     }
 
     /// `Gemm::DATA_BYTES`: the pipeline, the epilogue's staging and (K-split tile) the warpgroups' exchange
