@@ -109,12 +109,6 @@
 // LB_UNIT_GROUPS, LB_CONV, LB_LOOKAHEAD, LB_WBITS, LB_RAMP, LB_LAG, LB_KSPLIT, LB_UNIT_N).
 #include "common.cuh"
 
-// Experiment (LOWBIT_GEMM_DEFINES): LB_PAIR_STEPS 1 makes each commit group of the K-split tile two k16 steps, and
-// converts the next two steps together after it (more independent instructions for the scheduler).
-#ifndef LB_PAIR_STEPS
-#define LB_PAIR_STEPS 0
-#endif
-
 namespace lowbit {
 namespace w4a16_gemm {
 
@@ -508,24 +502,17 @@ struct Gemm {
         // field counts 16-byte units and the offset never carries out of it).
         const u64 desc = x_desc + (((J >> 2) * (BM * 128) + (J & 3) * 32) >> 4);
         const int accumulate = kt > first || J > 0;  // the first product overwrites D: no zeroing
-        // LB_PAIR_STEPS: steps 2i and 2i + 1 are one group; after it, steps 2i + 2 and 2i + 3 are converted into the
-        // buffers of the group before, which the wait below has retired.
-        constexpr bool PAIRED = LB_PAIR_STEPS && EARLY_RELEASE && LOOK == 2;
         fence_accumulators(acc);
-        if (!PAIRED || J % 2 == 0) wgmma_fence();
+        wgmma_fence();
         wgmma(acc[0], frag[J % FRAG_BUFS][0], desc, accumulate);
         wgmma(acc[1], frag[J % FRAG_BUFS][1], desc, accumulate);
-        if (PAIRED && J % 2 == 0) return;
         wgmma_commit();
         fence_accumulators(acc);
         wgmma_wait<LOOK - 1>();
         if (!EARLY_RELEASE && J == LOOK - 2 && kt > first) {  // the previous stage's last group is done: release it
             mbar_arrive(bars + (STAGES + at.template buf_behind<STRIDE>()) * 8);
         }
-        if (PAIRED && J + LOOK < STEPS) {
-            cv.template convert<(J + 1) % STEPS>(frag[(J + 1) % FRAG_BUFS], lane);
-            cv.template convert<(J + 2) % STEPS>(frag[(J + 2) % FRAG_BUFS], lane);
-        } else if (J + LOOK < STEPS) {
+        if (J + LOOK < STEPS) {
             cv.template convert<(J + LOOK) % STEPS>(frag[(J + LOOK) % FRAG_BUFS], lane);
         } else if (EARLY_RELEASE) {
             // EARLY_RELEASE (the K-split tile): after the stage's last step, drain this warpgroup's wgmmas (the other
