@@ -5,7 +5,12 @@
 //! - `wgmma.m64nNk16` with A from registers (the decode kernel's form) for N = 8, 16, 32, 64 from 1, 2 or 4
 //!   warpgroups, two accumulators per warpgroup and step, up to four steps in flight (as the decode kernel).
 //!
-//! It prints SM cycles per instruction and multiply-adds per SM cycle.
+//! - the K-split GEMM tile's k16 step (linear_w4a16_gemm.cu): two `wgmma.m64n64k16` with A from registers, one group
+//!   a step, the wait leaving one in flight, with and without the conversion of the step two ahead (16 bytes of
+//!   codes from shared memory every two steps, the lop3/magic-number dequant and one scale multiply a register),
+//!   from 1 or 2 warpgroups. Whether the conversion slows the tensor pipe it runs beside is what this part asks.
+//!
+//! It prints SM cycles per instruction (per step for the K-split part) and multiply-adds per SM cycle.
 //!
 //! ```text
 //! cargo run --release --example tensor_rate [--compile-only]
@@ -94,6 +99,79 @@ extern "C" __global__ void __launch_bounds__(512, 1) wgmma_rate(int n, int iters
     const unsigned long long t1 = clock64();
     if (threadIdx.x == 0) out[0] = t0, out[1] = t1;
 }
+
+// One k16 step J of the K-split tile's main loop (LOOK 2, four fragment buffers): two wgmmas, commit, wait for all
+// but this group, then (CONVERT) the fragments of step J + 2, the codes read every two steps.
+template <int J, bool CONVERT>
+__device__ __forceinline__ void ksplit_step(float (&d)[2][32], uint4 (&frag)[4][2], uint4& wq, u32 words, u64 desc,
+                                            const u32 (&lo)[2], const u32 (&hi)[2], u32 scale) {
+    wgmma_fence();
+#pragma unroll
+    for (int t = 0; t < 2; ++t) wgmma_m64k16<F16, 64>(d[t], frag[J][t], desc + 2 * J, 1);
+    wgmma_commit();
+    wgmma_wait<1>();
+    if (!CONVERT) return;
+    constexpr int C = (J + 2) % 4;  // its buffer was read by step J - 2, which the wait retired
+    if (C % 2 == 0) wq = lds128(words + C * 512 + (threadIdx.x & 31) * 16);
+    const u32 w[2] = {C % 2 == 0 ? wq.x : wq.z, C % 2 == 0 ? wq.y : wq.w};
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+        const uint4 q = FragmentOps<F16>::dequant(w[t], lo[t], hi[t]);
+        frag[C][t] = make_uint4(F16::mul(q.x, scale), F16::mul(q.y, scale), F16::mul(q.z, scale), F16::mul(q.w, scale));
+        wgmma_fence_operand(frag[C][t].x), wgmma_fence_operand(frag[C][t].y);
+        wgmma_fence_operand(frag[C][t].z), wgmma_fence_operand(frag[C][t].w);
+    }
+}
+
+template <bool CONVERT>
+__device__ void ksplit_steps(u64 desc, u32 words, int iters, unsigned long long* out) {
+    float d[2][32];
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+#pragma unroll
+        for (int i = 0; i < 32; ++i) d[t][i] = 0.0f;
+    const u32 v = 0x3c003c00u ^ threadIdx.x;
+    uint4 frag[4][2];
+#pragma unroll
+    for (int b = 0; b < 4; ++b) frag[b][0] = frag[b][1] = make_uint4(v, v + 1, v + 2, v + 3);
+    u32 lo[2], hi[2];
+    FragmentOps<F16>::zero_terms(0x88888888u, lo, hi);
+    const u32 scale = 0x3c003c00u;  // {1, 1}
+    uint4 wq = make_uint4(0, 0, 0, 0);
+    for (int it = 0; it < iters; it += 4) {
+        ksplit_step<0, CONVERT>(d, frag, wq, words, desc, lo, hi, scale);
+        ksplit_step<1, CONVERT>(d, frag, wq, words, desc, lo, hi, scale);
+        ksplit_step<2, CONVERT>(d, frag, wq, words, desc, lo, hi, scale);
+        ksplit_step<3, CONVERT>(d, frag, wq, words, desc, lo, hi, scale);
+    }
+    wgmma_wait<0>();
+    float s = 0.0f;
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+            wgmma_fence_operand(d[t][i]);
+            s += d[t][i];
+        }
+    if (s == 12345.0f) out[7] = 1;  // keeps the wgmmas
+}
+
+// B: 16 KB of zeros in the 128-byte swizzle; the codes: 2 KB of zeros past it.
+extern "C" __global__ void __launch_bounds__(512, 1) ksplit_rate(int convert, int iters, unsigned long long* out) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    const u32 base = (smem_addr(smem) + 1023) & ~1023u;
+    unsigned char* p = smem + (base - smem_addr(smem));
+    for (int i = threadIdx.x; i < (16384 + 2048) / 16; i += blockDim.x) reinterpret_cast<uint4*>(p)[i] = make_uint4(0, 0, 0, 0);
+    fence_proxy_async_shared();
+    __syncthreads();
+    const u64 desc = smem_desc_sw128(base);
+    const unsigned long long t0 = clock64();
+    if (convert) ksplit_steps<true>(desc, base + 16384, iters, out);
+    else ksplit_steps<false>(desc, base + 16384, iters, out);
+    __syncthreads();
+    const unsigned long long t1 = clock64();
+    if (threadIdx.x == 0) out[0] = t0, out[1] = t1;
+}
 "#;
 
 const PROBE: KernelSource = KernelSource {
@@ -113,6 +191,8 @@ fn main() -> lowbit::Result<()> {
     let smem = 16384 + 1024;
     let mma = dev.function(&PROBE, "mma_rate")?;
     let wgmma = dev.function_with_shared_memory(&PROBE, "wgmma_rate", smem)?;
+    let ksplit_smem = 16384 + 2048 + 1024;
+    let ksplit = dev.function_with_shared_memory(&PROBE, "ksplit_rate", ksplit_smem)?;
     let out = dev.alloc_zeros::<u64>(8)?;
     let out_ptr = out.device_ptr(&stream).0;
     // The fewest cycles of five launches of one CTA of `threads`.
@@ -155,6 +235,19 @@ fn main() -> lowbit::Result<()> {
                 "  wgmma m64n{n}k16 (A in registers), {wgs} warpgroups: {:6.2} SM cycles per wgmma, {:6.0} MAC per SM cycle",
                 cycles / instrs,
                 instrs * (64 * n * 16) as f64 / cycles
+            );
+        }
+    }
+    for wgs in [1u32, 2] {
+        for convert in [0, 1] {
+            let cycles = best(&ksplit, &[convert, iters], wgs * 128, ksplit_smem as u32)? as f64;
+            let steps = wgs as f64 * iters as f64;
+            println!(
+                "  K-split step (2 x m64n64k16, A in registers), {wgs} warpgroups, conversion {}: {:6.2} SM cycles \
+                 per step, {:6.0} MAC per SM cycle",
+                if convert == 1 { "on " } else { "off" },
+                cycles / steps,
+                steps * (2 * 64 * 64 * 16) as f64 / cycles
             );
         }
     }
