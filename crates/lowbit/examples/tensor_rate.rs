@@ -3,12 +3,14 @@
 //! probe times the two instruction shapes alone on one CTA, back to back, with independent accumulators:
 //! - `mma.sync.m16n8k16` (f16, fp32 accumulation) from 4, 8 or 16 warps, four independent chains per warp;
 //! - `wgmma.m64nNk16` with A from registers (the decode kernel's form) for N = 8, 16, 32, 64 from 1, 2 or 4
-//!   warpgroups, two accumulators per warpgroup and step, up to four steps in flight (as the decode kernel).
-//!
+//!   warpgroups, two accumulators per warpgroup and step, up to four steps in flight (as the decode kernel);
 //! - the K-split GEMM tile's k16 step (linear_w4a16_gemm.cu): two `wgmma.m64n64k16` with A from registers, one group
 //!   a step, the wait leaving one in flight, with and without the conversion of the step two ahead (16 bytes of
 //!   codes from shared memory every two steps, the lop3/magic-number dequant and one scale multiply a register),
-//!   from 1 or 2 warpgroups. Whether the conversion slows the tensor pipe it runs beside is what this part asks.
+//!   from 1 or 2 warpgroups. Whether the conversion slows the tensor pipe it runs beside is what this part asks;
+//! - the same step with A from shared memory too (`ss`): the converted fragments stored there by stmatrix (the
+//!   128-byte swizzle of a K-major tile), fenced to the async proxy, and the warpgroup's named barrier before the
+//!   wgmmas that read them, i.e. the weight converted into shared memory instead of registers.
 //!
 //! It prints SM cycles per instruction (per step for the K-split part) and multiply-adds per SM cycle.
 //!
@@ -156,18 +158,98 @@ __device__ void ksplit_steps(u64 desc, u32 words, int iters, unsigned long long*
     if (s == 12345.0f) out[7] = 1;  // keeps the wgmmas
 }
 
-// B: 16 KB of zeros in the 128-byte swizzle; the codes: 2 KB of zeros past it.
+// wgmma.m64n64k16 with A and B from shared memory (both K-major, 128-byte swizzle).
+__device__ __forceinline__ void wgmma_ss_m64n64k16(float (&d)[32], u64 a_desc, u64 b_desc) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "
+        "%13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, "
+        "1, 1, 1, 0, 0;\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+          "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+          "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+          "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(a_desc), "l"(b_desc));
+}
+
+// The K-split step with A from shared memory: A (at a_base, the warpgroup's own) is two 64-row tiles of 64 k (8 KB
+// each, step J at bytes 32 J of each row). CONVERT: before its wgmmas, the warpgroup's named barrier (every warp has
+// stored its rows of step J); after them, the fragments of step J + 2 converted as in ksplit_step and stored by
+// stmatrix where wgmma reads them (warp w's rows 16 w .. 16 w + 15 of each tile), then fenced to the async proxy.
+template <int J, bool CONVERT>
+__device__ __forceinline__ void ss_step(float (&d)[2][32], uint4& wq, u32 a_base, u32 words, u64 b_desc,
+                                        const u32 (&lo)[2], const u32 (&hi)[2], u32 scale) {
+    const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+    if (CONVERT) named_barrier_sync(1 + wg, 128);
+    wgmma_fence();
+#pragma unroll
+    for (int t = 0; t < 2; ++t) wgmma_ss_m64n64k16(d[t], smem_desc_sw128(a_base + t * 8192) + 2 * J, b_desc + 2 * J);
+    wgmma_commit();
+    wgmma_wait<1>();
+    if (!CONVERT) return;
+    constexpr int C = (J + 2) % 4;  // read by step J - 2, which the wait retired
+    if (C % 2 == 0) wq = lds128(words + C * 512 + lane * 16);
+    const u32 w[2] = {C % 2 == 0 ? wq.x : wq.z, C % 2 == 0 ? wq.y : wq.w};
+    // stmatrix: lane l addresses row l % 8 of matrix l / 8 (rows + 8 for matrices 1 and 3, k + 8 for 2 and 3).
+    const int m = lane >> 3, row = warp * 16 + (m & 1) * 8 + (lane & 7), chunk = 2 * C + (m >> 1);
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+        const uint4 q = FragmentOps<F16>::dequant(w[t], lo[t], hi[t]);
+        const u32 r[4] = {F16::mul(q.x, scale), F16::mul(q.y, scale), F16::mul(q.z, scale), F16::mul(q.w, scale)};
+        stmatrix_x4<false>(a_base + t * 8192 + row * 128 + ((chunk ^ (row & 7)) << 4), r);
+    }
+    fence_proxy_async_shared();
+}
+
+template <bool CONVERT>
+__device__ void ss_steps(u32 a_base, u64 b_desc, u32 words, int iters, unsigned long long* out) {
+    float d[2][32];
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+#pragma unroll
+        for (int i = 0; i < 32; ++i) d[t][i] = 0.0f;
+    u32 lo[2], hi[2];
+    FragmentOps<F16>::zero_terms(0x88888888u, lo, hi);
+    const u32 scale = 0x3c003c00u;
+    uint4 wq = make_uint4(0, 0, 0, 0);
+    const u32 a = a_base + (threadIdx.x >> 7) * 16384;  // this warpgroup's A tiles
+    for (int it = 0; it < iters; it += 4) {
+        ss_step<0, CONVERT>(d, wq, a, words, b_desc, lo, hi, scale);
+        ss_step<1, CONVERT>(d, wq, a, words, b_desc, lo, hi, scale);
+        ss_step<2, CONVERT>(d, wq, a, words, b_desc, lo, hi, scale);
+        ss_step<3, CONVERT>(d, wq, a, words, b_desc, lo, hi, scale);
+    }
+    wgmma_wait<0>();
+    float s = 0.0f;
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+            wgmma_fence_operand(d[t][i]);
+            s += d[t][i];
+        }
+    if (s == 12345.0f) out[7] = 1;  // keeps the wgmmas
+}
+
+// B: 16 KB of zeros in the 128-byte swizzle; the codes: 2 KB of zeros past it; (ss) each warpgroup's A tiles,
+// 16 KB, past those.
+// convert: 0 registers, 1 registers + conversion, 2 shared memory (ss), 3 ss + conversion.
 extern "C" __global__ void __launch_bounds__(512, 1) ksplit_rate(int convert, int iters, unsigned long long* out) {
     extern __shared__ __align__(16) unsigned char smem[];
     const u32 base = (smem_addr(smem) + 1023) & ~1023u;
     unsigned char* p = smem + (base - smem_addr(smem));
-    for (int i = threadIdx.x; i < (16384 + 2048) / 16; i += blockDim.x) reinterpret_cast<uint4*>(p)[i] = make_uint4(0, 0, 0, 0);
+    for (int i = threadIdx.x; i < (24576 + 2 * 16384) / 16; i += blockDim.x)
+        reinterpret_cast<uint4*>(p)[i] = make_uint4(0, 0, 0, 0);
     fence_proxy_async_shared();
     __syncthreads();
     const u64 desc = smem_desc_sw128(base);
+    const u32 a_tiles = base + 16384 + 2048 + 1024 * 6;  // 1024-aligned: 24 KB past base
     const unsigned long long t0 = clock64();
-    if (convert) ksplit_steps<true>(desc, base + 16384, iters, out);
-    else ksplit_steps<false>(desc, base + 16384, iters, out);
+    switch (convert) {
+        case 0: ksplit_steps<false>(desc, base + 16384, iters, out); break;
+        case 1: ksplit_steps<true>(desc, base + 16384, iters, out); break;
+        case 2: ss_steps<false>(a_tiles, desc, base + 16384, iters, out); break;
+        default: ss_steps<true>(a_tiles, desc, base + 16384, iters, out); break;
+    }
     __syncthreads();
     const unsigned long long t1 = clock64();
     if (threadIdx.x == 0) out[0] = t0, out[1] = t1;
@@ -191,7 +273,7 @@ fn main() -> lowbit::Result<()> {
     let smem = 16384 + 1024;
     let mma = dev.function(&PROBE, "mma_rate")?;
     let wgmma = dev.function_with_shared_memory(&PROBE, "wgmma_rate", smem)?;
-    let ksplit_smem = 16384 + 2048 + 1024;
+    let ksplit_smem = 24576 + 2 * 16384 + 1024;
     let ksplit = dev.function_with_shared_memory(&PROBE, "ksplit_rate", ksplit_smem)?;
     let out = dev.alloc_zeros::<u64>(8)?;
     let out_ptr = out.device_ptr(&stream).0;
@@ -239,13 +321,14 @@ fn main() -> lowbit::Result<()> {
         }
     }
     for wgs in [1u32, 2] {
-        for convert in [0, 1] {
+        for convert in [0, 1, 2, 3] {
             let cycles = best(&ksplit, &[convert, iters], wgs * 128, ksplit_smem as u32)? as f64;
             let steps = wgs as f64 * iters as f64;
             println!(
-                "  K-split step (2 x m64n64k16, A in registers), {wgs} warpgroups, conversion {}: {:6.2} SM cycles \
+                "  K-split step (2 x m64n64k16, A in {}), {wgs} warpgroups, conversion {}: {:6.2} SM cycles \
                  per step, {:6.0} MAC per SM cycle",
-                if convert == 1 { "on " } else { "off" },
+                if convert < 2 { "registers" } else { "shared memory" },
+                if convert % 2 == 1 { "on " } else { "off" },
                 cycles / steps,
                 steps * (2 * 64 * 64 * 16) as f64 / cycles
             );
