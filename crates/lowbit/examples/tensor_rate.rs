@@ -102,62 +102,6 @@ extern "C" __global__ void __launch_bounds__(512, 1) wgmma_rate(int n, int iters
     if (threadIdx.x == 0) out[0] = t0, out[1] = t1;
 }
 
-// One k16 step J of the K-split tile's main loop (LOOK 2, four fragment buffers): two wgmmas, commit, wait for all
-// but this group, then (CONVERT) the fragments of step J + 2, the codes read every two steps.
-template <int J, bool CONVERT>
-__device__ __forceinline__ void ksplit_step(float (&d)[2][32], uint4 (&frag)[4][2], uint4& wq, u32 words, u64 desc,
-                                            const u32 (&lo)[2], const u32 (&hi)[2], u32 scale) {
-    wgmma_fence();
-#pragma unroll
-    for (int t = 0; t < 2; ++t) wgmma_m64k16<F16, 64>(d[t], frag[J][t], desc + 2 * J, 1);
-    wgmma_commit();
-    wgmma_wait<1>();
-    if (!CONVERT) return;
-    constexpr int C = (J + 2) % 4;  // its buffer was read by step J - 2, which the wait retired
-    if (C % 2 == 0) wq = lds128(words + C * 512 + (threadIdx.x & 31) * 16);
-    const u32 w[2] = {C % 2 == 0 ? wq.x : wq.z, C % 2 == 0 ? wq.y : wq.w};
-#pragma unroll
-    for (int t = 0; t < 2; ++t) {
-        const uint4 q = FragmentOps<F16>::dequant(w[t], lo[t], hi[t]);
-        frag[C][t] = make_uint4(F16::mul(q.x, scale), F16::mul(q.y, scale), F16::mul(q.z, scale), F16::mul(q.w, scale));
-        wgmma_fence_operand(frag[C][t].x), wgmma_fence_operand(frag[C][t].y);
-        wgmma_fence_operand(frag[C][t].z), wgmma_fence_operand(frag[C][t].w);
-    }
-}
-
-template <bool CONVERT>
-__device__ void ksplit_steps(u64 desc, u32 words, int iters, unsigned long long* out) {
-    float d[2][32];
-#pragma unroll
-    for (int t = 0; t < 2; ++t)
-#pragma unroll
-        for (int i = 0; i < 32; ++i) d[t][i] = 0.0f;
-    const u32 v = 0x3c003c00u ^ threadIdx.x;
-    uint4 frag[4][2];
-#pragma unroll
-    for (int b = 0; b < 4; ++b) frag[b][0] = frag[b][1] = make_uint4(v, v + 1, v + 2, v + 3);
-    u32 lo[2], hi[2];
-    FragmentOps<F16>::zero_terms(0x88888888u, lo, hi);
-    const u32 scale = 0x3c003c00u;  // {1, 1}
-    uint4 wq = make_uint4(0, 0, 0, 0);
-    for (int it = 0; it < iters; it += 4) {
-        ksplit_step<0, CONVERT>(d, frag, wq, words, desc, lo, hi, scale);
-        ksplit_step<1, CONVERT>(d, frag, wq, words, desc, lo, hi, scale);
-        ksplit_step<2, CONVERT>(d, frag, wq, words, desc, lo, hi, scale);
-        ksplit_step<3, CONVERT>(d, frag, wq, words, desc, lo, hi, scale);
-    }
-    wgmma_wait<0>();
-    float s = 0.0f;
-#pragma unroll
-    for (int t = 0; t < 2; ++t)
-#pragma unroll
-        for (int i = 0; i < 32; ++i) {
-            wgmma_fence_operand(d[t][i]);
-            s += d[t][i];
-        }
-    if (s == 12345.0f) out[7] = 1;  // keeps the wgmmas
-}
-
 // wgmma.m64n64k16 with A and B from shared memory (both K-major, 128-byte swizzle).
 __device__ __forceinline__ void wgmma_ss_m64n64k16(float (&d)[32], u64 a_desc, u64 b_desc) {
     asm volatile(
@@ -171,52 +115,86 @@ __device__ __forceinline__ void wgmma_ss_m64n64k16(float (&d)[32], u64 a_desc, u
         : "l"(a_desc), "l"(b_desc));
 }
 
-// The K-split step with A from shared memory: A (at a_base, the warpgroup's own) is two 64-row tiles of 64 k (8 KB
-// each, step J at bytes 32 J of each row). CONVERT: before its wgmmas, the warpgroup's named barrier (every warp has
-// stored its rows of step J); after them, the fragments of step J + 2 converted as in ksplit_step and stored by
-// stmatrix where wgmma reads them (warp w's rows 16 w .. 16 w + 15 of each tile), then fenced to the async proxy.
-template <int J, bool CONVERT>
-__device__ __forceinline__ void ss_step(float (&d)[2][32], uint4& wq, u32 a_base, u32 words, u64 b_desc,
-                                        const u32 (&lo)[2], const u32 (&hi)[2], u32 scale) {
-    const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-    if (CONVERT) named_barrier_sync(1 + wg, 128);
+// One step's A fragments (both tiles), converted as the GEMM's Converter does it: 16 bytes of codes from shared
+// memory every two steps, the lop3/magic-number dequant, one scale multiply a register (codes, zeros and scale fixed).
+struct StepConverter {
+    u32 words, lo[2], hi[2];
+    uint4 wq;
+    template <int C>
+    __device__ __forceinline__ void convert(uint4 (&r)[2]) {
+        const u32 scale = 0x3c003c00u;  // {1, 1}
+        if (C % 2 == 0) wq = lds128(words + C * 512 + (threadIdx.x & 31) * 16);
+        const u32 w[2] = {C % 2 == 0 ? wq.x : wq.z, C % 2 == 0 ? wq.y : wq.w};
+#pragma unroll
+        for (int t = 0; t < 2; ++t) {
+            const uint4 q = FragmentOps<F16>::dequant(w[t], lo[t], hi[t]);
+            r[t] = make_uint4(F16::mul(q.x, scale), F16::mul(q.y, scale), F16::mul(q.z, scale), F16::mul(q.w, scale));
+        }
+    }
+};
+
+// One k16 step J of the K-split tile's main loop (LOOK 2, four fragment buffers): two wgmmas, commit, wait for all
+// but this group, then (CONVERT) the fragments of step J + 2, whose buffer step J - 2 read and the wait retired.
+// SHARED: A from shared memory instead of registers, two 64-row tiles of 64 k at `a_tiles` (the warpgroup's own,
+// 8 KB each, step J at bytes 32 J of each row). The converted fragments go there by stmatrix (warp w's rows
+// 16 w .. 16 w + 15 of each tile), fenced to the async proxy, and the warpgroup's named barrier precedes the wgmmas
+// that read them.
+template <int J, bool SHARED, bool CONVERT>
+__device__ __forceinline__ void ksplit_step(float (&d)[2][32], uint4 (&frag)[4][2], StepConverter& cv, u64 b_desc,
+                                            u32 a_tiles) {
+    if (SHARED && CONVERT) named_barrier_sync(1 + (threadIdx.x >> 7), 128);
     wgmma_fence();
 #pragma unroll
-    for (int t = 0; t < 2; ++t) wgmma_ss_m64n64k16(d[t], smem_desc_sw128(a_base + t * 8192) + 2 * J, b_desc + 2 * J);
+    for (int t = 0; t < 2; ++t) {
+        if (SHARED) wgmma_ss_m64n64k16(d[t], smem_desc_sw128(a_tiles + t * 8192) + 2 * J, b_desc + 2 * J);
+        else wgmma_m64k16<F16, 64>(d[t], frag[J][t], b_desc + 2 * J, 1);
+    }
     wgmma_commit();
     wgmma_wait<1>();
     if (!CONVERT) return;
-    constexpr int C = (J + 2) % 4;  // read by step J - 2, which the wait retired
-    if (C % 2 == 0) wq = lds128(words + C * 512 + lane * 16);
-    const u32 w[2] = {C % 2 == 0 ? wq.x : wq.z, C % 2 == 0 ? wq.y : wq.w};
+    constexpr int C = (J + 2) % 4;
+    uint4 r[2];
+    cv.template convert<C>(r);
+    if (!SHARED) {
+#pragma unroll
+        for (int t = 0; t < 2; ++t) {
+            frag[C][t] = r[t];
+            wgmma_fence_operand(frag[C][t].x), wgmma_fence_operand(frag[C][t].y);
+            wgmma_fence_operand(frag[C][t].z), wgmma_fence_operand(frag[C][t].w);
+        }
+        return;
+    }
     // stmatrix: lane l addresses row l % 8 of matrix l / 8 (rows + 8 for matrices 1 and 3, k + 8 for 2 and 3).
-    const int m = lane >> 3, row = warp * 16 + (m & 1) * 8 + (lane & 7), chunk = 2 * C + (m >> 1);
+    const int lane = threadIdx.x & 31, m = lane >> 3;
+    const int row = ((threadIdx.x >> 5) & 3) * 16 + (m & 1) * 8 + (lane & 7), chunk = 2 * C + (m >> 1);
 #pragma unroll
     for (int t = 0; t < 2; ++t) {
-        const uint4 q = FragmentOps<F16>::dequant(w[t], lo[t], hi[t]);
-        const u32 r[4] = {F16::mul(q.x, scale), F16::mul(q.y, scale), F16::mul(q.z, scale), F16::mul(q.w, scale)};
-        stmatrix_x4<false>(a_base + t * 8192 + row * 128 + ((chunk ^ (row & 7)) << 4), r);
+        const u32 regs[4] = {r[t].x, r[t].y, r[t].z, r[t].w};
+        stmatrix_x4<false>(a_tiles + t * 8192 + row * 128 + ((chunk ^ (row & 7)) << 4), regs);
     }
     fence_proxy_async_shared();
 }
 
-template <bool CONVERT>
-__device__ void ss_steps(u32 a_base, u64 b_desc, u32 words, int iters, unsigned long long* out) {
+template <bool SHARED, bool CONVERT>
+__device__ void ksplit_steps(u64 b_desc, u32 words, u32 a_tiles, int iters, unsigned long long* out) {
     float d[2][32];
 #pragma unroll
     for (int t = 0; t < 2; ++t)
 #pragma unroll
         for (int i = 0; i < 32; ++i) d[t][i] = 0.0f;
-    u32 lo[2], hi[2];
-    FragmentOps<F16>::zero_terms(0x88888888u, lo, hi);
-    const u32 scale = 0x3c003c00u;
-    uint4 wq = make_uint4(0, 0, 0, 0);
-    const u32 a = a_base + (threadIdx.x >> 7) * 16384;  // this warpgroup's A tiles
+    const u32 v = 0x3c003c00u ^ threadIdx.x;
+    uint4 frag[4][2];
+#pragma unroll
+    for (int b = 0; b < 4; ++b) frag[b][0] = frag[b][1] = make_uint4(v, v + 1, v + 2, v + 3);
+    StepConverter cv;
+    cv.words = words, cv.wq = make_uint4(0, 0, 0, 0);
+    FragmentOps<F16>::zero_terms(0x88888888u, cv.lo, cv.hi);
+    const u32 a = a_tiles + (threadIdx.x >> 7) * 16384;  // this warpgroup's A tiles (SHARED)
     for (int it = 0; it < iters; it += 4) {
-        ss_step<0, CONVERT>(d, wq, a, words, b_desc, lo, hi, scale);
-        ss_step<1, CONVERT>(d, wq, a, words, b_desc, lo, hi, scale);
-        ss_step<2, CONVERT>(d, wq, a, words, b_desc, lo, hi, scale);
-        ss_step<3, CONVERT>(d, wq, a, words, b_desc, lo, hi, scale);
+        ksplit_step<0, SHARED, CONVERT>(d, frag, cv, b_desc, a);
+        ksplit_step<1, SHARED, CONVERT>(d, frag, cv, b_desc, a);
+        ksplit_step<2, SHARED, CONVERT>(d, frag, cv, b_desc, a);
+        ksplit_step<3, SHARED, CONVERT>(d, frag, cv, b_desc, a);
     }
     wgmma_wait<0>();
     float s = 0.0f;
@@ -245,10 +223,10 @@ extern "C" __global__ void __launch_bounds__(512, 1) ksplit_rate(int convert, in
     const u32 a_tiles = base + 16384 + 2048 + 1024 * 6;  // 1024-aligned: 24 KB past base
     const unsigned long long t0 = clock64();
     switch (convert) {
-        case 0: ksplit_steps<false>(desc, base + 16384, iters, out); break;
-        case 1: ksplit_steps<true>(desc, base + 16384, iters, out); break;
-        case 2: ss_steps<false>(a_tiles, desc, base + 16384, iters, out); break;
-        default: ss_steps<true>(a_tiles, desc, base + 16384, iters, out); break;
+        case 0: ksplit_steps<false, false>(desc, base + 16384, a_tiles, iters, out); break;
+        case 1: ksplit_steps<false, true>(desc, base + 16384, a_tiles, iters, out); break;
+        case 2: ksplit_steps<true, false>(desc, base + 16384, a_tiles, iters, out); break;
+        default: ksplit_steps<true, true>(desc, base + 16384, a_tiles, iters, out); break;
     }
     __syncthreads();
     const unsigned long long t1 = clock64();
