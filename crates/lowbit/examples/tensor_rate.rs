@@ -295,8 +295,9 @@ fn main() -> lowbit::Result<()> {
             );
         }
     }
-    for wgs in [1u32, 2] {
-        for convert in [0, 1, 2, 3] {
+    // Shared memory holds A tiles for two warpgroups: more than two run the register form only.
+    for wgs in [1u32, 2, 3, 4] {
+        for convert in if wgs <= 2 { 0..4 } else { 0..2 } {
             let cycles = best(&ksplit, &[convert, iters], wgs * 128, ksplit_smem as u32)? as f64;
             let steps = wgs as f64 * iters as f64;
             println!(

@@ -169,6 +169,16 @@ struct Args {
 
 constexpr int MAX_CLUSTER = 8;  // counters per tile
 
+// EXPERIMENT (stop 48, not for release): LB_EXP_MATH_ONLY fills each stage once and then runs the main loop on
+// whatever the stages hold (no waits past the first fill); LB_EXP_NO_MATH keeps the waits and releases and drops
+// the conversion and the wgmmas. Results are garbage; gemm_trace's timelines are the point.
+#ifndef LB_EXP_MATH_ONLY
+#define LB_EXP_MATH_ONLY 0
+#endif
+#ifndef LB_EXP_NO_MATH
+#define LB_EXP_NO_MATH 0
+#endif
+
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 
 // WG_TOKENS: the wgmma N, tokens per consumer warpgroup (16 or 64 for small batches, 128 otherwise).
@@ -382,6 +392,7 @@ struct Gemm {
             for (int kt = w.kt0; kt < w.kt1; ++kt, ++i) {
                 const u32 full = bars + buf * 8, empty = bars + (STAGES + buf) * 8;
                 const u32 stage = base + buf * STAGE_BYTES;
+                if (LB_EXP_MATH_ONLY && i >= STAGES) continue;
                 if (PRODUCERS == 1 || i % PRODUCERS == producer) {
                     if (i >= early) {
                         if (i >= STAGES) mbar_wait(empty, ((i / STAGES) - 1) & 1);
@@ -504,13 +515,23 @@ struct Gemm {
         const int accumulate = kt > first || J > 0;  // the first product overwrites D: no zeroing
         fence_accumulators(acc);
         wgmma_fence();
-        wgmma(acc[0], frag[J % FRAG_BUFS][0], desc, accumulate);
-        wgmma(acc[1], frag[J % FRAG_BUFS][1], desc, accumulate);
+        if (!LB_EXP_NO_MATH) {
+            wgmma(acc[0], frag[J % FRAG_BUFS][0], desc, accumulate);
+            wgmma(acc[1], frag[J % FRAG_BUFS][1], desc, accumulate);
+        }
         wgmma_commit();
         fence_accumulators(acc);
         wgmma_wait<LOOK - 1>();
         if (!EARLY_RELEASE && J == LOOK - 2 && kt > first) {  // the previous stage's last group is done: release it
             mbar_arrive(bars + (STAGES + at.template buf_behind<STRIDE>()) * 8);
+        }
+        if (LB_EXP_NO_MATH) {  // the K-split tile's releases only (EARLY_RELEASE)
+            if (J == STEPS - 1) {
+                mbar_arrive(bars + (STAGES + at.buf) * 8);
+                const Ring next = at.template ahead<STRIDE>();
+                if (kt + STRIDE < kt1) mbar_wait(bars + next.buf * 8, next.phase);
+            }
+            return;
         }
         if (J + LOOK < STEPS) {
             cv.template convert<(J + LOOK) % STEPS>(frag[(J + LOOK) % FRAG_BUFS], lane);
@@ -525,7 +546,7 @@ struct Gemm {
                 mbar_arrive(bars + (STAGES + at.buf) * 8);
                 if (kt + STRIDE < kt1) {
                     const Ring next = at.template ahead<STRIDE>();
-                    mbar_wait(bars + next.buf * 8, next.phase);
+                    mbar_wait(bars + next.buf * 8, LB_EXP_MATH_ONLY ? 0 : next.phase);
                     cv.begin(s, base + next.buf * STAGE_BYTES, kt + STRIDE, dw, lane);
                     cv.template convert<0>(frag[0], lane);
                     cv.template convert<1>(frag[1], lane);
@@ -535,7 +556,7 @@ struct Gemm {
         } else if (kt + STRIDE < kt1) {
             if (J == STEPS - LOOK) {
                 const Ring next = at.template ahead<STRIDE>();
-                mbar_wait(bars + next.buf * 8, next.phase);
+                mbar_wait(bars + next.buf * 8, LB_EXP_MATH_ONLY ? 0 : next.phase);
                 cv.begin(s, base + next.buf * STAGE_BYTES, kt + STRIDE, dw, lane);
             }
             cv.template convert<(J + LOOK) % STEPS>(frag[(J + LOOK) % FRAG_BUFS], lane);
@@ -565,7 +586,7 @@ struct Gemm {
         Converter cv;
         cv.pw = dw + (HALVES == 2 ? (nt & 1) * (N_CTA / 32) : 0);
         uint4 frag[FRAG_BUFS][2];
-        mbar_wait(bars + at.buf * 8, at.phase);
+        mbar_wait(bars + at.buf * 8, LB_EXP_MATH_ONLY ? 0 : at.phase);
         cv.begin(s, base + at.buf * STAGE_BYTES, first, dw, lane);
         cv.template convert<0>(frag[0], lane);
         cv.template convert<1>(frag[1], lane);
