@@ -241,6 +241,9 @@ fn main() -> lowbit::Result<()> {
         let compiled = lowbit::cuda::compile(&PROBE, "sm_90a")?;
         compiled.resource_lines().for_each(|l| println!("{}", l.trim()));
         println!("serialised wgmma: {:?}", compiled.wgmma_serialisation());
+        if let Ok(path) = std::env::var("LOWBIT_DUMP_CUBIN") {
+            std::fs::write(path, &compiled.cubin).map_err(|e| lowbit::Error::Io { path: "cubin".into(), source: e })?;
+        }
         return Ok(());
     }
     let dev = CudaDevice::new(0)?;

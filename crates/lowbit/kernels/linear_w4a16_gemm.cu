@@ -178,6 +178,14 @@ constexpr int MAX_CLUSTER = 8;  // counters per tile
 #ifndef LB_EXP_NO_MATH
 #define LB_EXP_NO_MATH 0
 #endif
+// LB_EXP_NO_EARLY: the K-split tile without EARLY_RELEASE. LB_EXP_CLOCK: thread 0 stores its first main loop's SM
+// cycles as the GLOBAL_STEP stamp (entry + cycles, so the CSV's global_step_us reads kilocycles).
+#ifndef LB_EXP_NO_EARLY
+#define LB_EXP_NO_EARLY 0
+#endif
+#ifndef LB_EXP_CLOCK
+#define LB_EXP_CLOCK 0
+#endif
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 
@@ -209,7 +217,7 @@ struct Gemm {
     // The K-split tile's warpgroups each walk their own stages (the header's K-SPLIT TILE): one producer thread per
     // warpgroup's stages (produce), and each stage released as soon as its last wgmma is done (stage_step).
     static constexpr int PRODUCERS = KSPLIT ? 2 : 1;
-    static constexpr bool EARLY_RELEASE = KSPLIT;
+    static constexpr bool EARLY_RELEASE = KSPLIT && !LB_EXP_NO_EARLY;
     // Tokens per warpgroup in the epilogue: a K-split tile's warpgroups first trade halves (exchange_halves), so
     // each then holds the sums of 32 tokens, as the token-split tile's do.
     static constexpr int EPI_TOKENS = KSPLIT ? WG_TOKENS / 2 : WG_TOKENS;
@@ -1109,7 +1117,11 @@ struct Gemm {
         for (Cursor items(s); items.next(s, w);) {
             float acc[2][ACC];  // written by the first wgmma (accumulate = 0)
             const int arrive_kt = LAG > 0 && wg == 0 && taken == 0 ? min(w.kt0 + LAG, w.kt1) - 1 : -1;
+            const long long c0 = clock64();
             mainloop(s, base, bars, w.nt, w.kt0, w.kt1, wg, arrive_kt, ring, acc);
+            if (LB_EXP_CLOCK && a.trace && taken == 0 && threadIdx.x == 0)
+                a.trace[blockIdx.x * TRACE_SLOTS + TRACE_GLOBAL_STEP] =
+                    a.trace[blockIdx.x * TRACE_SLOTS + TRACE_ENTRY] + (clock64() - c0);
             if (KSPLIT) exchange_halves(base + STAGES * STAGE_BYTES + STAGING_BYTES, wg, w.kt1 - w.kt0 < 2, acc);
             if (taken == 0) trace_stamp(a.trace, TRACE_MAINLOOP_END);
             // One compile-time activation per launch keeps the unrolled epilogue small (see activate). A
