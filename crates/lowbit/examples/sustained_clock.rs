@@ -8,8 +8,9 @@
 //! through `nvidia-smi`. It prints one line per window, then medians over each phase's second half.
 //!
 //! ```text
-//! cargo run --release --example sustained_clock -- 4096x8192x28672 [--seconds 3]
+//! cargo run --release --example sustained_clock -- 4096x8192x28672 [--seconds 3] [--ksplit] [--splits N]
 //! ```
+//! `--ksplit` runs the GEMM's K-split tile, and `--splits` forces its split count (as in `gemm_trace`).
 
 use half::f16;
 use lowbit::cuda::{CudaDevice, StreamTimer};
@@ -47,10 +48,13 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn main() -> lowbit::Result<()> {
     let mut shape = (4096, 8192, 28672);
     let mut seconds = 3.0f64;
+    let (mut k_split, mut splits) = (false, None);
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--seconds" => seconds = args.next().and_then(|v| v.parse().ok()).unwrap_or(seconds),
+            "--ksplit" => k_split = true,
+            "--splits" => splits = args.next().and_then(|v| v.parse().ok()),
             s => {
                 let d: Vec<usize> = s.split('x').filter_map(|v| v.parse().ok()).collect();
                 assert_eq!(d.len(), 3, "the shape is MxKxN, got {s}");
@@ -63,7 +67,8 @@ fn main() -> lowbit::Result<()> {
     let stream = dev.stream().clone();
     let mut rng = SplitMix64(7);
     let w = random_quant(&mut rng, &QuantSpec::new(n, k, 4, 128));
-    let gemm = LinearW4A16Gemm::with_weight(&dev, DeviceW4::upload(&dev, &repack(&w, DType::F16)?)?, m, None)?;
+    let mut gemm = LinearW4A16Gemm::with_weight(&dev, DeviceW4::upload(&dev, &repack(&w, DType::F16)?)?, m, splits)?;
+    gemm.force_k_split(k_split);
     let mut ws = dev.alloc_zeros::<u8>(gemm.workspace_bytes().max(1))?;
     let dense: Vec<f16> = (0..n * k).map(|_| f16::from_f32(rng.signed_unit() * 0.05)).collect();
     let dense = dev.upload(&dense)?;
