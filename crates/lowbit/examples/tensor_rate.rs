@@ -218,6 +218,8 @@ extern "C" __global__ void __launch_bounds__(512, 1) ksplit_rate(int convert, in
     __syncthreads();
     const u64 desc = smem_desc_sw128(base);
     const u32 a_tiles = base + 16384 + 2048 + 1024 * 6;  // 1024-aligned: 24 KB past base
+    unsigned long long g0, g1;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g0));
     const unsigned long long t0 = clock64();
     switch (convert) {
         case 0: ksplit_steps<false, false>(desc, base + 16384, a_tiles, iters, out); break;
@@ -227,7 +229,9 @@ extern "C" __global__ void __launch_bounds__(512, 1) ksplit_rate(int convert, in
     }
     __syncthreads();
     const unsigned long long t1 = clock64();
-    if (threadIdx.x == 0) out[0] = t0, out[1] = t1;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g1));
+    // %globaltimer (ns) beside the cycles: the SM clock the probe ran at.
+    if (threadIdx.x == 0) out[0] = t0, out[1] = t1, out[2] = g0, out[3] = g1;
 }
 "#;
 
@@ -255,7 +259,9 @@ fn main() -> lowbit::Result<()> {
     let ksplit = dev.function_with_shared_memory(&PROBE, "ksplit_rate", ksplit_smem)?;
     let out = dev.alloc_zeros::<u64>(8)?;
     let out_ptr = out.device_ptr(&stream).0;
-    // The fewest cycles of five launches of one CTA of `threads`.
+    // The fewest cycles of five launches of one CTA of `threads` (`ns`: that launch's nanoseconds, where the
+    // kernel records them).
+    let ns = std::cell::Cell::new(0u64);
     let best = |f: &cudarc::driver::CudaFunction, args: &[i32], threads: u32, smem: u32| -> lowbit::Result<u64> {
         let mut best = u64::MAX;
         for _ in 0..5 {
@@ -272,7 +278,10 @@ fn main() -> lowbit::Result<()> {
             // SAFETY: the kernels write out[0..8] only.
             unsafe { b.launch(cfg) }.map_err(driver_error("tensor_rate"))?;
             let t = dev.download(&out)?;
-            best = best.min(t[1] - t[0]);
+            if t[1] - t[0] < best {
+                best = t[1] - t[0];
+                ns.set(t[3].saturating_sub(t[2]));
+            }
         }
         Ok(best)
     };
@@ -305,11 +314,12 @@ fn main() -> lowbit::Result<()> {
             let steps = wgs as f64 * iters as f64;
             println!(
                 "  K-split step (2 x m64n64k16, A in {}), {wgs} warpgroups, conversion {}: {:6.2} SM cycles \
-                 per step, {:6.0} MAC per SM cycle",
+                 per step, {:6.0} MAC per SM cycle, SM clock {:4.0} MHz",
                 if convert < 2 { "registers" } else { "shared memory" },
                 if convert % 2 == 1 { "on " } else { "off" },
                 cycles / steps,
-                steps * (2 * 64 * 64 * 16) as f64 / cycles
+                steps * (2 * 64 * 64 * 16) as f64 / cycles,
+                cycles * 1e3 / ns.get().max(1) as f64
             );
         }
     }
