@@ -1119,9 +1119,11 @@ struct Gemm {
             const int arrive_kt = LAG > 0 && wg == 0 && taken == 0 ? min(w.kt0 + LAG, w.kt1) - 1 : -1;
             const long long c0 = clock64();
             mainloop(s, base, bars, w.nt, w.kt0, w.kt1, wg, arrive_kt, ring, acc);
-            if (LB_EXP_CLOCK && a.trace && taken == 0 && threadIdx.x == 0)
+            if (LB_EXP_CLOCK && a.trace && taken == 0 && threadIdx.x == 0) {
                 a.trace[blockIdx.x * TRACE_SLOTS + TRACE_GLOBAL_STEP] =
                     a.trace[blockIdx.x * TRACE_SLOTS + TRACE_ENTRY] + (clock64() - c0);
+                trace_stamp(a.trace, TRACE_STEP_LOADED);  // the same moment in ns (before the exchange)
+            }
             if (KSPLIT) exchange_halves(base + STAGES * STAGE_BYTES + STAGING_BYTES, wg, w.kt1 - w.kt0 < 2, acc);
             if (taken == 0) trace_stamp(a.trace, TRACE_MAINLOOP_END);
             // One compile-time activation per launch keeps the unrolled epilogue small (see activate). A
