@@ -169,24 +169,6 @@ struct Args {
 
 constexpr int MAX_CLUSTER = 8;  // counters per tile
 
-// EXPERIMENT (stop 48, not for release): LB_EXP_MATH_ONLY fills each stage once and then runs the main loop on
-// whatever the stages hold (no waits past the first fill); LB_EXP_NO_MATH keeps the waits and releases and drops
-// the conversion and the wgmmas. Results are garbage; gemm_trace's timelines are the point.
-#ifndef LB_EXP_MATH_ONLY
-#define LB_EXP_MATH_ONLY 0
-#endif
-#ifndef LB_EXP_NO_MATH
-#define LB_EXP_NO_MATH 0
-#endif
-// LB_EXP_NO_EARLY: the K-split tile without EARLY_RELEASE. LB_EXP_CLOCK: thread 0 stores its first main loop's SM
-// cycles as the GLOBAL_STEP stamp (entry + cycles, so the CSV's global_step_us reads kilocycles).
-#ifndef LB_EXP_NO_EARLY
-#define LB_EXP_NO_EARLY 0
-#endif
-#ifndef LB_EXP_CLOCK
-#define LB_EXP_CLOCK 0
-#endif
-
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 
 // WG_TOKENS: the wgmma N, tokens per consumer warpgroup (16 or 64 for small batches, 128 otherwise).
@@ -217,7 +199,7 @@ struct Gemm {
     // The K-split tile's warpgroups each walk their own stages (the header's K-SPLIT TILE): one producer thread per
     // warpgroup's stages (produce), and each stage released as soon as its last wgmma is done (stage_step).
     static constexpr int PRODUCERS = KSPLIT ? 2 : 1;
-    static constexpr bool EARLY_RELEASE = KSPLIT && !LB_EXP_NO_EARLY;
+    static constexpr bool EARLY_RELEASE = KSPLIT;
     // Tokens per warpgroup in the epilogue: a K-split tile's warpgroups first trade halves (exchange_halves), so
     // each then holds the sums of 32 tokens, as the token-split tile's do.
     static constexpr int EPI_TOKENS = KSPLIT ? WG_TOKENS / 2 : WG_TOKENS;
@@ -400,7 +382,6 @@ struct Gemm {
             for (int kt = w.kt0; kt < w.kt1; ++kt, ++i) {
                 const u32 full = bars + buf * 8, empty = bars + (STAGES + buf) * 8;
                 const u32 stage = base + buf * STAGE_BYTES;
-                if (LB_EXP_MATH_ONLY && i >= STAGES) continue;
                 if (PRODUCERS == 1 || i % PRODUCERS == producer) {
                     if (i >= early) {
                         if (i >= STAGES) mbar_wait(empty, ((i / STAGES) - 1) & 1);
@@ -523,23 +504,13 @@ struct Gemm {
         const int accumulate = kt > first || J > 0;  // the first product overwrites D: no zeroing
         fence_accumulators(acc);
         wgmma_fence();
-        if (!LB_EXP_NO_MATH) {
-            wgmma(acc[0], frag[J % FRAG_BUFS][0], desc, accumulate);
-            wgmma(acc[1], frag[J % FRAG_BUFS][1], desc, accumulate);
-        }
+        wgmma(acc[0], frag[J % FRAG_BUFS][0], desc, accumulate);
+        wgmma(acc[1], frag[J % FRAG_BUFS][1], desc, accumulate);
         wgmma_commit();
         fence_accumulators(acc);
         wgmma_wait<LOOK - 1>();
         if (!EARLY_RELEASE && J == LOOK - 2 && kt > first) {  // the previous stage's last group is done: release it
             mbar_arrive(bars + (STAGES + at.template buf_behind<STRIDE>()) * 8);
-        }
-        if (LB_EXP_NO_MATH) {  // the K-split tile's releases only (EARLY_RELEASE)
-            if (J == STEPS - 1) {
-                mbar_arrive(bars + (STAGES + at.buf) * 8);
-                const Ring next = at.template ahead<STRIDE>();
-                if (kt + STRIDE < kt1) mbar_wait(bars + next.buf * 8, next.phase);
-            }
-            return;
         }
         if (J + LOOK < STEPS) {
             cv.template convert<(J + LOOK) % STEPS>(frag[(J + LOOK) % FRAG_BUFS], lane);
@@ -554,7 +525,7 @@ struct Gemm {
                 mbar_arrive(bars + (STAGES + at.buf) * 8);
                 if (kt + STRIDE < kt1) {
                     const Ring next = at.template ahead<STRIDE>();
-                    mbar_wait(bars + next.buf * 8, LB_EXP_MATH_ONLY ? 0 : next.phase);
+                    mbar_wait(bars + next.buf * 8, next.phase);
                     cv.begin(s, base + next.buf * STAGE_BYTES, kt + STRIDE, dw, lane);
                     cv.template convert<0>(frag[0], lane);
                     cv.template convert<1>(frag[1], lane);
@@ -564,7 +535,7 @@ struct Gemm {
         } else if (kt + STRIDE < kt1) {
             if (J == STEPS - LOOK) {
                 const Ring next = at.template ahead<STRIDE>();
-                mbar_wait(bars + next.buf * 8, LB_EXP_MATH_ONLY ? 0 : next.phase);
+                mbar_wait(bars + next.buf * 8, next.phase);
                 cv.begin(s, base + next.buf * STAGE_BYTES, kt + STRIDE, dw, lane);
             }
             cv.template convert<(J + LOOK) % STEPS>(frag[(J + LOOK) % FRAG_BUFS], lane);
@@ -594,7 +565,7 @@ struct Gemm {
         Converter cv;
         cv.pw = dw + (HALVES == 2 ? (nt & 1) * (N_CTA / 32) : 0);
         uint4 frag[FRAG_BUFS][2];
-        mbar_wait(bars + at.buf * 8, LB_EXP_MATH_ONLY ? 0 : at.phase);
+        mbar_wait(bars + at.buf * 8, at.phase);
         cv.begin(s, base + at.buf * STAGE_BYTES, first, dw, lane);
         cv.template convert<0>(frag[0], lane);
         cv.template convert<1>(frag[1], lane);
@@ -1117,13 +1088,7 @@ struct Gemm {
         for (Cursor items(s); items.next(s, w);) {
             float acc[2][ACC];  // written by the first wgmma (accumulate = 0)
             const int arrive_kt = LAG > 0 && wg == 0 && taken == 0 ? min(w.kt0 + LAG, w.kt1) - 1 : -1;
-            const long long c0 = clock64();
             mainloop(s, base, bars, w.nt, w.kt0, w.kt1, wg, arrive_kt, ring, acc);
-            if (LB_EXP_CLOCK && a.trace && taken == 0 && threadIdx.x == 0) {
-                a.trace[blockIdx.x * TRACE_SLOTS + TRACE_GLOBAL_STEP] =
-                    a.trace[blockIdx.x * TRACE_SLOTS + TRACE_ENTRY] + (clock64() - c0);
-                trace_stamp(a.trace, TRACE_STEP_LOADED);  // the same moment in ns (before the exchange)
-            }
             if (KSPLIT) exchange_halves(base + STAGES * STAGE_BYTES + STAGING_BYTES, wg, w.kt1 - w.kt0 < 2, acc);
             if (taken == 0) trace_stamp(a.trace, TRACE_MAINLOOP_END);
             // One compile-time activation per launch keeps the unrolled epilogue small (see activate). A
