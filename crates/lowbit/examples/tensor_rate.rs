@@ -7,17 +7,19 @@
 //! - the K-split GEMM tile's k16 step (linear_w4a16_gemm.cu): two `wgmma.m64n64k16` with A from registers, one group
 //!   a step, the wait leaving one in flight, with and without the conversion of the step two ahead (16 bytes of
 //!   codes from shared memory every two steps, the lop3/magic-number dequant and one scale multiply a register),
-//!   from 1 or 2 warpgroups. Whether the conversion slows the tensor pipe it runs beside is what this part asks;
+//!   from 1 to 4 warpgroups. Whether the conversion slows the tensor pipe it runs beside is what this part asks;
 //! - the same step with A from shared memory too (`ss`): the converted fragments stored there by stmatrix (the
 //!   128-byte swizzle of a K-major tile), fenced to the async proxy, and the warpgroup's named barrier before the
-//!   wgmmas that read them, i.e. the weight converted into shared memory instead of registers.
+//!   wgmmas that read them, i.e. the weight converted into shared memory instead of registers (1 or 2 warpgroups).
 //!
-//! It prints SM cycles per instruction (per step for the K-split part) and multiply-adds per SM cycle.
+//! It prints SM cycles per instruction (per step for the K-split part) and multiply-adds per SM cycle; the K-split
+//! part also the SM clock it ran at (`clock64` against `%globaltimer`).
 //!
 //! ```text
 //! cargo run --release --example tensor_rate [--compile-only]
 //! ```
-//! `--compile-only` compiles the probe for sm_90a with NVRTC and prints ptxas's report (no GPU needed).
+//! `--compile-only` compiles the probe for sm_90a with NVRTC and prints ptxas's report (no GPU needed), and with
+//! `LOWBIT_DUMP_CUBIN=file` writes its CUBIN there.
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use lowbit::cuda::{driver_error, CudaDevice, DevicePtr, KernelSource};
@@ -245,8 +247,9 @@ fn main() -> lowbit::Result<()> {
         let compiled = lowbit::cuda::compile(&PROBE, "sm_90a")?;
         compiled.resource_lines().for_each(|l| println!("{}", l.trim()));
         println!("serialised wgmma: {:?}", compiled.wgmma_serialisation());
-        if let Ok(path) = std::env::var("LOWBIT_DUMP_CUBIN") {
-            std::fs::write(path, &compiled.cubin).map_err(|e| lowbit::Error::Io { path: "cubin".into(), source: e })?;
+        // `LOWBIT_DUMP_CUBIN=file`: the probes' CUBIN, for nvdisasm.
+        if let Some(path) = std::env::var_os("LOWBIT_DUMP_CUBIN").map(std::path::PathBuf::from) {
+            std::fs::write(&path, &compiled.cubin).map_err(|source| lowbit::Error::Io { path, source })?;
         }
         return Ok(());
     }
@@ -301,7 +304,8 @@ fn main() -> lowbit::Result<()> {
             let cycles = best(&wgmma, &[n, iters], wgs * 128, smem as u32)? as f64;
             let instrs = (wgs * 2) as f64 * iters as f64;
             println!(
-                "  wgmma m64n{n}k16 (A in registers), {wgs} warpgroups: {:6.2} SM cycles per wgmma, {:6.0} MAC per SM cycle",
+                "  wgmma m64n{n}k16 (A in registers), {wgs} warpgroups: {:6.2} SM cycles per wgmma, {:6.0} MAC per \
+                 SM cycle",
                 cycles / instrs,
                 instrs * (64 * n * 16) as f64 / cycles
             );
