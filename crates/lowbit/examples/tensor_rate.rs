@@ -19,7 +19,7 @@
 //! cargo run --release --example tensor_rate [--compile-only]
 //! ```
 //! `--compile-only` compiles the probe for sm_90a with NVRTC and prints ptxas's report (no GPU needed), and with
-//! `LOWBIT_DUMP_CUBIN=file` writes its CUBIN there.
+//! `LOWBIT_DUMP_CUBIN=dir` writes its CUBIN there as `tensor_rate.cubin` (as the GEMM's compile tests do).
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use lowbit::cuda::{driver_error, CudaDevice, DevicePtr, KernelSource};
@@ -247,8 +247,8 @@ fn main() -> lowbit::Result<()> {
         let compiled = lowbit::cuda::compile(&PROBE, "sm_90a")?;
         compiled.resource_lines().for_each(|l| println!("{}", l.trim()));
         println!("serialised wgmma: {:?}", compiled.wgmma_serialisation());
-        // `LOWBIT_DUMP_CUBIN=file`: the probes' CUBIN, for nvdisasm.
-        if let Some(path) = std::env::var_os("LOWBIT_DUMP_CUBIN").map(std::path::PathBuf::from) {
+        if let Some(dir) = std::env::var_os("LOWBIT_DUMP_CUBIN") {
+            let path = std::path::Path::new(&dir).join("tensor_rate.cubin");
             std::fs::write(&path, &compiled.cubin).map_err(|source| lowbit::Error::Io { path, source })?;
         }
         return Ok(());
@@ -262,36 +262,35 @@ fn main() -> lowbit::Result<()> {
     let ksplit = dev.function_with_shared_memory(&PROBE, "ksplit_rate", ksplit_smem)?;
     let out = dev.alloc_zeros::<u64>(8)?;
     let out_ptr = out.device_ptr(&stream).0;
-    // The fewest cycles of five launches of one CTA of `threads` (`ns`: that launch's nanoseconds, where the
-    // kernel records them).
-    let ns = std::cell::Cell::new(0u64);
-    let best = |f: &cudarc::driver::CudaFunction, args: &[i32], threads: u32, smem: u32| -> lowbit::Result<u64> {
-        let mut best = u64::MAX;
-        for _ in 0..5 {
-            let mut b = stream.launch_builder(f);
-            for a in args {
-                b.arg(a);
+    // The fewest cycles of five launches of one CTA of `threads`, and that launch's nanoseconds (where the kernel
+    // records them in out[2..4]; 0 otherwise).
+    let best =
+        |f: &cudarc::driver::CudaFunction, args: &[i32], threads: u32, smem: u32| -> lowbit::Result<(u64, u64)> {
+            let mut best = (u64::MAX, 0);
+            for _ in 0..5 {
+                let mut b = stream.launch_builder(f);
+                for a in args {
+                    b.arg(a);
+                }
+                b.arg(&out_ptr);
+                let cfg = LaunchConfig {
+                    grid_dim: (1, 1, 1),
+                    block_dim: (threads, 1, 1),
+                    shared_mem_bytes: smem,
+                };
+                // SAFETY: the kernels write out[0..8] only.
+                unsafe { b.launch(cfg) }.map_err(driver_error("tensor_rate"))?;
+                let t = dev.download(&out)?;
+                if t[1] - t[0] < best.0 {
+                    best = (t[1] - t[0], t[3].saturating_sub(t[2]));
+                }
             }
-            b.arg(&out_ptr);
-            let cfg = LaunchConfig {
-                grid_dim: (1, 1, 1),
-                block_dim: (threads, 1, 1),
-                shared_mem_bytes: smem,
-            };
-            // SAFETY: the kernels write out[0..8] only.
-            unsafe { b.launch(cfg) }.map_err(driver_error("tensor_rate"))?;
-            let t = dev.download(&out)?;
-            if t[1] - t[0] < best {
-                best = t[1] - t[0];
-                ns.set(t[3].saturating_sub(t[2]));
-            }
-        }
-        Ok(best)
-    };
+            Ok(best)
+        };
     println!("{}: one CTA, back-to-back tensor instructions", dev.info().name);
     let iters = 4000;
     for warps in [4u32, 8, 16] {
-        let cycles = best(&mma, &[iters], warps * 32, 0)? as f64;
+        let cycles = best(&mma, &[iters], warps * 32, 0)?.0 as f64;
         let instrs = (warps * 4) as f64 * iters as f64;
         println!(
             "  mma.sync m16n8k16, {warps:2} warps: {:6.2} SM cycles per mma, {:6.0} MAC per SM cycle",
@@ -301,7 +300,7 @@ fn main() -> lowbit::Result<()> {
     }
     for n in [8, 16, 32, 64] {
         for wgs in [1u32, 2, 4] {
-            let cycles = best(&wgmma, &[n, iters], wgs * 128, smem as u32)? as f64;
+            let cycles = best(&wgmma, &[n, iters], wgs * 128, smem as u32)?.0 as f64;
             let instrs = (wgs * 2) as f64 * iters as f64;
             println!(
                 "  wgmma m64n{n}k16 (A in registers), {wgs} warpgroups: {:6.2} SM cycles per wgmma, {:6.0} MAC per \
@@ -314,7 +313,8 @@ fn main() -> lowbit::Result<()> {
     // Shared memory holds A tiles for two warpgroups: more than two run the register form only.
     for wgs in [1u32, 2, 3, 4] {
         for convert in if wgs <= 2 { 0..4 } else { 0..2 } {
-            let cycles = best(&ksplit, &[convert, iters], wgs * 128, ksplit_smem as u32)? as f64;
+            let (cycles, ns) = best(&ksplit, &[convert, iters], wgs * 128, ksplit_smem as u32)?;
+            let cycles = cycles as f64;
             let steps = wgs as f64 * iters as f64;
             println!(
                 "  K-split step (2 x m64n64k16, A in {}), {wgs} warpgroups, conversion {}: {:6.2} SM cycles \
@@ -323,7 +323,7 @@ fn main() -> lowbit::Result<()> {
                 if convert % 2 == 1 { "on " } else { "off" },
                 cycles / steps,
                 steps * (2 * 64 * 64 * 16) as f64 / cycles,
-                cycles * 1e3 / ns.get().max(1) as f64
+                cycles * 1e3 / ns.max(1) as f64
             );
         }
     }
