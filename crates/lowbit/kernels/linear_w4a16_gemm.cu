@@ -169,16 +169,6 @@ struct Args {
 
 constexpr int MAX_CLUSTER = 8;  // counters per tile
 
-// LB_UNIFORM_WG (an experiment define, off until measured on the device): the warpgroup index broadcast from lane 0,
-// so that the compiler knows it is warp-uniform (as the decode kernel's consume does with its stage base, and
-// CUTLASS's canonical_warp_group_idx with this same index). The ring position and the x descriptors derived from it
-// then live in uniform registers. In the 64-token K-split tile (f16) a stage's wgmma stretch, first wgmma to last,
-// drops from 239 to 201 instructions: its 28 R2UR and the 64-bit descriptor adds in vector registers go. K-split
-// tiles only: with it the token-split 64-token tile (lookahead 3) spilled 4 bytes.
-#ifndef LB_UNIFORM_WG
-#define LB_UNIFORM_WG 0
-#endif
-
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 
 // WG_TOKENS: the wgmma N, tokens per consumer warpgroup (16 or 64 for small batches, 128 otherwise).
@@ -1063,7 +1053,12 @@ struct Gemm {
         // Swizzled TMA tiles need 1024-byte alignment: the host allocates 1 KB of slack.
         const u32 raw = smem_addr(smem_raw), base = (raw + 1023) & ~1023u;
         const u32 bars = base + DATA_BYTES;
-        const int tid = threadIdx.x, wg = LB_UNIFORM_WG && KSPLIT ? __shfl_sync(0xffffffffu, tid >> 7, 0) : tid >> 7;
+        // UNIFORM WARPGROUP INDEX (K-split tiles): the index broadcast from lane 0, so that the compiler knows it is
+        // warp-uniform (as CUTLASS's canonical_warp_group_idx does). The ring position and the x descriptors derived
+        // from it then live in uniform registers: in the 64-token f16 tile a stage's wgmma stretch drops from 239 to
+        // 201 instructions (its 28 R2UR go), and the launch at 64 x 4096 x 14336 from 20.2 to 18.7 us (stop 49).
+        // Token-split tiles keep tid >> 7: there the 64-token tile with lookahead 3 spilled 4 bytes with it.
+        const int tid = threadIdx.x, wg = KSPLIT ? __shfl_sync(0xffffffffu, tid >> 7, 0) : tid >> 7;
 
         // Whether this CTA takes a split item: then its last one (the host's rule; whole is a multiple of the grid).
         const bool splits_a_tile = s.splits > 1 && s.whole + (int)blockIdx.x < item_count(s);
