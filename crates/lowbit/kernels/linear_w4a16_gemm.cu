@@ -169,6 +169,12 @@ struct Args {
 
 constexpr int MAX_CLUSTER = 8;  // counters per tile
 
+// LB_UNIFORM_WG_ALL (experiment, off): the uniform warpgroup index (see run) in the token-split tiles too, but
+// the 64-token ones with lookahead 3, which spill with it. Every other GEMM variant compiles without local memory.
+#ifndef LB_UNIFORM_WG_ALL
+#define LB_UNIFORM_WG_ALL 0
+#endif
+
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 
 // WG_TOKENS: the wgmma N, tokens per consumer warpgroup (16 or 64 for small batches, 128 otherwise).
@@ -1058,7 +1064,8 @@ struct Gemm {
         // from it then live in uniform registers: in the 64-token f16 tile a stage's wgmma stretch drops from 239 to
         // 201 instructions (its 28 R2UR go), and the launch at 64 x 4096 x 14336 from 20.2 to 18.7 us (stop 49).
         // Token-split tiles keep tid >> 7: there the 64-token tile with lookahead 3 spilled 4 bytes with it.
-        const int tid = threadIdx.x, wg = KSPLIT ? __shfl_sync(0xffffffffu, tid >> 7, 0) : tid >> 7;
+        constexpr bool UNIFORM_WG = KSPLIT || (LB_UNIFORM_WG_ALL && !(WG_TOKENS == 64 && LOOK == 3));
+        const int tid = threadIdx.x, wg = UNIFORM_WG ? __shfl_sync(0xffffffffu, tid >> 7, 0) : tid >> 7;
 
         // Whether this CTA takes a split item: then its last one (the host's rule; whole is a multiple of the grid).
         const bool splits_a_tile = s.splits > 1 && s.whole + (int)blockIdx.x < item_count(s);
