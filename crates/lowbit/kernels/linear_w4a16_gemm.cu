@@ -169,12 +169,6 @@ struct Args {
 
 constexpr int MAX_CLUSTER = 8;  // counters per tile
 
-// LB_UNIFORM_WG_ALL (experiment, off): the uniform warpgroup index (see run) in the token-split tiles too, but
-// the 64-token ones with lookahead 3, which spill with it. Every other GEMM variant compiles without local memory.
-#ifndef LB_UNIFORM_WG_ALL
-#define LB_UNIFORM_WG_ALL 0
-#endif
-
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 
 // WG_TOKENS: the wgmma N, tokens per consumer warpgroup (16 or 64 for small batches, 128 otherwise).
@@ -1059,12 +1053,13 @@ struct Gemm {
         // Swizzled TMA tiles need 1024-byte alignment: the host allocates 1 KB of slack.
         const u32 raw = smem_addr(smem_raw), base = (raw + 1023) & ~1023u;
         const u32 bars = base + DATA_BYTES;
-        // UNIFORM WARPGROUP INDEX (K-split tiles): the index broadcast from lane 0, so that the compiler knows it is
-        // warp-uniform (as CUTLASS's canonical_warp_group_idx does). The ring position and the x descriptors derived
-        // from it then live in uniform registers: in the 64-token f16 tile a stage's wgmma stretch drops from 239 to
-        // 201 instructions (its 28 R2UR go), and the launch at 64 x 4096 x 14336 from 20.2 to 18.7 us (stop 49).
-        // Token-split tiles keep tid >> 7: there the 64-token tile with lookahead 3 spilled 4 bytes with it.
-        constexpr bool UNIFORM_WG = KSPLIT || (LB_UNIFORM_WG_ALL && !(WG_TOKENS == 64 && LOOK == 3));
+        // UNIFORM WARPGROUP INDEX (K-split and 96-token tiles): the index broadcast from lane 0, so that the compiler
+        // knows it is warp-uniform (as CUTLASS's canonical_warp_group_idx does). The ring position and the x
+        // descriptors derived from it then live in uniform registers: in the 64-token f16 K-split tile a stage's
+        // wgmma stretch drops from 239 to 201 instructions (its 28 R2UR go). On the H200 (stop 49) the K-split
+        // launch at 64 x 4096 x 14336 went from 20.2 to 18.7 us and the 96-token tile's at 96 x 8192 x 28672 from
+        // 75.5 to 73.7. The 128-token tile lost 1-3% with it, and the 64-token token-split tiles (lookahead 3) spill.
+        constexpr bool UNIFORM_WG = KSPLIT || WG_TOKENS == 96;
         const int tid = threadIdx.x, wg = UNIFORM_WG ? __shfl_sync(0xffffffffu, tid >> 7, 0) : tid >> 7;
 
         // Whether this CTA takes a split item: then its last one (the host's rule; whole is a multiple of the grid).
