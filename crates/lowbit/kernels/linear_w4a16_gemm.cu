@@ -34,6 +34,10 @@
 //   partials meet in shared memory (exchange_halves); then each holds half the tokens, and every epilogue runs as
 //   for the token-split 128-column tile. Since the warpgroups walk their own stages, each has its own producer
 //   thread (PRODUCERS), and each releases a stage as soon as its last wgmma is done (EARLY_RELEASE in stage_step).
+//   THREE CONSUMER WARPGROUPS (LB_CONSUMER_WGS 3; the 64-token K-split tile only, 152 registers a thread): the
+//   k tiles go round three warpgroups, since a step's conversion hides better behind more warps (tensor_rate: 83
+//   SM cycles a k16 step with two, 76 with three). Warpgroup 2 hands its partial to the other two before their
+//   trade (absorb_third) and sits out the register epilogue.
 //
 // * OVERLAP. Each k16 step: wgmma.fence, two wgmmas, commit, wait until at most LOOK - 1 groups are in flight,
 //   then convert the A fragments of the step LOOK ahead (LB_LOOKAHEAD, 2 or 3; 4 or 8 fragment buffers, so the one
@@ -106,7 +110,7 @@
 //   MB of weights and of x in L2 instead of streaming both from memory.
 //
 // The host prepends the #defines selecting one variant (LB_DTYPE, LB_ZEROS, LB_WG_N, LB_WG_TOKENS, LB_STAGES,
-// LB_UNIT_GROUPS, LB_CONV, LB_LOOKAHEAD, LB_WBITS, LB_RAMP, LB_LAG, LB_KSPLIT, LB_UNIT_N).
+// LB_UNIT_GROUPS, LB_CONV, LB_LOOKAHEAD, LB_WBITS, LB_RAMP, LB_LAG, LB_KSPLIT, LB_UNIT_N, LB_CONSUMER_WGS).
 #include "common.cuh"
 
 namespace lowbit {
@@ -175,13 +179,14 @@ constexpr int MAX_CLUSTER = 8;  // counters per tile
 // KSPLIT: the two consumer warpgroups take alternate stages of an item's k range (WG_N 1; see the header's K-SPLIT
 // TILE). UNIT_N: columns of a repacked unit, N_CTA or (K-split tile over a 256-column weight) 2 N_CTA.
 template <class T, int ZMODE, int WG_N, int WG_TOKENS, int STAGES, bool UNIT_GROUPS, bool CONV, int LOOK, int WBITS,
-          int RAMP, int LAG, bool KSPLIT, int UNIT_N>
+          int RAMP, int LAG, bool KSPLIT, int UNIT_N, int CWGS>
 struct Gemm {
     static_assert(LOOK == 2 || LOOK == 3, "k16 steps converted ahead of the wgmmas: 2 or 3");
     static_assert(LAG >= 0 && LAG < STAGES, "STAGGER: warpgroup 1 at most STAGES - 1 k tiles behind");
     static_assert(!KSPLIT || (WG_N == 1 && LAG == 0 && !CONV && (WG_TOKENS == 64 || WG_TOKENS == 128)),
                   "K-split tile: 128 columns x 64 or 128 tokens, no STAGGER, linear only");
     static_assert(UNIT_N == 128 * WG_N || (KSPLIT && UNIT_N == 256), "a tile is a unit, or half of one");
+    static_assert(CWGS == 2 || (CWGS == 3 && KSPLIT && WG_TOKENS == 64), "three consumers: 64-token K-split tile");
     static constexpr int STAGGER_BARRIER = 2;  // named barrier 1 is consumer_sync's
     static_assert(WBITS == 4 || (WBITS == 8 && T::MAGIC == F16::MAGIC),
                   "int8 codes: fp16 activations only (bf16 cannot hold 1024 + u; see INT8 CODES)");
@@ -194,17 +199,19 @@ struct Gemm {
     static constexpr int HALVES = UNIT_N / N_CTA;  // tiles per repacked unit's columns: 1, or 2 (K-split half tiles)
     static constexpr int WG_M = KSPLIT ? 1 : 2 / WG_N;  // consumer warpgroups along tokens
     static constexpr int BM = WG_M * WG_TOKENS;
-    // Stages between two of one warpgroup's: 1, or 2 when the warpgroups take alternate stages (KSPLIT).
-    static constexpr int STRIDE = KSPLIT ? 2 : 1;
+    // Stages between two of one warpgroup's: 1, or CWGS when the warpgroups take turns (KSPLIT).
+    static constexpr int STRIDE = KSPLIT ? CWGS : 1;
     // The K-split tile's warpgroups each walk their own stages (the header's K-SPLIT TILE): one producer thread per
     // warpgroup's stages (produce), and each stage released as soon as its last wgmma is done (stage_step).
-    static constexpr int PRODUCERS = KSPLIT ? 2 : 1;
+    static constexpr int PRODUCERS = KSPLIT ? CWGS : 1;
     static constexpr bool EARLY_RELEASE = KSPLIT;
     // Tokens per warpgroup in the epilogue: a K-split tile's warpgroups first trade halves (exchange_halves), so
     // each then holds the sums of 32 tokens, as the token-split tile's do.
     static constexpr int EPI_TOKENS = KSPLIT ? WG_TOKENS / 2 : WG_TOKENS;
-    static constexpr int CONSUMERS = 256;     // two consumer warpgroups
-    static constexpr int BLOCK = 384;         // + the producer warpgroup
+    static constexpr int CONSUMERS = 128 * CWGS;  // two consumer warpgroups (or three: the K-split tile's)
+    static constexpr int BLOCK = CONSUMERS + 128;  // + the producer warpgroup
+    // Consumer registers after setmaxnreg: what the producer's 40 leave of the 64 K (a multiple of 8, <= 232).
+    static constexpr int CONSUMER_REGS = CWGS == 2 ? 232 : 152;
     static constexpr int X_BYTES = BM * K_TILE * 2;  // two boxes of BM rows x 128 B
     static constexpr int W_BYTES = N_CTA * K_TILE * WBITS / 8;  // the tile's codes: a unit, or its half
     static constexpr int GROUP_ROWS = UNIT_GROUPS ? 1 : K_TILE / 16;
@@ -226,7 +233,7 @@ struct Gemm {
     // KSPLIT: the halves the warpgroups trade, past the staging (exchange_halves): ACC / 2 floats per tile and thread,
     // both tiles at once, or (128 tokens: 64 KB would cost a stage) one tile per pass.
     static constexpr int EXCHANGE_PASSES = KSPLIT && WG_TOKENS > 64 ? 2 : 1;
-    static constexpr int EXCHANGE_BYTES = KSPLIT ? CONSUMERS * ACC * 4 / EXCHANGE_PASSES : 0;
+    static constexpr int EXCHANGE_BYTES = KSPLIT ? 256 * ACC * 4 / EXCHANGE_PASSES : 0;  // also absorb_third's
     static constexpr int PIPE_BYTES = STAGES * STAGE_BYTES + STAGING_BYTES + EXCHANGE_BYTES;
     static constexpr int DATA_BYTES = PIPE_BYTES > Y_BYTES ? PIPE_BYTES : Y_BYTES;
     static constexpr int TILE_FLOATS = BM * N_CTA;
@@ -557,7 +564,8 @@ struct Gemm {
         Ring at = ring;
         if (KSPLIT) {
             ring = ring.advanced(kt1 - kt0);  // the next item's first stage (the other tiles': where their loop ends)
-            if (wg == 1) at = at.template ahead<1>();
+            if (CWGS == 2 && wg == 1) at = at.template ahead<1>();
+            if (CWGS > 2) at = at.advanced(wg);
             // A one-tile item: warpgroup 1 has no stage, and exchange_halves leaves its accumulators out. (Zeroing
             // them here spilled the 128-token tile: a second definition of 128 registers that wgmma pins.)
             if (first >= kt1) return;
@@ -675,6 +683,7 @@ struct Gemm {
         cluster_sync();
 #pragma unroll
         for (int j = 0; j < EPI_TOKENS / 8; ++j) {
+            if (CWGS > 2 && wg >= 2) break;  // absorbed (absorb_third): nothing to push
             const int pair = wm * (EPI_TOKENS / 2) + j * 4 + t4;  // rows 2 pair, 2 pair + 1 of the tile
             const int owner = (pair * s.split_pairs_recip) >> 16;
             const u32 pair_at = slab + (pair - owner * share) * (PAIR_FLOATS * 4);
@@ -985,13 +994,49 @@ struct Gemm {
     // whichever adds it, so the result does not depend on timing. Warpgroup 1 leaves its sums in accumulators
     // 0 .. ACC / 2 - 1 too, and both run the epilogue of a token-split tile of EPI_TOKENS tokens each.
     // `alone`: the item has one k tile, so warpgroup 1's accumulators hold nothing (mainloop) and count as zeros.
+    // THREE CONSUMER WARPGROUPS: warpgroup 2 stores its whole partial (both tiles, ACC floats a thread, as
+    // trade_half's quads) in the exchange area, and warpgroup 0 adds the half of the tokens it keeps, warpgroup 1
+    // the other. Each output is then (p0 + p2) + p1 or (p1 + p2) + p0, the same whenever it runs. `third`: whether
+    // warpgroup 2 had a k tile of the item (otherwise it holds nothing and nothing is added).
+    __device__ static __forceinline__ void absorb_third(u32 exchange, int wg, bool third, float (&acc)[2][ACC]) {
+        constexpr int QUADS = ACC / 4;
+        const int i = thread_index() & 127;
+        if (wg == 2 && third) {
+#pragma unroll
+            for (int t = 0; t < 2; ++t)
+#pragma unroll
+                for (int q = 0; q < QUADS; ++q)
+                    sts128f(exchange + ((t * QUADS + q) * 128 + i) * 16,
+                            make_float4(acc[t][4 * q], acc[t][4 * q + 1], acc[t][4 * q + 2], acc[t][4 * q + 3]));
+        }
+        consumer_sync(CONSUMERS);
+        if (wg < 2 && third) {
+            // Compile-time accumulator indices: one instance per warpgroup.
+            if (wg == 0) add_quads<0>(exchange, i, acc);
+            else add_quads<ACC / 2>(exchange, i, acc);
+        }
+        consumer_sync(CONSUMERS);  // read: exchange_halves may write
+    }
+    template <int FROM>
+    __device__ static __forceinline__ void add_quads(u32 exchange, int i, float (&acc)[2][ACC]) {
+        constexpr int QUADS = ACC / 4;
+#pragma unroll
+        for (int t = 0; t < 2; ++t)
+#pragma unroll
+            for (int q = FROM / 4; q < FROM / 4 + QUADS / 2; ++q) {
+                const float4 v = lds128f(exchange + ((t * QUADS + q) * 128 + i) * 16);
+                acc[t][4 * q] += v.x, acc[t][4 * q + 1] += v.y, acc[t][4 * q + 2] += v.z, acc[t][4 * q + 3] += v.w;
+            }
+    }
+
     __device__ static __forceinline__ void exchange_halves(u32 exchange, int wg, bool alone, float (&acc)[2][ACC]) {
         // What one warpgroup hands over per pass: the tiles of the pass x ACC / 2 floats a thread.
-        constexpr u32 SIDE = CONSUMERS / 2 * ACC * 4 / EXCHANGE_PASSES;
+        constexpr u32 SIDE = 128 * ACC * 4 / EXCHANGE_PASSES;
         const u32 out = exchange + wg * SIDE, in = exchange + (1 - wg) * SIDE;
         // Accumulator indices must be compile-time constants (registers): one instance per warpgroup.
         if (wg == 0) trade_half<ACC / 2, 0>(out, in, alone, acc);
-        else trade_half<0, 0>(out, in, alone, acc);
+        else if (CWGS == 2 || wg == 1) trade_half<0, 0>(out, in, alone, acc);
+        else consumer_sync(CONSUMERS);  // warpgroup 2 (absorbed): trade_half's barrier only
         if (EXCHANGE_PASSES == 2) {
             consumer_sync(CONSUMERS);  // both have read the first pass
             if (wg == 0) trade_half<ACC / 2, 1>(out, in, alone, acc);
@@ -1041,6 +1086,8 @@ struct Gemm {
         if (STREAM && w.pieces > 1 && !stream_fixup(a, s, w, acc)) return;
         if (w.splits > 1) {
             epilogue_split<ACT>(a, s, base, w, wg, acc);
+        } else if (CWGS > 2 && wg >= 2) {
+            return;  // absorbed (absorb_third)
         } else if (CONV) {
             epilogue_conv<ACT>(a, s, base + STAGES * STAGE_BYTES, w.nt, w.mt, wg, acc);
         } else {
@@ -1071,13 +1118,13 @@ struct Gemm {
             init_pipeline_barriers(bars, STAGES, CONSUMERS / STRIDE);  // KSPLIT: one warpgroup reads a stage
         }
         __syncthreads();
-        if (wg == 2) {
+        if (wg == CWGS) {
             setmaxnreg_dec<40>();
             if (tid % 32 == 0 && (tid - CONSUMERS) / 32 < PRODUCERS) produce(xmap, a, s, base, bars, (tid - CONSUMERS) / 32);
             if (splits_a_tile) cluster_sync(), cluster_sync();  // epilogue_split's two barriers
             return;
         }
-        setmaxnreg_inc<232>();
+        setmaxnreg_inc<CONSUMER_REGS>();
         trace_stamp(a.trace, TRACE_ENTRY);
         // DEPENDENT LAUNCH: nothing the previous kernel may read or write (y, bias, the partials, the counters) is
         // touched before it has finished.
@@ -1096,7 +1143,11 @@ struct Gemm {
             float acc[2][ACC];  // written by the first wgmma (accumulate = 0)
             const int arrive_kt = LAG > 0 && wg == 0 && taken == 0 ? min(w.kt0 + LAG, w.kt1) - 1 : -1;
             mainloop(s, base, bars, w.nt, w.kt0, w.kt1, wg, arrive_kt, ring, acc);
-            if (KSPLIT) exchange_halves(base + STAGES * STAGE_BYTES + STAGING_BYTES, wg, w.kt1 - w.kt0 < 2, acc);
+            if (KSPLIT) {
+                const u32 exchange = base + STAGES * STAGE_BYTES + STAGING_BYTES;
+                if (CWGS > 2) absorb_third(exchange, wg, w.kt1 - w.kt0 > 2, acc);
+                exchange_halves(exchange, wg, w.kt1 - w.kt0 < 2, acc);
+            }
             if (taken == 0) trace_stamp(a.trace, TRACE_MAINLOOP_END);
             // One compile-time activation per launch keeps the unrolled epilogue small (see activate). A
             // convolution clamps at most (none/relu/relu6): its variants leave GELU and SiLU out.
@@ -1150,10 +1201,14 @@ struct Gemm {
 #ifndef LB_UNIT_N
 #define LB_UNIT_N (128 * LB_WG_N)
 #endif
+#ifndef LB_CONSUMER_WGS
+#define LB_CONSUMER_WGS 2
+#endif
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 typedef lowbit::w4a16_gemm::Gemm<lowbit::LB_DTYPE, LB_ZEROS, LB_WG_N, LB_WG_TOKENS, LB_STAGES, LB_UNIT_GROUPS != 0,
-                                 LB_CONV != 0, LB_LOOKAHEAD, LB_WBITS, LB_RAMP, LB_LAG, LB_KSPLIT != 0, LB_UNIT_N>
+                                 LB_CONV != 0, LB_LOOKAHEAD, LB_WBITS, LB_RAMP, LB_LAG, LB_KSPLIT != 0, LB_UNIT_N,
+                                 LB_CONSUMER_WGS>
     GemmVariant;
 
 extern "C" __global__ void __launch_bounds__(GemmVariant::BLOCK, 1)
