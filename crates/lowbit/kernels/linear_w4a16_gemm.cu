@@ -173,6 +173,10 @@ struct Args {
 
 constexpr int MAX_CLUSTER = 8;  // counters per tile
 
+#ifndef LB_EXP_RELAXED_FREE
+#define LB_EXP_RELAXED_FREE 0
+#endif
+
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 
 // WG_TOKENS: the wgmma N, tokens per consumer warpgroup (16 or 64 for small batches, 128 otherwise).
@@ -680,7 +684,10 @@ struct Gemm {
         const int dw = (WG_N == 2 ? wg * 4 : 0) + ((ctid >> 5) & 3);
         const int wm = WG_N == 2 ? 0 : wg;
         const u32 slab = base + rank * slab_bytes + g * 16;  // this CTA's slab in every owner, at this lane's quad
-        cluster_sync();
+        // Nobody reads its stages any more (the slabs overwrite them). LB_EXP_RELAXED_FREE (experiment, off): say so
+        // without the release's GPU-scope fence.
+        if (LB_EXP_RELAXED_FREE) cluster_sync_reads_done();
+        else cluster_sync();
 #pragma unroll
         for (int j = 0; j < EPI_TOKENS / 8; ++j) {
             if (CWGS > 2 && wg >= 2) break;  // absorbed (absorb_third): nothing to push
@@ -1121,7 +1128,11 @@ struct Gemm {
         if (wg == CWGS) {
             setmaxnreg_dec<40>();
             if (tid % 32 == 0 && (tid - CONSUMERS) / 32 < PRODUCERS) produce(xmap, a, s, base, bars, (tid - CONSUMERS) / 32);
-            if (splits_a_tile) cluster_sync(), cluster_sync();  // epilogue_split's two barriers
+            if (splits_a_tile) {  // epilogue_split's two barriers
+                if (LB_EXP_RELAXED_FREE) cluster_sync_reads_done();
+                else cluster_sync();
+                cluster_sync();
+            }
             return;
         }
         setmaxnreg_inc<CONSUMER_REGS>();
