@@ -1370,6 +1370,22 @@ mod tests {
         assert_eq!(settled(tile(4, 2, 16)).1, 0);
     }
 
+    /// Three consumer warpgroups: a 512-thread block, a name of its own, the same shared memory (warpgroup 2's
+    /// partial goes through the exchange area the other two trade in).
+    #[test]
+    fn three_consumer_warpgroups_of_the_k_split_tile() {
+        let smem = smem_limits((9, 0)).per_cta;
+        let two = GemmVariant::k_split(DType::F16, 4, true, true, 256, 64).fitted(smem);
+        let three = GemmVariant { consumer_wgs: 3, ..two };
+        assert_eq!((two.block(), three.block()), (384, 512));
+        assert!(
+            three.name().ends_with("_ks256_c3") && !two.name().contains("_c"),
+            "{}",
+            three.name()
+        );
+        assert_eq!(three.fitted(smem).smem_bytes(), two.smem_bytes());
+    }
+
     /// Every GEMM specialisation a layer or a convolution can load compiles for sm_90a without spills, a stack
     /// frame or a serialised wgmma pipeline (NVRTC only, no GPU). A split-K epilogue that kept arrays in local
     /// memory once cost 30% of the main loop's speed with every GPU test passing.
