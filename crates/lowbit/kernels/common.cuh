@@ -820,6 +820,12 @@ __device__ __forceinline__ void tma_load_2d(u32 smem, const void* tensor_map, in
         : "memory");
 }
 
+// Fetches a tensor map (a kernel parameter) into the TMA unit's descriptor cache ahead of its first copy, which
+// would otherwise wait for it (CUTLASS's prefetch_tma_descriptor).
+__device__ __forceinline__ void prefetch_tensormap(const void* tensor_map) {
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(tensor_map) : "memory");
+}
+
 // Register budget handed between warpgroups (producer down, consumers up); counts are per thread, multiples of 8.
 template <int REGS>
 __device__ __forceinline__ void setmaxnreg_inc() {

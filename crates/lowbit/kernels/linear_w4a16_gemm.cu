@@ -176,6 +176,9 @@ constexpr int MAX_CLUSTER = 8;  // counters per tile
 #ifndef LB_EXP_RELAXED_FREE
 #define LB_EXP_RELAXED_FREE 0
 #endif
+#ifndef LB_EXP_PREFETCH_XMAP
+#define LB_EXP_PREFETCH_XMAP 0
+#endif
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 
@@ -1116,6 +1119,9 @@ struct Gemm {
         constexpr bool UNIFORM_WG = KSPLIT || WG_TOKENS == 96;
         const int tid = threadIdx.x, wg = UNIFORM_WG ? __shfl_sync(0xffffffffu, tid >> 7, 0) : tid >> 7;
 
+        // LB_EXP_PREFETCH_XMAP (experiment, off): x's tensor map fetched by the producer before anything else, so
+        // that the first x copy need not wait for it.
+        if (LB_EXP_PREFETCH_XMAP && tid == CONSUMERS) prefetch_tensormap(xmap);
         // Whether this CTA takes a split item: then its last one (the host's rule; whole is a multiple of the grid).
         const bool splits_a_tile = s.splits > 1 && s.whole + (int)blockIdx.x < item_count(s);
         allow_dependent_launch();  // DEPENDENT LAUNCH: the next kernel may take SMs as this one's CTAs exit
