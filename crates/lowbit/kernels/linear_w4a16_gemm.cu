@@ -571,6 +571,8 @@ struct Gemm {
         Ring at = ring;
         if (KSPLIT) {
             ring = ring.advanced(kt1 - kt0);  // the next item's first stage (the other tiles': where their loop ends)
+            // Warpgroup wg's first stage is wg on. (advanced(wg) would do for two as well, but ahead<1> is the code
+            // that was measured: no division.)
             if (CWGS == 2 && wg == 1) at = at.template ahead<1>();
             if (CWGS > 2) at = at.advanced(wg);
             // A one-tile item: warpgroup 1 has no stage, and exchange_halves leaves its accumulators out. (Zeroing
@@ -676,6 +678,13 @@ struct Gemm {
         if (n + 8 < s.N) store_chunk<ACT>(a, s, m, n + 8, hi);
     }
 
+    // epilogue_split's first cluster barrier: nobody reads its stages any more (the slabs overwrite them), so every
+    // CTA may push. LB_EXP_RELAXED_FREE (experiment, off): say so without the release's GPU-scope fence.
+    __device__ static __forceinline__ void stages_freed_sync() {
+        if (LB_EXP_RELAXED_FREE) cluster_sync_reads_done();
+        else cluster_sync();
+    }
+
     template <int ACT>
     __device__ static __forceinline__ void epilogue_split(const Args& a, const Shape& s, u32 base, const Work& w,
                                                           int wg, const float (&acc)[2][ACC]) {
@@ -687,10 +696,7 @@ struct Gemm {
         const int dw = (WG_N == 2 ? wg * 4 : 0) + ((ctid >> 5) & 3);
         const int wm = WG_N == 2 ? 0 : wg;
         const u32 slab = base + rank * slab_bytes + g * 16;  // this CTA's slab in every owner, at this lane's quad
-        // Nobody reads its stages any more (the slabs overwrite them). LB_EXP_RELAXED_FREE (experiment, off): say so
-        // without the release's GPU-scope fence.
-        if (LB_EXP_RELAXED_FREE) cluster_sync_reads_done();
-        else cluster_sync();
+        stages_freed_sync();
 #pragma unroll
         for (int j = 0; j < EPI_TOKENS / 8; ++j) {
             if (CWGS > 2 && wg >= 2) break;  // absorbed (absorb_third): nothing to push
@@ -1134,11 +1140,7 @@ struct Gemm {
         if (wg == CWGS) {
             setmaxnreg_dec<40>();
             if (tid % 32 == 0 && (tid - CONSUMERS) / 32 < PRODUCERS) produce(xmap, a, s, base, bars, (tid - CONSUMERS) / 32);
-            if (splits_a_tile) {  // epilogue_split's two barriers
-                if (LB_EXP_RELAXED_FREE) cluster_sync_reads_done();
-                else cluster_sync();
-                cluster_sync();
-            }
+            if (splits_a_tile) stages_freed_sync(), cluster_sync();  // epilogue_split's two barriers
             return;
         }
         setmaxnreg_inc<CONSUMER_REGS>();
