@@ -179,6 +179,12 @@ constexpr int MAX_CLUSTER = 8;  // counters per tile
 #ifndef LB_EXP_PREFETCH_XMAP
 #define LB_EXP_PREFETCH_XMAP 0
 #endif
+#ifndef LB_EXP_LOCAL_PUSH
+#define LB_EXP_LOCAL_PUSH 0
+#endif
+#ifndef LB_EXP_SPREAD_OWNERS
+#define LB_EXP_SPREAD_OWNERS 0
+#endif
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 
@@ -654,6 +660,10 @@ struct Gemm {
     // The producer warpgroup takes part in both barriers.
     static constexpr int QUAD_BLOCK_FLOATS = 36;                             // one 16-column block of a row pair
     static constexpr int PAIR_FLOATS = N_CTA / 16 * QUAD_BLOCK_FLOATS + 4;   // one row pair of a slab
+    // LB_EXP_SPREAD_OWNERS (experiment, off; linear only: the convolution's stores want consecutive pairs): the
+    // cluster's CTAs own every cluster-th pair, so that one push instruction's four pairs go to different owners.
+    // LB_EXP_LOCAL_PUSH (experiment, off): the pairs a CTA owns itself go by st.shared, not by the cluster window.
+    static constexpr bool SPREAD = LB_EXP_SPREAD_OWNERS && !CONV;
 
     // Row r of the pair at `at` (a slab's pair, block b) summed over the cluster's slabs in rank order.
     __device__ static __forceinline__ void sum_slabs(u32 at, u32 slab_bytes, int cluster, float2 (&sum)[8]) {
@@ -696,25 +706,35 @@ struct Gemm {
         const int dw = (WG_N == 2 ? wg * 4 : 0) + ((ctid >> 5) & 3);
         const int wm = WG_N == 2 ? 0 : wg;
         const u32 slab = base + rank * slab_bytes + g * 16;  // this CTA's slab in every owner, at this lane's quad
+        // SPREAD: pair p is CTA p % cluster's, its index p / cluster there ((p * recip) >> 16, exact for p < 128).
+        const int cluster_recip = (65536 + s.cluster - 1) / s.cluster;
         stages_freed_sync();
 #pragma unroll
         for (int j = 0; j < EPI_TOKENS / 8; ++j) {
             if (CWGS > 2 && wg >= 2) break;  // absorbed (absorb_third): nothing to push
             const int pair = wm * (EPI_TOKENS / 2) + j * 4 + t4;  // rows 2 pair, 2 pair + 1 of the tile
-            const int owner = (pair * s.split_pairs_recip) >> 16;
-            const u32 pair_at = slab + (pair - owner * share) * (PAIR_FLOATS * 4);
+            int owner, index;
+            if (SPREAD) {
+                index = (pair * cluster_recip) >> 16, owner = pair - index * s.cluster;
+            } else {
+                owner = (pair * s.split_pairs_recip) >> 16, index = pair - owner * share;
+            }
+            const u32 pair_at = slab + index * (PAIR_FLOATS * 4);
 #pragma unroll
             for (int t = 0; t < 2; ++t) {
                 const int block = dw * 2 + t;  // columns 16 block .. 16 block + 15
-                st_cluster_f32x4(cluster_map(pair_at + block * (QUAD_BLOCK_FLOATS * 4), owner),
-                                 make_float4(acc[t][4 * j], acc[t][4 * j + 2], acc[t][4 * j + 1], acc[t][4 * j + 3]));
+                const u32 at = pair_at + block * (QUAD_BLOCK_FLOATS * 4);
+                const float4 v = make_float4(acc[t][4 * j], acc[t][4 * j + 2], acc[t][4 * j + 1], acc[t][4 * j + 3]);
+                if (LB_EXP_LOCAL_PUSH && owner == rank) sts128f(at, v);
+                else st_cluster_f32x4(cluster_map(at, owner), v);
             }
         }
         cluster_sync();
         trace_stamp(a.trace, TRACE_PARTIALS_SEEN);
 
         constexpr int BLOCKS = N_CTA / 16;
-        const int pairs = min(share, BM / 2 - rank * share);  // this CTA's row pairs
+        const int pairs = SPREAD ? (BM / 2 - rank + s.cluster - 1) / s.cluster
+                                 : min(share, BM / 2 - rank * share);  // this CTA's row pairs
         // One row of one 16-column block per item, the two rows of a pair on neighbouring threads. Linear: then
         // consecutive blocks of the pair (16-byte stores along y's rows). Convolution: then consecutive pairs of
         // the block, so each channel plane receives a warp's 32 consecutive positions per store. Quad q of a block
@@ -723,7 +743,8 @@ struct Gemm {
         auto locate = [&](int i, int& m, int& n) -> u32 {
             const int r = i & 1, item = i >> 1;
             const int pair = CONV ? item % pairs : item / BLOCKS, b = CONV ? item / pairs : item % BLOCKS;
-            m = w.mt * BM + 2 * (rank * share + pair) + r, n = w.nt * N_CTA + b * 16;
+            const int tile_pair = SPREAD ? pair * s.cluster + rank : rank * share + pair;
+            m = w.mt * BM + 2 * tile_pair + r, n = w.nt * N_CTA + b * 16;
             return base + (pair * PAIR_FLOATS + b * QUAD_BLOCK_FLOATS) * 4 + r * 8;
         };
         if (s.groups == 1) {
