@@ -2,7 +2,7 @@
 //! traced launch and summarises its timeline (the kernel's `Trace` events, %globaltimer) over the CTAs.
 //!
 //! ```text
-//! cargo run --release --example gemm_trace -- 256x4096x4096 64x4096x4096 [--rotate-io] [--splits 1] [--small-batch 0] [--tokens 64|128] [--ksplit] [--look64 2|3] [--look-ksplit 2|3] [--ksplit-wgs 2|3] [--ramp-ksplit N] [--stream on|off] [--stages N] [--decode-splits 1|2|4|8] [--ctas-per-sm 1|2] [--gather on|off] [--paired on|off] [--wgmma on|off] [--pdl on|off]
+//! cargo run --release --example gemm_trace -- 256x4096x4096 64x4096x4096 [--rotate-io] [--splits 1] [--small-batch 0] [--tokens 64|128] [--ksplit] [--look64 2|3] [--look-ksplit 2|3] [--ramp-ksplit N] [--stream on|off] [--stages N] [--decode-splits 1|2|4|8] [--ctas-per-sm 1|2] [--gather on|off] [--paired on|off] [--wgmma on|off] [--pdl on|off]
 //! ```
 //! Each shape is `MxKxN` (f16, group 128, zero points), `decode:MxKxN` for the decode kernel (the same weight; the
 //! stream-K fix-up's partials and counter show as `partials_seen`), or `conv:BxCxHxWxRxCo` for the convolution's
@@ -51,7 +51,6 @@ fn main() -> lowbit::Result<()> {
     let mut tokens = None;
     let mut look64 = None;
     let mut look_ksplit = None;
-    let mut ksplit_wgs = None;
     let mut ramp_ksplit = None;
     let mut decode_splits = None;
     let mut ctas_per_sm = None;
@@ -72,7 +71,6 @@ fn main() -> lowbit::Result<()> {
             "--tokens" => tokens = args.next().and_then(|v| v.parse().ok()),
             "--look64" => look64 = args.next().and_then(|v| v.parse().ok()),
             "--look-ksplit" => look_ksplit = args.next().and_then(|v| v.parse().ok()),
-            "--ksplit-wgs" => ksplit_wgs = args.next().and_then(|v| v.parse().ok()),
             "--ramp-ksplit" => ramp_ksplit = args.next().and_then(|v| v.parse().ok()),
             "--decode-splits" => decode_splits = args.next().and_then(|v| v.parse().ok()),
             "--ctas-per-sm" => ctas_per_sm = args.next().and_then(|v| v.parse().ok()),
@@ -108,9 +106,6 @@ fn main() -> lowbit::Result<()> {
             }
             if let Some(steps) = look_ksplit {
                 op.set_k_split_lookahead(&dev, steps)?;
-            }
-            if let Some(wgs) = ksplit_wgs {
-                op.set_k_split_consumers(&dev, wgs)?;
             }
             if let Some(stages) = ramp_ksplit {
                 op.set_k_split_ramp(&dev, stages)?;

@@ -424,12 +424,6 @@ __device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], u32 addr) {
 __device__ __forceinline__ void cluster_sync() {
     asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
 }
-// A cluster barrier that only frees this CTA's shared memory for the others' remote stores (write after read):
-// the arrive is relaxed, so it needs no MEMBAR.ALL.GPU (cluster_sync's release compiles to one). Only for reads whose
-// values are consumed before it, as wgmma's (waited for) and those of registers already used.
-__device__ __forceinline__ void cluster_sync_reads_done() {
-    asm volatile("barrier.cluster.arrive.relaxed;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
-}
 // The address of shared-memory location `addr` of this CTA in the CTA of cluster rank `rank`.
 __device__ __forceinline__ u32 cluster_map(u32 addr, int rank) {
     u32 out;
@@ -444,7 +438,6 @@ __device__ __forceinline__ void st_cluster_f32x4(u32 addr, float4 v) {
 #else
 // Clusters exist from sm_90 on; the host launches none before (the decode kernel's shared code calls these).
 __device__ __forceinline__ void cluster_sync() { __trap(); }
-__device__ __forceinline__ void cluster_sync_reads_done() { __trap(); }
 __device__ __forceinline__ u32 cluster_map(u32, int) { __trap(); return 0; }
 __device__ __forceinline__ void st_cluster_f32x4(u32, float4) { __trap(); }
 #endif
@@ -818,12 +811,6 @@ __device__ __forceinline__ void tma_load_2d(u32 smem, const void* tensor_map, in
             smem),
         "l"(tensor_map), "r"(c0), "r"(c1), "r"(bar)
         : "memory");
-}
-
-// Fetches a tensor map (a kernel parameter) into the TMA unit's descriptor cache ahead of its first copy, which
-// would otherwise wait for it (CUTLASS's prefetch_tma_descriptor).
-__device__ __forceinline__ void prefetch_tensormap(const void* tensor_map) {
-    asm volatile("prefetch.tensormap [%0];\n" ::"l"(tensor_map) : "memory");
 }
 
 // Register budget handed between warpgroups (producer down, consumers up); counts are per thread, multiples of 8.

@@ -34,10 +34,6 @@
 //   partials meet in shared memory (exchange_halves); then each holds half the tokens, and every epilogue runs as
 //   for the token-split 128-column tile. Since the warpgroups walk their own stages, each has its own producer
 //   thread (PRODUCERS), and each releases a stage as soon as its last wgmma is done (EARLY_RELEASE in stage_step).
-//   THREE CONSUMER WARPGROUPS (LB_CONSUMER_WGS 3; the 64-token K-split tile only, 152 registers a thread): the
-//   k tiles go round three warpgroups, since a step's conversion hides better behind more warps (tensor_rate: 83
-//   SM cycles a k16 step with two, 76 with three). Warpgroup 2 hands its partial to the other two before their
-//   trade (absorb_third) and sits out the register epilogue.
 //
 // * OVERLAP. Each k16 step: wgmma.fence, two wgmmas, commit, wait until at most LOOK - 1 groups are in flight,
 //   then convert the A fragments of the step LOOK ahead (LB_LOOKAHEAD, 2 or 3; 4 or 8 fragment buffers, so the one
@@ -110,7 +106,7 @@
 //   MB of weights and of x in L2 instead of streaming both from memory.
 //
 // The host prepends the #defines selecting one variant (LB_DTYPE, LB_ZEROS, LB_WG_N, LB_WG_TOKENS, LB_STAGES,
-// LB_UNIT_GROUPS, LB_CONV, LB_LOOKAHEAD, LB_WBITS, LB_RAMP, LB_LAG, LB_KSPLIT, LB_UNIT_N, LB_CONSUMER_WGS).
+// LB_UNIT_GROUPS, LB_CONV, LB_LOOKAHEAD, LB_WBITS, LB_RAMP, LB_LAG, LB_KSPLIT, LB_UNIT_N).
 #include "common.cuh"
 
 namespace lowbit {
@@ -173,33 +169,19 @@ struct Args {
 
 constexpr int MAX_CLUSTER = 8;  // counters per tile
 
-#ifndef LB_EXP_RELAXED_FREE
-#define LB_EXP_RELAXED_FREE 0
-#endif
-#ifndef LB_EXP_PREFETCH_XMAP
-#define LB_EXP_PREFETCH_XMAP 0
-#endif
-#ifndef LB_EXP_LOCAL_PUSH
-#define LB_EXP_LOCAL_PUSH 0
-#endif
-#ifndef LB_EXP_SPREAD_OWNERS
-#define LB_EXP_SPREAD_OWNERS 0
-#endif
-
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 
 // WG_TOKENS: the wgmma N, tokens per consumer warpgroup (16 or 64 for small batches, 128 otherwise).
 // KSPLIT: the two consumer warpgroups take alternate stages of an item's k range (WG_N 1; see the header's K-SPLIT
 // TILE). UNIT_N: columns of a repacked unit, N_CTA or (K-split tile over a 256-column weight) 2 N_CTA.
 template <class T, int ZMODE, int WG_N, int WG_TOKENS, int STAGES, bool UNIT_GROUPS, bool CONV, int LOOK, int WBITS,
-          int RAMP, int LAG, bool KSPLIT, int UNIT_N, int CWGS>
+          int RAMP, int LAG, bool KSPLIT, int UNIT_N>
 struct Gemm {
     static_assert(LOOK == 2 || LOOK == 3, "k16 steps converted ahead of the wgmmas: 2 or 3");
     static_assert(LAG >= 0 && LAG < STAGES, "STAGGER: warpgroup 1 at most STAGES - 1 k tiles behind");
     static_assert(!KSPLIT || (WG_N == 1 && LAG == 0 && !CONV && (WG_TOKENS == 64 || WG_TOKENS == 128)),
                   "K-split tile: 128 columns x 64 or 128 tokens, no STAGGER, linear only");
     static_assert(UNIT_N == 128 * WG_N || (KSPLIT && UNIT_N == 256), "a tile is a unit, or half of one");
-    static_assert(CWGS == 2 || (CWGS == 3 && KSPLIT && WG_TOKENS == 64), "three consumers: 64-token K-split tile");
     static constexpr int STAGGER_BARRIER = 2;  // named barrier 1 is consumer_sync's
     static_assert(WBITS == 4 || (WBITS == 8 && T::MAGIC == F16::MAGIC),
                   "int8 codes: fp16 activations only (bf16 cannot hold 1024 + u; see INT8 CODES)");
@@ -212,19 +194,17 @@ struct Gemm {
     static constexpr int HALVES = UNIT_N / N_CTA;  // tiles per repacked unit's columns: 1, or 2 (K-split half tiles)
     static constexpr int WG_M = KSPLIT ? 1 : 2 / WG_N;  // consumer warpgroups along tokens
     static constexpr int BM = WG_M * WG_TOKENS;
-    // Stages between two of one warpgroup's: 1, or CWGS when the warpgroups take turns (KSPLIT).
-    static constexpr int STRIDE = KSPLIT ? CWGS : 1;
+    // Stages between two of one warpgroup's: 1, or 2 when the warpgroups take alternate stages (KSPLIT).
+    static constexpr int STRIDE = KSPLIT ? 2 : 1;
     // The K-split tile's warpgroups each walk their own stages (the header's K-SPLIT TILE): one producer thread per
     // warpgroup's stages (produce), and each stage released as soon as its last wgmma is done (stage_step).
-    static constexpr int PRODUCERS = KSPLIT ? CWGS : 1;
+    static constexpr int PRODUCERS = KSPLIT ? 2 : 1;
     static constexpr bool EARLY_RELEASE = KSPLIT;
     // Tokens per warpgroup in the epilogue: a K-split tile's warpgroups first trade halves (exchange_halves), so
     // each then holds the sums of 32 tokens, as the token-split tile's do.
     static constexpr int EPI_TOKENS = KSPLIT ? WG_TOKENS / 2 : WG_TOKENS;
-    static constexpr int CONSUMERS = 128 * CWGS;  // two consumer warpgroups (or three: the K-split tile's)
-    static constexpr int BLOCK = CONSUMERS + 128;  // + the producer warpgroup
-    // Consumer registers after setmaxnreg: what the producer's 40 leave of the 64 K (a multiple of 8, <= 232).
-    static constexpr int CONSUMER_REGS = CWGS == 2 ? 232 : 152;
+    static constexpr int CONSUMERS = 256;     // two consumer warpgroups
+    static constexpr int BLOCK = 384;         // + the producer warpgroup
     static constexpr int X_BYTES = BM * K_TILE * 2;  // two boxes of BM rows x 128 B
     static constexpr int W_BYTES = N_CTA * K_TILE * WBITS / 8;  // the tile's codes: a unit, or its half
     static constexpr int GROUP_ROWS = UNIT_GROUPS ? 1 : K_TILE / 16;
@@ -246,7 +226,7 @@ struct Gemm {
     // KSPLIT: the halves the warpgroups trade, past the staging (exchange_halves): ACC / 2 floats per tile and thread,
     // both tiles at once, or (128 tokens: 64 KB would cost a stage) one tile per pass.
     static constexpr int EXCHANGE_PASSES = KSPLIT && WG_TOKENS > 64 ? 2 : 1;
-    static constexpr int EXCHANGE_BYTES = KSPLIT ? 256 * ACC * 4 / EXCHANGE_PASSES : 0;  // also absorb_third's
+    static constexpr int EXCHANGE_BYTES = KSPLIT ? CONSUMERS * ACC * 4 / EXCHANGE_PASSES : 0;
     static constexpr int PIPE_BYTES = STAGES * STAGE_BYTES + STAGING_BYTES + EXCHANGE_BYTES;
     static constexpr int DATA_BYTES = PIPE_BYTES > Y_BYTES ? PIPE_BYTES : Y_BYTES;
     static constexpr int TILE_FLOATS = BM * N_CTA;
@@ -577,10 +557,7 @@ struct Gemm {
         Ring at = ring;
         if (KSPLIT) {
             ring = ring.advanced(kt1 - kt0);  // the next item's first stage (the other tiles': where their loop ends)
-            // Warpgroup wg's first stage is wg on. (advanced(wg) would do for two as well, but ahead<1> is the code
-            // that was measured: no division.)
-            if (CWGS == 2 && wg == 1) at = at.template ahead<1>();
-            if (CWGS > 2) at = at.advanced(wg);
+            if (wg == 1) at = at.template ahead<1>();  // warpgroup 1 takes the odd stages
             // A one-tile item: warpgroup 1 has no stage, and exchange_halves leaves its accumulators out. (Zeroing
             // them here spilled the 128-token tile: a second definition of 128 registers that wgmma pins.)
             if (first >= kt1) return;
@@ -642,10 +619,14 @@ struct Gemm {
     }
 
     // Split-K epilogue. The splits of a tile are `groups` thread-block clusters (split = group * cluster + rank);
-    // CTA r of a cluster finishes the tile's row pairs [r P, (r + 1) P), P = ceil(BM / 2 / cluster) (the last
-    // CTA fewer; a pair's owner is one multiply by the host's reciprocal, no division). Once every CTA of the
-    // cluster is past its main loop (first barrier: nobody reads its stages any more), each PUSHES its fp32
-    // partial of those rows into CTA r's shared memory, slab `rank` of r's array, with st.shared::cluster. After
+    // CTA r of a cluster finishes some of the tile's row pairs, at most P = ceil(BM / 2 / cluster). Linear: the
+    // pairs p with p % cluster == r (SPREAD), so that the four pairs of one push instruction (its lanes' t4) go to
+    // different owners rather than every CTA pushing to CTA 0 first. The convolution: [r P, (r + 1) P), since its
+    // stores want a warp's positions consecutive. Either way a pair's owner is a multiply by a reciprocal, no
+    // division. Once every CTA of the cluster is past its main loop (first barrier: nobody reads its stages any
+    // more), each PUSHES its fp32 partial of those rows into CTA r's shared memory, slab `rank` of r's array, with
+    // st.shared::cluster, and its own pairs with st.shared. (Both together took 256 x 4096^2, two splits, from 22.3
+    // to 21.7 us; 64 x 4096^2, three splits, stayed at 11.1.) After
     // the second barrier every CTA sums its rows' slabs from its own shared memory in rank order (deterministic)
     // and stores them, or, with several groups, hands the sums to the global step below. Pulling the partials
     // with DSMEM loads instead cost a ~1 us round trip per reduction pass (7.2 us per item at the batch-1
@@ -660,10 +641,7 @@ struct Gemm {
     // The producer warpgroup takes part in both barriers.
     static constexpr int QUAD_BLOCK_FLOATS = 36;                             // one 16-column block of a row pair
     static constexpr int PAIR_FLOATS = N_CTA / 16 * QUAD_BLOCK_FLOATS + 4;   // one row pair of a slab
-    // LB_EXP_SPREAD_OWNERS (experiment, off; linear only: the convolution's stores want consecutive pairs): the
-    // cluster's CTAs own every cluster-th pair, so that one push instruction's four pairs go to different owners.
-    // LB_EXP_LOCAL_PUSH (experiment, off): the pairs a CTA owns itself go by st.shared, not by the cluster window.
-    static constexpr bool SPREAD = LB_EXP_SPREAD_OWNERS && !CONV;
+    static constexpr bool SPREAD = !CONV;  // pairs dealt round-robin (above)
 
     // Row r of the pair at `at` (a slab's pair, block b) summed over the cluster's slabs in rank order.
     __device__ static __forceinline__ void sum_slabs(u32 at, u32 slab_bytes, int cluster, float2 (&sum)[8]) {
@@ -688,13 +666,6 @@ struct Gemm {
         if (n + 8 < s.N) store_chunk<ACT>(a, s, m, n + 8, hi);
     }
 
-    // epilogue_split's first cluster barrier: nobody reads its stages any more (the slabs overwrite them), so every
-    // CTA may push. LB_EXP_RELAXED_FREE (experiment, off): say so without the release's GPU-scope fence.
-    __device__ static __forceinline__ void stages_freed_sync() {
-        if (LB_EXP_RELAXED_FREE) cluster_sync_reads_done();
-        else cluster_sync();
-    }
-
     template <int ACT>
     __device__ static __forceinline__ void epilogue_split(const Args& a, const Shape& s, u32 base, const Work& w,
                                                           int wg, const float (&acc)[2][ACC]) {
@@ -708,10 +679,9 @@ struct Gemm {
         const u32 slab = base + rank * slab_bytes + g * 16;  // this CTA's slab in every owner, at this lane's quad
         // SPREAD: pair p is CTA p % cluster's, its index p / cluster there ((p * recip) >> 16, exact for p < 128).
         const int cluster_recip = (65536 + s.cluster - 1) / s.cluster;
-        stages_freed_sync();
+        cluster_sync();  // nobody reads its stages any more: the slabs may overwrite them
 #pragma unroll
         for (int j = 0; j < EPI_TOKENS / 8; ++j) {
-            if (CWGS > 2 && wg >= 2) break;  // absorbed (absorb_third): nothing to push
             const int pair = wm * (EPI_TOKENS / 2) + j * 4 + t4;  // rows 2 pair, 2 pair + 1 of the tile
             int owner, index;
             if (SPREAD) {
@@ -725,7 +695,7 @@ struct Gemm {
                 const int block = dw * 2 + t;  // columns 16 block .. 16 block + 15
                 const u32 at = pair_at + block * (QUAD_BLOCK_FLOATS * 4);
                 const float4 v = make_float4(acc[t][4 * j], acc[t][4 * j + 2], acc[t][4 * j + 1], acc[t][4 * j + 3]);
-                if (LB_EXP_LOCAL_PUSH && owner == rank) sts128f(at, v);
+                if (owner == rank) sts128f(at, v);  // its own: no trip through the cluster window
                 else st_cluster_f32x4(cluster_map(at, owner), v);
             }
         }
@@ -1031,49 +1001,13 @@ struct Gemm {
     // whichever adds it, so the result does not depend on timing. Warpgroup 1 leaves its sums in accumulators
     // 0 .. ACC / 2 - 1 too, and both run the epilogue of a token-split tile of EPI_TOKENS tokens each.
     // `alone`: the item has one k tile, so warpgroup 1's accumulators hold nothing (mainloop) and count as zeros.
-    // THREE CONSUMER WARPGROUPS: warpgroup 2 stores its whole partial (both tiles, ACC floats a thread, as
-    // trade_half's quads) in the exchange area, and warpgroup 0 adds the half of the tokens it keeps, warpgroup 1
-    // the other. Each output is then (p0 + p2) + p1 or (p1 + p2) + p0, the same whenever it runs. `third`: whether
-    // warpgroup 2 had a k tile of the item (otherwise it holds nothing and nothing is added).
-    __device__ static __forceinline__ void absorb_third(u32 exchange, int wg, bool third, float (&acc)[2][ACC]) {
-        constexpr int QUADS = ACC / 4;
-        const int i = thread_index() & 127;
-        if (wg == 2 && third) {
-#pragma unroll
-            for (int t = 0; t < 2; ++t)
-#pragma unroll
-                for (int q = 0; q < QUADS; ++q)
-                    sts128f(exchange + ((t * QUADS + q) * 128 + i) * 16,
-                            make_float4(acc[t][4 * q], acc[t][4 * q + 1], acc[t][4 * q + 2], acc[t][4 * q + 3]));
-        }
-        consumer_sync(CONSUMERS);
-        if (wg < 2 && third) {
-            // Compile-time accumulator indices: one instance per warpgroup.
-            if (wg == 0) add_quads<0>(exchange, i, acc);
-            else add_quads<ACC / 2>(exchange, i, acc);
-        }
-        consumer_sync(CONSUMERS);  // read: exchange_halves may write
-    }
-    template <int FROM>
-    __device__ static __forceinline__ void add_quads(u32 exchange, int i, float (&acc)[2][ACC]) {
-        constexpr int QUADS = ACC / 4;
-#pragma unroll
-        for (int t = 0; t < 2; ++t)
-#pragma unroll
-            for (int q = FROM / 4; q < FROM / 4 + QUADS / 2; ++q) {
-                const float4 v = lds128f(exchange + ((t * QUADS + q) * 128 + i) * 16);
-                acc[t][4 * q] += v.x, acc[t][4 * q + 1] += v.y, acc[t][4 * q + 2] += v.z, acc[t][4 * q + 3] += v.w;
-            }
-    }
-
     __device__ static __forceinline__ void exchange_halves(u32 exchange, int wg, bool alone, float (&acc)[2][ACC]) {
         // What one warpgroup hands over per pass: the tiles of the pass x ACC / 2 floats a thread.
-        constexpr u32 SIDE = 128 * ACC * 4 / EXCHANGE_PASSES;
+        constexpr u32 SIDE = CONSUMERS / 2 * ACC * 4 / EXCHANGE_PASSES;
         const u32 out = exchange + wg * SIDE, in = exchange + (1 - wg) * SIDE;
         // Accumulator indices must be compile-time constants (registers): one instance per warpgroup.
         if (wg == 0) trade_half<ACC / 2, 0>(out, in, alone, acc);
-        else if (CWGS == 2 || wg == 1) trade_half<0, 0>(out, in, alone, acc);
-        else consumer_sync(CONSUMERS);  // warpgroup 2 (absorbed): trade_half's barrier only
+        else trade_half<0, 0>(out, in, alone, acc);
         if (EXCHANGE_PASSES == 2) {
             consumer_sync(CONSUMERS);  // both have read the first pass
             if (wg == 0) trade_half<ACC / 2, 1>(out, in, alone, acc);
@@ -1123,8 +1057,6 @@ struct Gemm {
         if (STREAM && w.pieces > 1 && !stream_fixup(a, s, w, acc)) return;
         if (w.splits > 1) {
             epilogue_split<ACT>(a, s, base, w, wg, acc);
-        } else if (CWGS > 2 && wg >= 2) {
-            return;  // absorbed (absorb_third)
         } else if (CONV) {
             epilogue_conv<ACT>(a, s, base + STAGES * STAGE_BYTES, w.nt, w.mt, wg, acc);
         } else {
@@ -1146,9 +1078,6 @@ struct Gemm {
         constexpr bool UNIFORM_WG = KSPLIT || WG_TOKENS == 96;
         const int tid = threadIdx.x, wg = UNIFORM_WG ? __shfl_sync(0xffffffffu, tid >> 7, 0) : tid >> 7;
 
-        // LB_EXP_PREFETCH_XMAP (experiment, off): x's tensor map fetched by the producer before anything else, so
-        // that the first x copy need not wait for it.
-        if (LB_EXP_PREFETCH_XMAP && tid == CONSUMERS) prefetch_tensormap(xmap);
         // Whether this CTA takes a split item: then its last one (the host's rule; whole is a multiple of the grid).
         const bool splits_a_tile = s.splits > 1 && s.whole + (int)blockIdx.x < item_count(s);
         allow_dependent_launch();  // DEPENDENT LAUNCH: the next kernel may take SMs as this one's CTAs exit
@@ -1158,13 +1087,13 @@ struct Gemm {
             init_pipeline_barriers(bars, STAGES, CONSUMERS / STRIDE);  // KSPLIT: one warpgroup reads a stage
         }
         __syncthreads();
-        if (wg == CWGS) {
+        if (wg == 2) {
             setmaxnreg_dec<40>();
             if (tid % 32 == 0 && (tid - CONSUMERS) / 32 < PRODUCERS) produce(xmap, a, s, base, bars, (tid - CONSUMERS) / 32);
-            if (splits_a_tile) stages_freed_sync(), cluster_sync();  // epilogue_split's two barriers
+            if (splits_a_tile) cluster_sync(), cluster_sync();  // epilogue_split's two barriers
             return;
         }
-        setmaxnreg_inc<CONSUMER_REGS>();
+        setmaxnreg_inc<232>();
         trace_stamp(a.trace, TRACE_ENTRY);
         // DEPENDENT LAUNCH: nothing the previous kernel may read or write (y, bias, the partials, the counters) is
         // touched before it has finished.
@@ -1183,11 +1112,7 @@ struct Gemm {
             float acc[2][ACC];  // written by the first wgmma (accumulate = 0)
             const int arrive_kt = LAG > 0 && wg == 0 && taken == 0 ? min(w.kt0 + LAG, w.kt1) - 1 : -1;
             mainloop(s, base, bars, w.nt, w.kt0, w.kt1, wg, arrive_kt, ring, acc);
-            if (KSPLIT) {
-                const u32 exchange = base + STAGES * STAGE_BYTES + STAGING_BYTES;
-                if (CWGS > 2) absorb_third(exchange, wg, w.kt1 - w.kt0 > 2, acc);
-                exchange_halves(exchange, wg, w.kt1 - w.kt0 < 2, acc);
-            }
+            if (KSPLIT) exchange_halves(base + STAGES * STAGE_BYTES + STAGING_BYTES, wg, w.kt1 - w.kt0 < 2, acc);
             if (taken == 0) trace_stamp(a.trace, TRACE_MAINLOOP_END);
             // One compile-time activation per launch keeps the unrolled epilogue small (see activate). A
             // convolution clamps at most (none/relu/relu6): its variants leave GELU and SiLU out.
@@ -1241,14 +1166,10 @@ struct Gemm {
 #ifndef LB_UNIT_N
 #define LB_UNIT_N (128 * LB_WG_N)
 #endif
-#ifndef LB_CONSUMER_WGS
-#define LB_CONSUMER_WGS 2
-#endif
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 typedef lowbit::w4a16_gemm::Gemm<lowbit::LB_DTYPE, LB_ZEROS, LB_WG_N, LB_WG_TOKENS, LB_STAGES, LB_UNIT_GROUPS != 0,
-                                 LB_CONV != 0, LB_LOOKAHEAD, LB_WBITS, LB_RAMP, LB_LAG, LB_KSPLIT != 0, LB_UNIT_N,
-                                 LB_CONSUMER_WGS>
+                                 LB_CONV != 0, LB_LOOKAHEAD, LB_WBITS, LB_RAMP, LB_LAG, LB_KSPLIT != 0, LB_UNIT_N>
     GemmVariant;
 
 extern "C" __global__ void __launch_bounds__(GemmVariant::BLOCK, 1)

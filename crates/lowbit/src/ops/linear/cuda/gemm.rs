@@ -42,6 +42,8 @@ pub const SMALL_BATCH: usize = 64;
 /// A linear layer's batches up to this many rows use the kernel with 16 tokens per warpgroup: it converts the
 /// weight as every tile does, but spends a quarter of the 64-token tile's tensor work on padding rows.
 pub const TINY_BATCH: usize = 16;
+/// Threads per CTA: two consumer warpgroups and the TMA producer warpgroup.
+const BLOCK: u32 = 384;
 /// Most CTAs one tile is split into along K.
 const MAX_SPLITS: usize = 8;
 /// `Gemm::STAGING_BYTES`: the epilogue's staging, per consumer warp 1 KB (linear) or four 528-byte slices
@@ -215,8 +217,6 @@ pub struct GemmVariant {
     pub ksplit: bool,
     /// Columns of a repacked unit: `n_cta()`, or twice that for a K-split tile over a 256-column weight.
     pub unit_n: usize,
-    /// Consumer warpgroups: 2, or 3 for the 64-token K-split tile (the kernel's THREE CONSUMER WARPGROUPS).
-    pub consumer_wgs: usize,
 }
 
 impl GemmVariant {
@@ -247,7 +247,6 @@ impl GemmVariant {
             lag: default_lag(wg_n, wg_tokens, conv),
             ksplit: false,
             unit_n: 128 * wg_n,
-            consumer_wgs: 2,
         }
     }
 
@@ -262,11 +261,6 @@ impl GemmVariant {
             unit_n,
             ..Self::with_defaults(act, wbits, zeros, unit_groups, false, 1, tokens)
         }
-    }
-
-    /// Threads per CTA: the consumer warpgroups and the TMA producer warpgroup.
-    pub fn block(&self) -> u32 {
-        128 * (self.consumer_wgs as u32 + 1)
     }
 
     /// Tokens per CTA tile.
@@ -365,7 +359,7 @@ impl GemmVariant {
 
     fn name(&self) -> String {
         format!(
-            "linear_w4a16_gemm_{}_w{}_z{}_g{}_wgn{}_t{}_s{}_l{}_r{}_d{}{}{}{}",
+            "linear_w4a16_gemm_{}_w{}_z{}_g{}_wgn{}_t{}_s{}_l{}_r{}_d{}{}{}",
             self.act.name(),
             self.wbits,
             self.zero_mode(),
@@ -381,11 +375,6 @@ impl GemmVariant {
                 format!("_ks{}", self.unit_n)
             } else {
                 String::new()
-            },
-            if self.consumer_wgs == 2 {
-                String::new()
-            } else {
-                format!("_c{}", self.consumer_wgs)
             }
         )
     }
@@ -398,7 +387,7 @@ impl GemmVariant {
                     "#define LB_DTYPE {}\n#define LB_ZEROS {}\n#define LB_WG_N {}\n#define LB_WG_TOKENS {}\n\
                  #define LB_STAGES {}\n#define LB_UNIT_GROUPS {}\n#define LB_CONV {}\n#define LB_LOOKAHEAD {}\n\
                  #define LB_WBITS {}\n#define LB_RAMP {}\n#define LB_LAG {}\n#define LB_KSPLIT {}\n\
-                 #define LB_UNIT_N {}\n#define LB_CONSUMER_WGS {}\n",
+                 #define LB_UNIT_N {}\n",
                     if self.act == DType::Bf16 { "BF16" } else { "F16" },
                     self.zero_mode(),
                     self.wg_n,
@@ -411,8 +400,7 @@ impl GemmVariant {
                     self.ramp,
                     self.lag,
                     u8::from(self.ksplit),
-                    self.unit_n,
-                    self.consumer_wgs
+                    self.unit_n
                 ) + &crate::cuda::experiment_defines("LOWBIT_GEMM_DEFINES")
             },
             SOURCE,
@@ -921,15 +909,6 @@ impl LinearW4A16Gemm {
         self.reload_k_split(device, 64, |v| v.lookahead = steps)
     }
 
-    /// Reloads the 64-token K-split tile with `wgs` (2 or 3) consumer warpgroups (benchmarking).
-    #[doc(hidden)]
-    pub fn set_k_split_consumers(&mut self, device: &CudaDevice, wgs: usize) -> Result<()> {
-        if !(2..=3).contains(&wgs) {
-            return Err(Error::invalid("consumer warpgroups", wgs, "must be 2 or 3"));
-        }
-        self.reload_k_split(device, 64, |v| v.consumer_wgs = wgs)
-    }
-
     /// Reloads the K-split tiles with at most `stages` stages in flight while the pipeline first fills (the kernel's
     /// RAMP; 0: all of them; benchmarking).
     #[doc(hidden)]
@@ -1277,7 +1256,7 @@ impl LinearW4A16Gemm {
         let launch = Launch {
             grid: grid as u32,
             grid_y: 1,
-            block: kernel.variant.block(),
+            block: BLOCK,
             smem: kernel.variant.smem_bytes(),
             cluster: (splits > 1).then_some(split.cluster),
             dependent: self.dependent_launch,
@@ -1341,7 +1320,7 @@ fn load_variant(device: &CudaDevice, variant: GemmVariant) -> Result<GemmKernel>
     let function = device.function_with_shared_memory(variant.source(), "w4a16_gemm", variant.smem_bytes())?;
     let mut resident_clusters = [0; MAX_SPLITS + 1];
     for (ctas, resident) in resident_clusters.iter_mut().enumerate().skip(2) {
-        *resident = resident_cluster_count(&function, variant.block(), variant.smem_bytes(), ctas);
+        *resident = resident_cluster_count(&function, BLOCK, variant.smem_bytes(), ctas);
     }
     Ok(GemmKernel {
         variant,
@@ -1368,22 +1347,6 @@ mod tests {
         assert_eq!(settled(tile(4, 1, 128)), (2, 0));
         assert_eq!(settled(tile(4, 2, 64)).1, 0);
         assert_eq!(settled(tile(4, 2, 16)).1, 0);
-    }
-
-    /// Three consumer warpgroups: a 512-thread block, a name of its own, the same shared memory (warpgroup 2's
-    /// partial goes through the exchange area the other two trade in).
-    #[test]
-    fn three_consumer_warpgroups_of_the_k_split_tile() {
-        let smem = smem_limits((9, 0)).per_cta;
-        let two = GemmVariant::k_split(DType::F16, 4, true, true, 256, 64).fitted(smem);
-        let three = GemmVariant { consumer_wgs: 3, ..two };
-        assert_eq!((two.block(), three.block()), (384, 512));
-        assert!(
-            three.name().ends_with("_ks256_c3") && !two.name().contains("_c"),
-            "{}",
-            three.name()
-        );
-        assert_eq!(three.fitted(smem).smem_bytes(), two.smem_bytes());
     }
 
     /// Every GEMM specialisation a layer or a convolution can load compiles for sm_90a without spills, a stack
@@ -1419,9 +1382,6 @@ mod tests {
                 for tokens in KSPLIT_TOKENS {
                     variants.push(GemmVariant::k_split(act, wbits, true, unit_groups, unit_n, tokens));
                 }
-                // Three consumer warpgroups (`set_k_split_consumers`), on 152 registers a thread.
-                let v = GemmVariant::k_split(act, wbits, true, unit_groups, unit_n, 64);
-                variants.push(GemmVariant { consumer_wgs: 3, ..v });
             }
         }
         // The lookahead benchmarking may also set (`set_k_split_lookahead`).
