@@ -2,7 +2,7 @@
 # A/B timing of GEMM settings on the device, in turn: for each round, each shape, each setting, one gemm_trace
 # process (`--rotate-io`). A setting is `DEFINES|ARGS`: LOWBIT_GEMM_DEFINES (experiment defines) and extra gemm_trace
 # arguments, either may be empty. Prints one line per run and appends every full trace to $OUT/trace.txt.
-#   scripts/trace-in-turn.sh BIN ROUNDS "64x4096x4096 --ksplit;128x4096x4096 --ksplit" "|" "|--ksplit-wgs 3"
+#   scripts/trace-in-turn.sh BIN 2 "64x4096x4096 --ksplit;256x4096x4096" "|" "LB_EXP_X=1|" "|--look-ksplit 3"
 # Stops starting runs after $BUDGET_S seconds (default 480), inside the device tool's 600 s per call.
 set -u
 BIN=$1 ROUNDS=$2 SHAPES=$3
