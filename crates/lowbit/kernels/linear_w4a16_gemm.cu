@@ -169,6 +169,12 @@ struct Args {
 
 constexpr int MAX_CLUSTER = 8;  // counters per tile
 
+// EXPERIMENT (off; from stop 48's d00a678): LB_EXP_NO_MATH keeps the K-split tile's stage waits and releases and
+// drops the conversion and the wgmmas, so gemm_trace's main loop is the fill alone. Results are garbage.
+#ifndef LB_EXP_NO_MATH
+#define LB_EXP_NO_MATH 0
+#endif
+
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 
 // WG_TOKENS: the wgmma N, tokens per consumer warpgroup (16 or 64 for small batches, 128 otherwise).
@@ -504,13 +510,23 @@ struct Gemm {
         const int accumulate = kt > first || J > 0;  // the first product overwrites D: no zeroing
         fence_accumulators(acc);
         wgmma_fence();
-        wgmma(acc[0], frag[J % FRAG_BUFS][0], desc, accumulate);
-        wgmma(acc[1], frag[J % FRAG_BUFS][1], desc, accumulate);
+        if (!LB_EXP_NO_MATH) {
+            wgmma(acc[0], frag[J % FRAG_BUFS][0], desc, accumulate);
+            wgmma(acc[1], frag[J % FRAG_BUFS][1], desc, accumulate);
+        }
         wgmma_commit();
         fence_accumulators(acc);
         wgmma_wait<LOOK - 1>();
         if (!EARLY_RELEASE && J == LOOK - 2 && kt > first) {  // the previous stage's last group is done: release it
             mbar_arrive(bars + (STAGES + at.template buf_behind<STRIDE>()) * 8);
+        }
+        if (LB_EXP_NO_MATH) {  // the K-split tile's releases only (EARLY_RELEASE)
+            if (J == STEPS - 1) {
+                mbar_arrive(bars + (STAGES + at.buf) * 8);
+                const Ring next = at.template ahead<STRIDE>();
+                if (kt + STRIDE < kt1) mbar_wait(bars + next.buf * 8, next.phase);
+            }
+            return;
         }
         if (J + LOOK < STEPS) {
             cv.template convert<(J + LOOK) % STEPS>(frag[(J + LOOK) % FRAG_BUFS], lane);
