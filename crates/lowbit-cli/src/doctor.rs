@@ -95,14 +95,20 @@ fn report_toolchain() {
     }
 }
 
-/// Compiles every kernel source with NVRTC (bypassing the cache) and prints the times, with `resources` ptxas's
-/// resource usage too; with `save`, writes each CUBIN there (atomically, replacing an older dump).
+/// Compiles every kernel source with NVRTC (bypassing the cache; several at once) and prints the times in order,
+/// with `resources` ptxas's resource usage too; with `save`, writes each CUBIN there (atomically, replacing an older
+/// dump).
 fn compile_all(arch: &str, resources: bool, save: Option<&std::path::Path>) -> lowbit::Result<()> {
     if let Some(dir) = save {
         std::fs::create_dir_all(dir).map_err(|e| lowbit::Error::io(dir, e))?;
     }
-    for k in cuda::KERNELS {
-        let compiled = compile_one(k, arch, resources)?;
+    let compiled = cuda::on_compile_threads(cuda::KERNELS, |k| {
+        let t = Instant::now();
+        cuda::compile(k, arch).map(|c| (c, ms(t)))
+    });
+    for (k, compiled) in cuda::KERNELS.iter().zip(compiled) {
+        let (compiled, ms) = compiled?;
+        report(k, arch, &compiled, ms, resources)?;
         if let Some(dir) = save {
             let path = dir.join(format!("{}.{arch}.cubin", k.name));
             lowbit::checkpoint::write_file_atomic(&path, &compiled.cubin, true)?;
@@ -112,13 +118,13 @@ fn compile_all(arch: &str, resources: bool, save: Option<&std::path::Path>) -> l
     Ok(())
 }
 
-fn compile_one(k: &KernelSource, arch: &str, resources: bool) -> lowbit::Result<cuda::Compiled> {
-    let t = Instant::now();
-    let compiled = cuda::compile(k, arch)?;
+/// Prints one kernel's compile time (with `resources`, its ptxas lines too), and refuses a kernel that uses local
+/// memory or whose wgmma pipeline ptxas serialised.
+fn report(k: &KernelSource, arch: &str, compiled: &cuda::Compiled, ms: f64, resources: bool) -> lowbit::Result<()> {
     println!(
         "compiled {:<12} for {arch}: {:>7.1} ms, {} KiB CUBIN",
         k.name,
-        ms(t),
+        ms,
         compiled.cubin.len() >> 10
     );
     if resources {
@@ -149,7 +155,7 @@ fn compile_one(k: &KernelSource, arch: &str, resources: bool) -> lowbit::Result<
             log: format!("serialised wgmma pipeline, or waits ptxas had to add: {serialised:?}"),
         });
     }
-    Ok(compiled)
+    Ok(())
 }
 
 fn ms(t: Instant) -> f64 {

@@ -36,19 +36,28 @@ pub fn cache_dir() -> Option<PathBuf> {
         .or_else(|| non_empty("HOME").map(|d| d.join(".cache").join("lowbit")))
 }
 
-type MemoryCache = Mutex<HashMap<(&'static str, String), Arc<Vec<u8>>>>;
+/// One kernel's place in the memory cache: empty until its CUBIN is compiled or read from disk. Each has its own
+/// lock, held across the compile, so two threads asking for the same kernel compile it once while different
+/// kernels compile at the same time (NVRTC is thread-safe).
+type Slot = Arc<Mutex<Option<Arc<Vec<u8>>>>>;
+type MemoryCache = Mutex<HashMap<(&'static str, String), Slot>>;
 
 fn memory() -> &'static MemoryCache {
     static CACHE: OnceLock<MemoryCache> = OnceLock::new();
     CACHE.get_or_init(Default::default)
 }
 
+/// Compiles at most this many kernels at once in [`prefetch`]: a GEMM variant's NVRTC run holds ~250 MB.
+const MAX_PARALLEL_COMPILES: usize = 8;
+
 /// The CUBIN of `kernel` for `arch`: from memory, from disk, or compiled by NVRTC (then stored in both).
 pub fn cubin(kernel: &KernelSource, arch: &str) -> Result<(Arc<Vec<u8>>, CacheOutcome)> {
-    // Held across the compile, so threads asking for the same kernel at once compile it once.
-    let mut memory = memory().lock().unwrap_or_else(|e| e.into_inner());
-    let mem_key = (kernel.name, arch.to_string());
-    if let Some(hit) = memory.get(&mem_key) {
+    let slot: Slot = {
+        let mut memory = memory().lock().unwrap_or_else(|e| e.into_inner());
+        memory.entry((kernel.name, arch.to_string())).or_default().clone()
+    };
+    let mut slot = slot.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(hit) = slot.as_ref() {
         return Ok((hit.clone(), CacheOutcome::Memory));
     }
     let path = entry_path(kernel, arch);
@@ -63,8 +72,31 @@ pub fn cubin(kernel: &KernelSource, arch: &str) -> Result<(Arc<Vec<u8>>, CacheOu
         }
     };
     let image = Arc::new(image);
-    memory.insert(mem_key, image.clone());
+    *slot = Some(image.clone());
     Ok((image, outcome))
+}
+
+/// Brings the CUBINs of `kernels` for `arch` into the memory cache, compiling those not on disk in parallel (up to
+/// [`MAX_PARALLEL_COMPILES`] at once), so an operator with several variants pays for its slowest compile rather than
+/// for their sum. Returns the first error in `kernels`' order.
+pub fn prefetch(kernels: &[&KernelSource], arch: &str) -> Result<()> {
+    on_compile_threads(kernels, |k| cubin(k, arch).map(drop))
+        .into_iter()
+        .collect()
+}
+
+/// `f` over `items` on a pool of up to [`MAX_PARALLEL_COMPILES`] threads (a pool of its own, so compiles neither
+/// wait for nor crowd out the CPU kernels' global pool), the results in `items`' order.
+pub fn on_compile_threads<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync + Send) -> Vec<R> {
+    use rayon::prelude::*;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    match rayon::ThreadPoolBuilder::new()
+        .num_threads(threads.min(MAX_PARALLEL_COMPILES).min(items.len()).max(1))
+        .build()
+    {
+        Ok(pool) => pool.install(|| items.par_iter().map(&f).collect()),
+        Err(_) => items.iter().map(f).collect(), // no threads to be had: one at a time
+    }
 }
 
 /// The disk path of `kernel`'s entry for `arch`, or `None` without a cache directory or NVRTC.
@@ -162,6 +194,28 @@ mod tests {
         std::fs::write(&path, b"LBCUBIN1").unwrap(); // header only
         assert_eq!(read_entry(&path), None);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Prefetched kernels are then served from memory, and threads asking for one kernel at once get one image.
+    #[test]
+    fn prefetch_fills_memory_and_concurrent_requests_share_one_cubin() {
+        if !nvrtc::nvrtc_present() || nvrtc::include_dir().is_none() {
+            println!("skipped: NVRTC or cuda_fp16.h not found");
+            return;
+        }
+        const fn tiny(name: &'static str, source: &'static str) -> KernelSource {
+            KernelSource { name, source }
+        }
+        const A: KernelSource = tiny("cache_test_a", "extern \"C\" __global__ void a(int *p) { *p = 1; }");
+        const B: KernelSource = tiny("cache_test_b", "extern \"C\" __global__ void b(int *p) { *p = 2; }");
+        const C: KernelSource = tiny("cache_test_c", "extern \"C\" __global__ void c(int *p) { *p = 3; }");
+        prefetch(&[&A, &B], "sm_80").unwrap();
+        for k in [&A, &B] {
+            assert_eq!(cubin(k, "sm_80").unwrap().1, CacheOutcome::Memory, "{}", k.name);
+        }
+        let images = on_compile_threads(&[(); 4], |_| cubin(&C, "sm_80").unwrap().0);
+        assert!(images.windows(2).all(|w| Arc::ptr_eq(&w[0], &w[1])));
+        assert!(prefetch(&[&tiny("cache_test_bad", "not C++")], "sm_80").is_err());
     }
 
     #[test]

@@ -173,13 +173,25 @@ impl CudaDevice {
         Ok(f)
     }
 
+    /// Compiles (or reads from the disk cache) the modules of `sources` for this GPU in parallel, ahead of the
+    /// [`CudaDevice::function`] calls that load them: an operator with several kernel variants calls this first,
+    /// so building it costs its slowest compile rather than the sum.
+    pub fn prepare(&self, sources: &[&KernelSource]) -> Result<()> {
+        cache::prefetch(sources, &self.info.arch)
+    }
+
     /// The loaded module of `source` (compiled or read from the cache on first use).
     pub fn module(&self, source: &KernelSource) -> Result<Arc<CudaModule>> {
-        let mut modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(m) = modules.get(source.name) {
+        if let Some(m) = self.modules.lock().unwrap_or_else(|e| e.into_inner()).get(source.name) {
             return Ok(m.clone());
         }
+        // Compiled without holding `modules`, so other threads load other modules meanwhile; the cache compiles
+        // each kernel once.
         let (cubin, _) = cache::cubin(source, &self.info.arch)?;
+        let mut modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(m) = modules.get(source.name) {
+            return Ok(m.clone()); // loaded by another thread while this one waited for the CUBIN
+        }
         let module = self
             .ctx
             .load_module(Ptx::from_binary(cubin.as_ref().clone()))

@@ -18,7 +18,7 @@ mod launch;
 mod nvrtc;
 mod tensor_map;
 
-pub use cache::{cache_dir, CacheOutcome};
+pub use cache::{cache_dir, on_compile_threads, CacheOutcome};
 pub use device::{copy_device, CudaDevice, DeviceInfo, StreamTimer};
 pub(crate) use launch::{launch_ex, resident_cluster_count, Launch};
 pub use nvrtc::{

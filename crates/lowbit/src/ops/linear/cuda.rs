@@ -1330,7 +1330,7 @@ impl LinearW4A16Cuda {
         };
         let zeros = weight.zeros.is_some();
         let unit_groups = plan.group % K_TILE == 0;
-        let mut kernels = Vec::new();
+        let mut variants = Vec::new();
         // The largest launch: a chunk of MAX_M rows.
         let launch_m = max_m.min(MAX_M);
         for mt in [1, 2, 4, 8].into_iter().filter(|&mt| mt == 1 || 8 * mt / 2 < launch_m) {
@@ -1358,6 +1358,12 @@ impl LinearW4A16Cuda {
             }
             // The depth (forced or default) is capped at what fits in this GPU's shared memory.
             variant.fit_stages(limits);
+            variants.push(variant);
+        }
+        // Up to four variants: compiled side by side, then loaded one by one.
+        device.prepare(&variants.iter().map(|v| v.source()).collect::<Vec<_>>())?;
+        let mut kernels = Vec::with_capacity(variants.len());
+        for variant in variants {
             let function =
                 device.function_with_shared_memory(variant.source(), "w4a16_linear", variant.smem_bytes())?;
             kernels.push((variant, function, false));
@@ -1471,6 +1477,7 @@ impl LinearW4A16Cuda {
             .filter(|(v, _, _)| v.can_fuse_activation())
             .map(|(v, _, _)| Variant { activation: true, ..*v })
             .collect();
+        device.prepare(&twins.iter().map(|v| v.source()).collect::<Vec<_>>())?;
         for variant in twins {
             let function =
                 device.function_with_shared_memory(variant.source(), "w4a16_linear", variant.smem_bytes())?;

@@ -475,6 +475,25 @@ impl QuantLinear {
 }
 
 impl CudaLinear {
+    /// The decode operator (with the activation fused in its stores up to 16 rows: one launch fewer per call) and,
+    /// where the GPU has it, the tensor-core GEMM, both on `weight`.
+    fn decode_and_gemm(
+        dev: &Arc<CudaDevice>,
+        weight: &Arc<DeviceW4>,
+        activation: Activation,
+        max_m: usize,
+    ) -> Result<(LinearW4A16Cuda, Option<LinearW4A16Gemm>)> {
+        let decode = LinearW4A16Cuda::with_weight(dev, weight.clone(), max_m, Tuning::default())?;
+        let decode = match activation {
+            Activation::None => decode,
+            _ => decode.with_fused_activation(dev)?,
+        };
+        let gemm = gemm::supported(dev, weight)
+            .then(|| LinearW4A16Gemm::with_weight(dev, weight.clone(), max_m, None))
+            .transpose()?;
+        Ok((decode, gemm))
+    }
+
     fn new(
         dev: &Arc<CudaDevice>,
         w: &QuantMatrix,
@@ -485,16 +504,19 @@ impl CudaLinear {
     ) -> Result<Self> {
         let packed = repack_preferred(w, act)?;
         let weight = DeviceW4::upload(dev, &packed)?;
-        let decode = LinearW4A16Cuda::with_weight(dev, weight.clone(), max_m, Tuning::default())?;
-        // The decode kernel applies the activation in its stores up to 16 rows: one launch fewer per call.
-        let decode = match activation {
-            Activation::None => decode,
-            _ => decode.with_fused_activation(dev)?,
-        };
-        let gemm = gemm::supported(dev, &weight)
-            .then(|| LinearW4A16Gemm::with_weight(dev, weight.clone(), max_m, None))
-            .transpose()?;
+        // The dense path's kernel, the largest single compile on a cold cache, compiles on a thread of its own
+        // while the decode and GEMM variants do (each family several at once).
         let source = &gemm::KERNEL;
+        let (kernels, dense_compiled) = std::thread::scope(|s| {
+            let dense = s.spawn(|| dev.prepare(&[source]));
+            let kernels = Self::decode_and_gemm(dev, &weight, activation, max_m);
+            (
+                kernels,
+                dense.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+            )
+        });
+        let (decode, gemm) = kernels?;
+        dense_compiled?;
         let suffix = act.name(); // f16 or bf16: repack checked it
         let dense = DensePath {
             dequantize: dev.function_with_shared_memory(

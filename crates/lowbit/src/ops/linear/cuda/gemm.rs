@@ -598,35 +598,35 @@ impl LinearW4A16Gemm {
             return Err(Error::invalid("max_m", max_m, "must be in 1..=2^31-1"));
         }
         let plan = &weight.plan;
-        let load = |wg_tokens: usize| {
-            load_variant(
-                device,
-                GemmVariant::with_defaults(
-                    weight.act,
-                    plan.code_bits,
-                    weight.zeros.is_some(),
-                    plan.group % K_TILE == 0,
-                    conv,
-                    plan.n_cta / 128,
-                    wg_tokens,
-                ),
+        let (zeros, unit_groups) = (weight.zeros.is_some(), plan.group % K_TILE == 0);
+        let tile = |wg_tokens| {
+            GemmVariant::with_defaults(
+                weight.act,
+                plan.code_bits,
+                zeros,
+                unit_groups,
+                conv,
+                plan.n_cta / 128,
+                wg_tokens,
             )
         };
+        let k_split_tile =
+            |tokens| GemmVariant::k_split(weight.act, plan.code_bits, zeros, unit_groups, plan.n_cta, tokens);
         // The 16-token tile is the linear layer's: the convolution epilogue stores 32 tokens per round.
         let tokens: &[usize] = if conv { &[64, 128] } else { &[16, 64, 96, 128] };
-        let kernels = tokens.iter().map(|&t| load(t)).collect::<Result<Vec<_>>>()?;
         let k_split_tokens: &[usize] = if conv { &[] } else { &KSPLIT_TOKENS };
-        let k_split = k_split_tokens
-            .iter()
-            .map(|&tokens| {
-                let zeros = weight.zeros.is_some();
-                let unit_groups = plan.group % K_TILE == 0;
-                load_variant(
-                    device,
-                    GemmVariant::k_split(weight.act, plan.code_bits, zeros, unit_groups, plan.n_cta, tokens),
-                )
-            })
+        let per_cta = smem_limits(device.info().compute_capability).per_cta;
+        let variants: Vec<GemmVariant> = (tokens.iter().map(|&t| tile(t)))
+            .chain(k_split_tokens.iter().map(|&t| k_split_tile(t)))
+            .map(|v| v.fitted(per_cta))
+            .collect();
+        // Up to six variants: compiled side by side, then loaded one by one.
+        device.prepare(&variants.iter().map(|v| v.source()).collect::<Vec<_>>())?;
+        let mut kernels = variants
+            .into_iter()
+            .map(|v| load_variant(device, v))
             .collect::<Result<Vec<_>>>()?;
+        let k_split = kernels.split_off(tokens.len());
         let stage_x = device.function(kernels[0].variant.source(), "w4a16_gemm_stage_x")?;
         let sms = device.info().sm_count as usize;
         let counters = device
@@ -1398,12 +1398,12 @@ mod tests {
         let limits = smem_limits((9, 0));
         // `LOWBIT_VARIANTS=<text>`: only the variants whose name contains it (seconds instead of minutes).
         let only = std::env::var("LOWBIT_VARIANTS").ok();
-        for v in variants {
-            let v = v.fitted(limits.per_cta);
-            if only.as_ref().is_some_and(|only| !v.name().contains(only.as_str())) {
-                continue;
-            }
-            let compiled = crate::cuda::compile(v.source(), "sm_90a").unwrap();
+        let variants: Vec<GemmVariant> = (variants.iter().map(|v| v.fitted(limits.per_cta)))
+            .filter(|v| only.as_ref().map_or(true, |only| v.name().contains(only.as_str())))
+            .collect();
+        let compiled = crate::cuda::on_compile_threads(&variants, |v| crate::cuda::compile(v.source(), "sm_90a"));
+        for (v, compiled) in variants.iter().zip(compiled) {
+            let compiled = compiled.unwrap();
             if let Ok(dir) = std::env::var("LOWBIT_DUMP_CUBIN") {
                 std::fs::write(format!("{dir}/{}.cubin", v.name()), &compiled.cubin).unwrap();
             }
