@@ -80,7 +80,17 @@ pub fn cubin(kernel: &KernelSource, arch: &str) -> Result<(Arc<Vec<u8>>, CacheOu
 /// [`MAX_PARALLEL_COMPILES`] at once), so an operator with several variants pays for its slowest compile rather than
 /// for their sum. Returns the first error in `kernels`' order.
 pub fn prefetch(kernels: &[&KernelSource], arch: &str) -> Result<()> {
-    on_compile_threads(kernels, |k| cubin(k, arch).map(drop))
+    // Kernels already in memory need no thread (the common case: every layer of a model after the first).
+    let in_memory = |k: &KernelSource| {
+        let memory = memory().lock().unwrap_or_else(|e| e.into_inner());
+        let slot = memory.get(&(k.name, arch.to_string()));
+        slot.is_some_and(|slot| slot.try_lock().is_ok_and(|image| image.is_some()))
+    };
+    let missing: Vec<&KernelSource> = kernels.iter().copied().filter(|k| !in_memory(k)).collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    on_compile_threads(&missing, |k| cubin(k, arch).map(drop))
         .into_iter()
         .collect()
 }
