@@ -169,8 +169,8 @@ struct Args {
 
 constexpr int MAX_CLUSTER = 8;  // counters per tile
 
-// EXPERIMENT (off; from stop 48's d00a678): LB_EXP_NO_MATH keeps the K-split tile's stage waits and releases and
-// drops the conversion and the wgmmas, so gemm_trace's main loop is the fill alone. Results are garbage.
+// EXPERIMENT (off; from stop 48's d00a678): LB_EXP_NO_MATH keeps every stage wait and release and drops the
+// conversion and the wgmmas, so gemm_trace's main loop is the fill alone. Results are garbage.
 #ifndef LB_EXP_NO_MATH
 #define LB_EXP_NO_MATH 0
 #endif
@@ -520,16 +520,8 @@ struct Gemm {
         if (!EARLY_RELEASE && J == LOOK - 2 && kt > first) {  // the previous stage's last group is done: release it
             mbar_arrive(bars + (STAGES + at.template buf_behind<STRIDE>()) * 8);
         }
-        if (LB_EXP_NO_MATH) {  // the K-split tile's releases only (EARLY_RELEASE)
-            if (J == STEPS - 1) {
-                mbar_arrive(bars + (STAGES + at.buf) * 8);
-                const Ring next = at.template ahead<STRIDE>();
-                if (kt + STRIDE < kt1) mbar_wait(bars + next.buf * 8, next.phase);
-            }
-            return;
-        }
         if (J + LOOK < STEPS) {
-            cv.template convert<(J + LOOK) % STEPS>(frag[(J + LOOK) % FRAG_BUFS], lane);
+            if (!LB_EXP_NO_MATH) cv.template convert<(J + LOOK) % STEPS>(frag[(J + LOOK) % FRAG_BUFS], lane);
         } else if (EARLY_RELEASE) {
             // EARLY_RELEASE (the K-split tile): after the stage's last step, drain this warpgroup's wgmmas (the other
             // warpgroup keeps the tensor cores busy), release the stage, and only then wait for the next one and
@@ -542,19 +534,21 @@ struct Gemm {
                 if (kt + STRIDE < kt1) {
                     const Ring next = at.template ahead<STRIDE>();
                     mbar_wait(bars + next.buf * 8, next.phase);
-                    cv.begin(s, base + next.buf * STAGE_BYTES, kt + STRIDE, dw, lane);
-                    cv.template convert<0>(frag[0], lane);
-                    cv.template convert<1>(frag[1], lane);
-                    if (LOOK > 2) cv.template convert<2>(frag[2], lane);
+                    if (!LB_EXP_NO_MATH) {
+                        cv.begin(s, base + next.buf * STAGE_BYTES, kt + STRIDE, dw, lane);
+                        cv.template convert<0>(frag[0], lane);
+                        cv.template convert<1>(frag[1], lane);
+                        if (LOOK > 2) cv.template convert<2>(frag[2], lane);
+                    }
                 }
             }
         } else if (kt + STRIDE < kt1) {
             if (J == STEPS - LOOK) {
                 const Ring next = at.template ahead<STRIDE>();
                 mbar_wait(bars + next.buf * 8, next.phase);
-                cv.begin(s, base + next.buf * STAGE_BYTES, kt + STRIDE, dw, lane);
+                if (!LB_EXP_NO_MATH) cv.begin(s, base + next.buf * STAGE_BYTES, kt + STRIDE, dw, lane);
             }
-            cv.template convert<(J + LOOK) % STEPS>(frag[(J + LOOK) % FRAG_BUFS], lane);
+            if (!LB_EXP_NO_MATH) cv.template convert<(J + LOOK) % STEPS>(frag[(J + LOOK) % FRAG_BUFS], lane);
         }
     }
 
