@@ -258,15 +258,20 @@ extern "C" __global__ void stages_lsu(const char* x, int window, const char* w, 
     consume_stages(smem, bars, count, x_unit, unit, nstages, reads, out);
 }
 
-// The same stages in clusters of two CTAs that stream the same x (cluster c's units) and their own codes. With
-// `multicast`, CTA r copies half r of each x unit into both CTAs' stages (.multicast::cluster): each SM requests half
-// the x bytes and still receives all of them. Consumers release a stage with one arrival per warp on both CTAs'
-// empty barriers, since the peer's producer writes into it too. Without, each CTA copies all of x itself.
+// The same stages in clusters of two CTAs that stream the same x (cluster c's units) and their own codes. `mode`:
+// 0: each CTA copies all of x itself;
+// 1: CTA r copies half r of each x unit into both CTAs' stages (.multicast::cluster), so each SM requests half the
+//    x bytes and still receives all of them; consumers release a stage with one arrival per warp on both CTAs'
+//    empty barriers (the peer's producer writes into it too), the remote one with .release.cluster;
+// 2: as 1, the remote arrival with the default semantics (.release.cta), as CUTLASS's ClusterBarrier::arrive;
+// 3: as 2, but CTA 0 multicasts each whole x unit and CTA 1 copies none (one request per unit, as a TMA tensor
+//    multicast of a cluster's shared operand does).
 extern "C" __global__ void __cluster_dims__(2, 1, 1)
     stages_mc(const char* x, int window, const char* w, long long w_units, int count, int x_unit, int w_unit,
-              int nstages, int multicast, unsigned* out) {
+              int nstages, int mode, unsigned* out) {
     extern __shared__ __align__(128) char smem[];
     const int unit = x_unit + w_unit;
+    const bool multicast = mode != 0;
     const u32 bars = smem_addr(smem + nstages * unit);
     u32 rank;
     asm("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
@@ -281,11 +286,13 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1)
             mbar_arrive_expect_tx(full, unit);
             const char* xs = x + (long long)((blockIdx.x / 2 + i) % window) * x_unit;
             if (multicast) {
-                asm volatile(
-                    "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
-                    " [%0], [%1], %2, [%3], %4;\n" ::"r"(dst + rank * half),
-                    "l"(xs + rank * half), "r"(half), "r"(full), "h"((unsigned short)3)
-                    : "memory");
+                const int part = mode == 3 ? x_unit : half, at = mode == 3 ? 0 : rank * half;
+                if (mode != 3 || rank == 0)
+                    asm volatile(
+                        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+                        " [%0], [%1], %2, [%3], %4;\n" ::"r"(dst + at),
+                        "l"(xs + at), "r"(part), "r"(full), "h"((unsigned short)3)
+                        : "memory");
             } else {
                 bulk_copy(dst, xs, x_unit, full);
             }
@@ -301,9 +308,12 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1)
             const u32 empty = bars + (nstages + buf) * 8;
             if ((threadIdx.x & 31) == 0) {
                 mbar_arrive(empty);
-                if (multicast)
+                if (mode == 1)
                     asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(
                                      cluster_map(empty, rank ^ 1))
+                                 : "memory");
+                else if (multicast)
+                    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_map(empty, rank ^ 1))
                                  : "memory");
             }
             if (++buf == nstages) buf = 0;
@@ -489,6 +499,10 @@ fn main() -> lowbit::Result<()> {
     if std::env::var("LOWBIT_PROBE").as_deref() == Ok("l2-paths") {
         return l2_paths(&dev, &bufs, out_ptr);
     }
+    if std::env::var("LOWBIT_PROBE").as_deref() == Ok("stages") {
+        let ptrs: Vec<u64> = bufs.iter().map(|b| b.device_ptr(&stream).0).collect();
+        return gemm_stages(&dev, ptrs[0], &ptrs, bytes, sms, out_ptr);
+    }
 
     let ptrs: Vec<u64> = bufs.iter().map(|b| b.device_ptr(&stream).0).collect();
     let time = |label: &str, launch: &dyn Fn(u64) -> lowbit::Result<()>| -> lowbit::Result<()> {
@@ -547,19 +561,25 @@ fn main() -> lowbit::Result<()> {
         );
     }
 
-    // The GEMM's stages without its math (the `stages` kernel): x from a 512 KB window in L2, the codes from the
-    // rotated buffers, 64 stages per CTA, the consumers reading x as the wgmmas would (`reads` passes) or not at all.
+    gemm_stages(&dev, src, &ptrs, bytes, sms, out_ptr)
+}
+
+/// The GEMM's stages without its math (the `stages` kernel): x from a 512 KB window in L2, the codes from the rotated
+/// buffers, 64 stages per CTA, the consumers reading x as the wgmmas would (`reads` passes) or not at all. Then in
+/// clusters of two (`stages_mc`), by its four modes of copying x. `LOWBIT_PROBE=stages` runs this part alone.
+fn gemm_stages(dev: &CudaDevice, src: u64, ptrs: &[u64], bytes: usize, sms: usize, out_ptr: u64) -> lowbit::Result<()> {
     println!("the GEMM's stages (x from L2 + codes from memory), one CTA per SM, 64 stages a CTA:");
-    // Then in clusters of two (`stages_mc`), x copied by each CTA (`copy`) or half by each, multicast to both (`mc`).
     let variants = [
         ("stages", 0i32, "0 reads"),
         ("stages", 2, "2 reads"),
         ("stages", 4, "4 reads"),
         ("stages_mc", 0, "pairs, copy"),
         ("stages_mc", 1, "pairs, mc"),
+        ("stages_mc", 2, "pairs, mc cta"),
+        ("stages_mc", 3, "pairs, mc one"),
     ];
     for (label, x_kb, w_kb, nstages) in STAGE_SIZES {
-        for ctas in [96usize, sms] {
+        for ctas in [96usize, 128, sms] {
             for (kernel, reads, what) in variants {
                 let (x_unit, w_unit) = (x_kb << 10, w_kb << 10);
                 let launch = StageLaunch {
@@ -570,7 +590,7 @@ fn main() -> lowbit::Result<()> {
                     nstages,
                     count: 64,
                 };
-                let us = launch.stage_us(&dev, kernel, (src, &ptrs[1..], bytes), &[reads], out_ptr)?;
+                let us = launch.stage_us(dev, kernel, (src, &ptrs[1..], bytes), &[reads], out_ptr)?;
                 let per_sm = (x_unit + w_unit) as f64 / us / 1e3; // GB/s
                 println!(
                     "  {label:<9} {x_kb} + {w_kb} KB x {nstages}, {ctas:3} CTAs, {what:<11}: {us:5.3} us a stage, \
@@ -583,8 +603,12 @@ fn main() -> lowbit::Result<()> {
 }
 
 /// The stage sizes of the GEMM's tiles: x KB (from L2), codes KB (from memory), stages.
-const STAGE_SIZES: [(&str, usize, usize, usize); 3] =
-    [("K-split", 16, 8, 6), ("64-token", 16, 16, 6), ("128-token", 32, 16, 4)];
+const STAGE_SIZES: [(&str, usize, usize, usize); 4] = [
+    ("K-split", 16, 8, 6),
+    ("64-token", 16, 16, 6),
+    ("128-token", 32, 16, 4),
+    ("K-split 128", 32, 8, 5),
+];
 
 /// How fast one SM takes in bytes from L2, by path: bulk copies into a ring of 3, 6 or 12 stages (if the rate grows
 /// with the bytes in flight, latency limits it), plain 16-byte loads by 256-1024 threads, and both at once (the
