@@ -11,10 +11,12 @@
 //!
 //! Last, the GEMM's stages without its math: x from L2 and the codes from memory per stage, at the sizes of the
 //! K-split, 64- and 128-token tiles, with the consumers reading x from shared memory as the wgmmas do, or not; and in
-//! clusters of two CTAs that share x, each copying it or each multicasting half of it to both.
+//! clusters of two CTAs that share x, each copying it or multicasting it to both (`stages_mc`'s modes). Then the
+//! split-K exchange between the two CTAs of a cluster, by DSMEM or through global memory (`exchange`).
 //!
 //! ```text
 //! cargo run --release --example stream_probe -- [MB per buffer, default 122]
+//! LOWBIT_PROBE=stages cargo run --release --example stream_probe   # the stages and the exchange only
 //! ```
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
@@ -322,6 +324,43 @@ extern "C" __global__ void __cluster_dims__(2, 1, 1)
     cluster_sync();  // no CTA exits while its peer may still copy into it or arrive on its barriers
     if (acc == 0x9e3779b9u) out[0] = acc;
 }
+// A split-K exchange between the two CTAs of a cluster, `floats` fp32 per CTA, `iters` times over: each CTA hands
+// its peer `floats` values, a cluster barrier, the peer sums them, a cluster barrier (before the next round writes).
+// mode 0: pushed into the peer's shared memory (st.shared::cluster, 16 bytes a store), read back from its own, as
+//         the GEMM's split epilogue does;
+// mode 1: through global memory: stored into this CTA's workspace slot, the peer's slot loaded from L2 (.cg);
+// mode 2: the two barriers alone.
+extern "C" __global__ void __cluster_dims__(2, 1, 1)
+    exchange(float* ws, int floats, int iters, int mode, unsigned* out) {
+    extern __shared__ __align__(16) float4 slab[];
+    u32 rank;
+    asm("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+    const int n4 = floats / 4;
+    float4* mine = reinterpret_cast<float4*>(ws) + (size_t)blockIdx.x * n4;
+    const float4* theirs = reinterpret_cast<const float4*>(ws) + (size_t)(blockIdx.x ^ 1) * n4;
+    const u32 base = smem_addr(slab), peer = cluster_map(base, rank ^ 1);
+    float acc = 0.0f;
+    cluster_sync();
+    for (int it = 0; it < iters; ++it) {
+        for (int i = threadIdx.x; i < n4; i += blockDim.x) {
+            const float f = (float)(i + it);
+            const float4 v = make_float4(f, f + 1.0f, f + 2.0f, f + 3.0f);
+            if (mode == 0) st_cluster_f32x4(peer + i * 16, v);
+            else if (mode == 1) mine[i] = v;
+        }
+        cluster_sync();
+        for (int i = threadIdx.x; i < n4; i += blockDim.x) {
+            float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (mode == 0) v = lds128f(base + i * 16);
+            else if (mode == 1)
+                asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                             : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(theirs + i));
+            acc += v.x + v.y + v.z + v.w;
+        }
+        cluster_sync();
+    }
+    if (acc == 1234.5f) out[0] = 1;
+}
 "#;
 
 /// A launch's result as the crate's error.
@@ -501,7 +540,8 @@ fn main() -> lowbit::Result<()> {
     }
     if std::env::var("LOWBIT_PROBE").as_deref() == Ok("stages") {
         let ptrs: Vec<u64> = bufs.iter().map(|b| b.device_ptr(&stream).0).collect();
-        return gemm_stages(&dev, ptrs[0], &ptrs, bytes, sms, out_ptr);
+        gemm_stages(&dev, ptrs[0], &ptrs, bytes, sms, out_ptr)?;
+        return exchanges(&dev, out_ptr);
     }
 
     let ptrs: Vec<u64> = bufs.iter().map(|b| b.device_ptr(&stream).0).collect();
@@ -595,6 +635,42 @@ fn gemm_stages(dev: &CudaDevice, src: u64, ptrs: &[u64], bytes: usize, sms: usiz
                 println!(
                     "  {label:<9} {x_kb} + {w_kb} KB x {nstages}, {ctas:3} CTAs, {what:<11}: {us:5.3} us a stage, \
                      {per_sm:6.1} GB/s per SM"
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The split-K exchange (`exchange`): 8, 16 and 32 KB of fp32 a CTA handed to the other CTA of its cluster of two,
+/// through shared memory (DSMEM) or through global memory, against the barriers alone; µs a round.
+fn exchanges(dev: &CudaDevice, out_ptr: u64) -> lowbit::Result<()> {
+    let stream = dev.stream();
+    let sms = dev.info().sm_count as usize;
+    let iters = 64i32;
+    let ws = dev.alloc_zeros::<f32>(sms * 8192)?;
+    let ws_ptr = ws.device_ptr(&stream).0;
+    println!("split-K exchange between the two CTAs of a cluster, 256 threads, {iters} rounds a launch:");
+    for ctas in [96usize, 128] {
+        for kb in [8usize, 16, 32] {
+            let floats = (kb << 10) as i32 / 4;
+            let f = dev.function_with_shared_memory(&PROBE, "exchange", kb << 10)?;
+            for (mode, what) in [(0i32, "DSMEM push"), (1, "global + L2"), (2, "barriers only")] {
+                let us = median_us(dev, &[ws_ptr], 20, &|p| {
+                    let mut b = stream.launch_builder(&f);
+                    b.arg(&p).arg(&floats).arg(&iters).arg(&mode).arg(&out_ptr);
+                    let cfg = LaunchConfig {
+                        grid_dim: (ctas as u32, 1, 1),
+                        block_dim: (256, 1, 1),
+                        shared_mem_bytes: (kb << 10) as u32,
+                    };
+                    // SAFETY: CTA c writes and reads slots c and c ^ 1 of `floats` fp32 each in ws (sms * 8192
+                    // floats, ctas <= sms, floats <= 8192), and may write out[0].
+                    launched(unsafe { b.launch(cfg) })
+                })?;
+                println!(
+                    "  {ctas:3} CTAs, {kb:2} KB, {what:<13}: {:6.3} us a round",
+                    us / iters as f64
                 );
             }
         }
