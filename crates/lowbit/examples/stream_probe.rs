@@ -649,7 +649,7 @@ fn exchanges(dev: &CudaDevice, out_ptr: u64) -> lowbit::Result<()> {
     let sms = dev.info().sm_count as usize;
     let iters = 64i32;
     let ws = dev.alloc_zeros::<f32>(sms * 8192)?;
-    let ws_ptr = ws.device_ptr(&stream).0;
+    let ws_ptr = ws.device_ptr(stream).0;
     println!("split-K exchange between the two CTAs of a cluster, 256 threads, {iters} rounds a launch:");
     for ctas in [96usize, 128] {
         for kb in [8usize, 16, 32] {
