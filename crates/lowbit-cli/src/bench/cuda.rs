@@ -28,6 +28,9 @@ const DEQUANT_SHAPES: [(usize, usize); 4] = [(4096, 4096), (4096, 14336), (14336
 const BATCHES: usize = 7;
 /// Target duration of one timed batch.
 const BATCH_MS: f64 = 20.0;
+/// Timed rounds of [`Rounds`] (after an untimed one), and the target duration of one launcher's batch in a round.
+const TURN_ROUNDS: usize = 25;
+const TURN_BATCH_MS: f64 = 2.0;
 
 #[path = "cuda_conv.rs"]
 mod conv;
@@ -283,9 +286,15 @@ fn median_of_batches(
 /// Under sustained tensor-core load the H200 leaves its 1980 MHz boost for ~1500 MHz (its power cap) within
 /// ~100 ms (`docs/notes/w4a16-gemm.md`, "Timing in turn"). Timed one after the other, the launcher timed first (the
 /// baseline) ran partly at the boost clock and those after it did not. Here one untimed round brings the GPU to the
-/// state it then stays in, and each of the `BATCHES` rounds times one batch of every launcher, in an order shuffled
-/// anew each round (fixed seeds). A rotation of one order kept each launcher's predecessor: QuantLinear, always
-/// after dequantize + cuBLAS, read 1-5% above the same GEMM forced, which always followed cuBLAS.
+/// state it then stays in, and each of the [`TURN_ROUNDS`] rounds times one batch of ~[`TURN_BATCH_MS`] of every
+/// launcher, in an order shuffled anew each round (fixed seeds). A rotation of one order kept each launcher's
+/// predecessor: QuantLinear, always after dequantize + cuBLAS, read 1-5% above the same GEMM forced, which always
+/// followed cuBLAS. The batches of a round run back to back on the stream, their events read after it, so the GPU
+/// never idles between launchers.
+///
+/// Batches of ~20 ms (stop 52 and before) still left each launcher the clock its predecessor's power had set: at
+/// M ≥ 1024 QuantLinear and the GEMM it dispatches to, timed as two launchers, read up to 5% apart in one run. The
+/// power cap moves over ~100 ms, so ~2 ms batches all run at the clock the whole round's mix sets.
 pub(super) struct Rounds<'a> {
     entries: Vec<(usize, Launcher<'a>)>,
 }
@@ -309,21 +318,29 @@ impl<'a> Rounds<'a> {
         let mut reps = Vec::with_capacity(self.entries.len());
         for (sets, launch) in &mut self.entries {
             let probe = timed(dev, stream, 5, *sets, launch)?; // module load, and a batch size
-            reps.push(((BATCH_MS * 1e3 / probe.max(0.5)) as usize).clamp(5, 20_000));
+            reps.push(((TURN_BATCH_MS * 1e3 / probe.max(0.5)) as usize).clamp(1, 20_000));
         }
         let n = self.entries.len();
-        let mut samples = vec![Vec::with_capacity(BATCHES); n];
+        let timers = (0..n).map(|_| StreamTimer::new(dev)).collect::<Result<Vec<_>>>()?;
+        let mut samples = vec![Vec::with_capacity(TURN_ROUNDS); n];
         let mut order: Vec<usize> = (0..n).collect();
-        for round in 0..=BATCHES {
+        for round in 0..=TURN_ROUNDS {
             let mut rng = SplitMix64(0x0DE5 + round as u64);
             for j in (1..n).rev() {
                 order.swap(j, rng.below(j as u64 + 1) as usize);
             }
             for &e in &order {
                 let (sets, launch) = &mut self.entries[e];
-                let us = timed(dev, stream, reps[e], *sets, launch)?;
+                timers[e].start(stream)?;
+                for i in 0..reps[e] {
+                    launch(i % *sets)?;
+                }
+                timers[e].stop(stream)?;
+            }
+            for ((timer, reps), samples) in timers.iter().zip(&reps).zip(&mut samples) {
+                let us = timer.elapsed_ms()? * 1e3 / *reps as f64;
                 if round > 0 {
-                    samples[e].push(us);
+                    samples.push(us);
                 }
             }
         }
@@ -337,9 +354,8 @@ impl<'a> Rounds<'a> {
 ///
 /// At large M the GEMMs are held by the H200's power cap, and the clock the cap leaves depends on the kernel's own
 /// power: run alone for seconds, the W4A16 GEMM held ~1455 MHz and cuBLAS ~1380 MHz at 700 W on 4096 × 8192 × 28672
-/// (`examples/sustained_clock`). Timed in turn in ~20 ms batches ([`Rounds`]), each launcher starts at the clock its
-/// predecessor's power left, so the large-M ratios of the rounds carry that transient (±5–10%). These records are
-/// what a prefill that keeps the GPU busy sees.
+/// (`examples/sustained_clock`). Timed in turn ([`Rounds`]), every launcher runs at the clock the mix of all of them
+/// sets. These records are what a prefill that keeps the GPU busy with this one kernel sees.
 pub(super) fn sustained_us(
     dev: &CudaDevice,
     stream: &Arc<CudaStream>,

@@ -270,7 +270,18 @@ impl StreamTimer {
 
     /// Marks the end on `stream`, waits for it, and returns the milliseconds between the marks.
     pub fn stop_ms(&self, stream: &CudaStream) -> Result<f64> {
-        self.stop.record(stream).map_err(driver_error("cuEventRecord"))?;
+        self.stop(stream)?;
+        self.elapsed_ms()
+    }
+
+    /// Marks the end on `stream` without waiting (read it later with [`StreamTimer::elapsed_ms`]), so that the
+    /// stream's next work follows without a gap.
+    pub fn stop(&self, stream: &CudaStream) -> Result<()> {
+        self.stop.record(stream).map_err(driver_error("cuEventRecord"))
+    }
+
+    /// Waits for the end mark and returns the milliseconds between the marks.
+    pub fn elapsed_ms(&self) -> Result<f64> {
         self.stop.synchronize().map_err(driver_error("cuEventSynchronize"))?;
         let ms = self
             .start
