@@ -28,9 +28,33 @@ const DEQUANT_SHAPES: [(usize, usize); 4] = [(4096, 4096), (4096, 14336), (14336
 const BATCHES: usize = 7;
 /// Target duration of one timed batch.
 const BATCH_MS: f64 = 20.0;
-/// Timed rounds of [`Rounds`] (after an untimed one), and the target duration of one launcher's batch in a round.
-const TURN_ROUNDS: usize = 25;
-const TURN_BATCH_MS: f64 = 2.0;
+/// Timed rounds of [`Rounds`] (after an untimed one) and the target duration of one launcher's batch in a round,
+/// unless `LOWBIT_BENCH_TURNS=ROUNDSxMS` (for example `25x2`) sets them.
+const TURN_ROUNDS: usize = 7;
+const TURN_BATCH_MS: f64 = 20.0;
+
+/// The rounds and batch duration of [`Rounds`]: `LOWBIT_BENCH_TURNS`, or the defaults.
+fn turns() -> Result<(usize, f64)> {
+    match std::env::var("LOWBIT_BENCH_TURNS") {
+        Ok(v) => parse_turns(&v),
+        Err(_) => Ok((TURN_ROUNDS, TURN_BATCH_MS)),
+    }
+}
+
+/// `ROUNDSxMS` as (rounds, batch ms).
+fn parse_turns(v: &str) -> Result<(usize, f64)> {
+    let parsed = v
+        .split_once('x')
+        .and_then(|(r, ms)| Some((r.parse::<usize>().ok()?, ms.parse::<f64>().ok()?)));
+    match parsed {
+        Some((rounds, ms)) if (1..=1000).contains(&rounds) && (0.1..=1000.0).contains(&ms) => Ok((rounds, ms)),
+        _ => Err(Error::invalid(
+            "LOWBIT_BENCH_TURNS",
+            v,
+            "must be ROUNDSxMS: 1 to 1000 rounds of batches of 0.1 to 1000 ms",
+        )),
+    }
+}
 
 #[path = "cuda_conv.rs"]
 mod conv;
@@ -292,9 +316,10 @@ fn median_of_batches(
 /// followed cuBLAS. The batches of a round run back to back on the stream, their events read after it, so the GPU
 /// never idles between launchers.
 ///
-/// Batches of ~20 ms (stop 52 and before) still left each launcher the clock its predecessor's power had set: at
-/// M ≥ 1024 QuantLinear and the GEMM it dispatches to, timed as two launchers, read up to 5% apart in one run. The
-/// power cap moves over ~100 ms, so ~2 ms batches all run at the clock the whole round's mix sets.
+/// No batch length is neutral (notes, "Turns of 2 ms"): with ~20 ms a launcher still starts at the clock its
+/// predecessor's power left (QuantLinear and the GEMM it dispatches to, two launchers of one kernel, read up to 5%
+/// apart at M ≥ 1024); with ~2 ms (`LOWBIT_BENCH_TURNS=25x2`) they agree within 2%, but every launcher runs at
+/// the clock of the round's mix, so a baseline timed beside a kernel that draws more power is slowed by it.
 pub(super) struct Rounds<'a> {
     entries: Vec<(usize, Launcher<'a>)>,
 }
@@ -315,16 +340,17 @@ impl<'a> Rounds<'a> {
 
     /// Median µs per call of each launcher, in the order they were added.
     pub(super) fn run(mut self, dev: &CudaDevice, stream: &Arc<CudaStream>) -> Result<Vec<f64>> {
+        let (rounds, batch_ms) = turns()?;
         let mut reps = Vec::with_capacity(self.entries.len());
         for (sets, launch) in &mut self.entries {
             let probe = timed(dev, stream, 5, *sets, launch)?; // module load, and a batch size
-            reps.push(((TURN_BATCH_MS * 1e3 / probe.max(0.5)) as usize).clamp(1, 20_000));
+            reps.push(((batch_ms * 1e3 / probe.max(0.5)) as usize).clamp(1, 20_000));
         }
         let n = self.entries.len();
         let timers = (0..n).map(|_| StreamTimer::new(dev)).collect::<Result<Vec<_>>>()?;
-        let mut samples = vec![Vec::with_capacity(TURN_ROUNDS); n];
+        let mut samples = vec![Vec::with_capacity(rounds); n];
         let mut order: Vec<usize> = (0..n).collect();
-        for round in 0..=TURN_ROUNDS {
+        for round in 0..=rounds {
             let mut rng = SplitMix64(0x0DE5 + round as u64);
             for j in (1..n).rev() {
                 order.swap(j, rng.below(j as u64 + 1) as usize);
@@ -354,7 +380,7 @@ impl<'a> Rounds<'a> {
 ///
 /// At large M the GEMMs are held by the H200's power cap, and the clock the cap leaves depends on the kernel's own
 /// power: run alone for seconds, the W4A16 GEMM held ~1455 MHz and cuBLAS ~1380 MHz at 700 W on 4096 × 8192 × 28672
-/// (`examples/sustained_clock`). Timed in turn ([`Rounds`]), every launcher runs at the clock the mix of all of them
+/// (`examples/sustained_clock`). Timed in turn ([`Rounds`]), a launcher runs at a clock its neighbours' power
 /// sets. These records are what a prefill that keeps the GPU busy with this one kernel sees.
 pub(super) fn sustained_us(
     dev: &CudaDevice,
@@ -406,4 +432,20 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// A random scale in [2^-10, 2^-6): products stay well inside fp16 range.
 fn random_scale(rng: &mut SplitMix64) -> f32 {
     2f32.powf(rng.uniform(-10.0, -6.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_turns;
+
+    #[test]
+    fn turns_knob() {
+        assert_eq!(parse_turns("25x2").unwrap(), (25, 2.0));
+        assert_eq!(parse_turns("7x20").unwrap(), (7, 20.0));
+        assert_eq!(parse_turns("3x0.5").unwrap(), (3, 0.5));
+        for bad in ["25", "x2", "25x", "0x2", "25x0", "2.5x2", "25x2x3", "-1x2", "25xnan"] {
+            let err = parse_turns(bad).unwrap_err().to_string();
+            assert!(err.contains("LOWBIT_BENCH_TURNS") && err.contains(bad), "{err}");
+        }
+    }
 }

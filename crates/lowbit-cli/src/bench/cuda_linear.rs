@@ -13,9 +13,9 @@
 //! Default problem: K × N ∈ {4096 × 4096, 4096 × 14336, 14336 × 4096, 8192 × 28672} × M ∈ {1, 4, 16, 64, 256,
 //! 1024, 4096}, group `--group` (128), zero points unless `--symmetric`, f16 unless `--dtype`. Every weight (and,
 //! for cuBLAS, every dense weight) is rotated among as many copies as it takes to exceed 2 × L2, so each launch
-//! reads device memory. Timing: the launchers of one M take turns (`Rounds`): an untimed round, then 25 rounds of
-//! one ~2 ms batch of launches each between CUDA events, back to back, so all of them run at the same clocks; the
-//! median batch is reported. CUDA-graph replays are timed after them, and from M = 256 on (every M with
+//! reads device memory. Timing: the launchers of one M take turns (`Rounds`): an untimed round, then 7 rounds of
+//! one ~20 ms batch of launches each between CUDA events, back to back, so all of them run at the same clocks; the
+//! median batch is reported (`LOWBIT_BENCH_TURNS=ROUNDSxMS` changes the rounds and the batch length). CUDA-graph replays are timed after them, and from M = 256 on (every M with
 //! `LOWBIT_BENCH_SUSTAINED=all`) QuantLinear and both baselines again, each alone under sustained load
 //! (`lowbit_sustained`, `cublas_fp16_sustained`, `cublaslt_fp16_sustained`; see `sustained_us`). `bytes` is what
 //! the call must move at least: codes, scales and zeros (or the dense weight), x and y.

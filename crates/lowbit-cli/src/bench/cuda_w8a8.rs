@@ -23,7 +23,7 @@
 //! Default problem: K × N ∈ {4096 × 4096, 4096 × 14336, 14336 × 4096, 8192 × 28672} × M ∈ {1024, 4096}, f16 unless
 //! `--dtype`. Every weight is rotated among as many copies as it takes to exceed 2 × L2 (activations and outputs
 //! rotate with it), so each call reads its weight from device memory. Timing as `bench --op linear`: the launchers
-//! take turns (`Rounds`), 25 rounds of one ~2 ms batch each after an untimed one, median batch. `bytes`: weight, x and y at their stored sizes.
+//! take turns (`Rounds`), 7 rounds of one ~20 ms batch each after an untimed one, median batch. `bytes`: weight, x and y at their stored sizes.
 
 use super::{BenchArgs, BenchRecord, Rounds, Shape, Sink};
 use half::{bf16, f16};
