@@ -280,12 +280,23 @@ fn timed(
     f: &mut impl FnMut(usize) -> Result<()>,
 ) -> Result<f64> {
     let timer = StreamTimer::new(dev)?;
+    batch(&timer, stream, reps, sets, f)?;
+    Ok(timer.elapsed_ms()? * 1e3 / reps as f64)
+}
+
+/// `reps` calls of `f` rotating through `sets` between `timer`'s marks, without waiting for them.
+fn batch(
+    timer: &StreamTimer,
+    stream: &CudaStream,
+    reps: usize,
+    sets: usize,
+    f: &mut impl FnMut(usize) -> Result<()>,
+) -> Result<()> {
     timer.start(stream)?;
     for i in 0..reps {
         f(i % sets)?;
     }
-    let ms = timer.stop_ms(stream)?;
-    Ok(ms * 1e3 / reps as f64)
+    timer.stop(stream)
 }
 
 /// Median µs per call of `launch(set)` rotating through `sets`: a warm-up, then `BATCHES` batches of ~`BATCH_MS`
@@ -357,11 +368,7 @@ impl<'a> Rounds<'a> {
             }
             for &e in &order {
                 let (sets, launch) = &mut self.entries[e];
-                timers[e].start(stream)?;
-                for i in 0..reps[e] {
-                    launch(i % *sets)?;
-                }
-                timers[e].stop(stream)?;
+                batch(&timers[e], stream, reps[e], *sets, launch)?;
             }
             for ((timer, reps), samples) in timers.iter().zip(&reps).zip(&mut samples) {
                 let us = timer.elapsed_ms()? * 1e3 / *reps as f64;
