@@ -132,6 +132,11 @@ pub fn compile_options(arch: &str, include: Option<&Path>) -> Vec<String> {
     if let Some(dir) = include {
         opts.push(format!("--include-path={}", dir.display()));
     }
+    // LOWBIT_NVRTC_LINEINFO=1: source lines in the CUBIN, so that compute-sanitizer and Nsight Compute name the
+    // kernel line of a hazard or a stall (`scripts/device-sanitize.sh`). It does not change the code generated.
+    if std::env::var_os("LOWBIT_NVRTC_LINEINFO").is_some_and(|v| v == "1") {
+        opts.push("--generate-line-info".to_string());
+    }
     opts
 }
 
