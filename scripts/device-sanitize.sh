@@ -4,12 +4,15 @@
 #     cuda_linear_gemm:k_split_tile_of_128_tokens cuda_linear:cluster_split_k ...
 # Each entry is SUITE:TEST (an exact test name of the suite's binary, built by `scripts/prepare-devbin.sh`). Every
 # (tool, test) pair is one process, PAR of them at once (default 4), each cut off after PER_S seconds (default 240);
-# no new one starts once BUDGET_S (default 540) is spent. Writes $OUT/sanitize-<tool>.txt: per test the tool's
-# verdict line, its exit status, its time, a failed test's message, and the first hazards it printed (--print-limit
-# 10; LINES_KEPT lines, default 80). LOWBIT_NVRTC_LINEINFO=1 makes the reports name kernel source lines.
+# no new one starts once BUDGET_S (default 540) is spent. Writes $OUT/sanitize-<tool>.txt (OUT defaults to /tmp/out):
+# per test the tool's verdict line, its exit status, its time, a failed test's message, and the first hazards it
+# printed (--print-limit 10; LINES_KEPT lines, default 80). LOWBIT_NVRTC_LINEINFO=1 makes the reports name kernel
+# source lines.
 set -u
 BIN=$1
 shift
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
 export LOWBIT_CACHE_DIR=${LOWBIT_CACHE_DIR:-/tmp/lc}
 SAN=${SAN:-/usr/local/cuda/bin/compute-sanitizer}
 T0=$(date +%s)
