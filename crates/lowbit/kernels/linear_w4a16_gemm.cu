@@ -174,13 +174,6 @@ constexpr int MAX_CLUSTER = 8;  // counters per tile
 #ifndef LB_EXP_NO_MATH
 #define LB_EXP_NO_MATH 0
 #endif
-// EXPERIMENT (off; stop 53): LB_EXP_WARP_CONVERGE=1 reconverges each consumer warp (__syncwarp) after its stage
-// waits and before the exchange's named barriers. compute-sanitizer's synccheck reports "divergent thread(s)" at the
-// K-split tiles' exchange barrier, and under racecheck the 128-token K-split test failed; an mbarrier wait is a
-// loop that ptxas does not close with a reconvergence point (docs/notes/w4a16-gemm.md, "compute-sanitizer").
-#ifndef LB_EXP_WARP_CONVERGE
-#define LB_EXP_WARP_CONVERGE 0
-#endif
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 
@@ -408,17 +401,6 @@ struct Gemm {
         }
     }
 
-    // A consumer warp's wait for a stage, and the consumers' named barrier (LB_EXP_WARP_CONVERGE: warp reconverged
-    // first).
-    __device__ static __forceinline__ void stage_wait(u32 bar, u32 phase) {
-        mbar_wait(bar, phase);
-        if (LB_EXP_WARP_CONVERGE) __syncwarp();
-    }
-    __device__ static __forceinline__ void sync_consumers() {
-        if (LB_EXP_WARP_CONVERGE) __syncwarp();
-        consumer_sync(CONSUMERS);
-    }
-
     __device__ static __forceinline__ void fence_accumulators(float (&acc)[2][ACC]) {
 #pragma unroll
         for (int t = 0; t < 2; ++t)
@@ -551,7 +533,7 @@ struct Gemm {
                 mbar_arrive(bars + (STAGES + at.buf) * 8);
                 if (kt + STRIDE < kt1) {
                     const Ring next = at.template ahead<STRIDE>();
-                    stage_wait(bars + next.buf * 8, next.phase);
+                    mbar_wait(bars + next.buf * 8, next.phase);
                     if (!LB_EXP_NO_MATH) {
                         cv.begin(s, base + next.buf * STAGE_BYTES, kt + STRIDE, dw, lane);
                         cv.template convert<0>(frag[0], lane);
@@ -563,7 +545,7 @@ struct Gemm {
         } else if (kt + STRIDE < kt1) {
             if (J == STEPS - LOOK) {
                 const Ring next = at.template ahead<STRIDE>();
-                stage_wait(bars + next.buf * 8, next.phase);
+                mbar_wait(bars + next.buf * 8, next.phase);
                 if (!LB_EXP_NO_MATH) cv.begin(s, base + next.buf * STAGE_BYTES, kt + STRIDE, dw, lane);
             }
             if (!LB_EXP_NO_MATH) cv.template convert<(J + LOOK) % STEPS>(frag[(J + LOOK) % FRAG_BUFS], lane);
@@ -593,7 +575,7 @@ struct Gemm {
         Converter cv;
         cv.pw = dw + (HALVES == 2 ? (nt & 1) * (N_CTA / 32) : 0);
         uint4 frag[FRAG_BUFS][2];
-        stage_wait(bars + at.buf * 8, at.phase);
+        mbar_wait(bars + at.buf * 8, at.phase);
         cv.begin(s, base + at.buf * STAGE_BYTES, first, dw, lane);
         cv.template convert<0>(frag[0], lane);
         cv.template convert<1>(frag[1], lane);
@@ -783,10 +765,10 @@ struct Gemm {
         // Every consumer's stores, then one GPU-scope acq_rel arrival (cumulative over the barrier, as in the
         // decode kernel's fix-up); its result goes to the others through shared memory.
         const u32 arrival = base + DATA_BYTES + STAGES * 16;
-        sync_consumers();
+        consumer_sync(CONSUMERS);
         u32* counter = a.counters + tile * MAX_CLUSTER + rank;
         if (ctid == 0) sts32(arrival, atomic_add_acq_rel_gpu(counter, 1u));
-        sync_consumers();
+        consumer_sync(CONSUMERS);
         if (lds32(arrival) != (u32)(s.groups - 1)) return;
         trace_stamp(a.trace, TRACE_GLOBAL_STEP);
         // The other clusters' slots, in cluster order, past slab 0 (the host checked that they fit): one TMA bulk
@@ -1037,11 +1019,11 @@ struct Gemm {
         if (wg == 0) trade_half<ACC / 2, 0>(out, in, alone, acc);
         else trade_half<0, 0>(out, in, alone, acc);
         if (EXCHANGE_PASSES == 2) {
-            sync_consumers();  // both have read the first pass
+            consumer_sync(CONSUMERS);  // both have read the first pass
             if (wg == 0) trade_half<ACC / 2, 1>(out, in, alone, acc);
             else trade_half<0, 1>(out, in, alone, acc);
         }
-        sync_consumers();  // both have read: the next item may write again
+        consumer_sync(CONSUMERS);  // both have read: the next item may write again
     }
     // Hands over accumulators GIVE .. GIVE + ACC / 2 - 1 of the pass's tiles and adds the other warpgroup's into the
     // rest, then leaves the sums in 0 .. ACC / 2 - 1. Warpgroup 1's terms are zeros when `alone` (0 + v and v + 0,
@@ -1060,7 +1042,7 @@ struct Gemm {
                         make_float4(acc[t][at], acc[t][at + 1], acc[t][at + 2], acc[t][at + 3]));
             }
         }
-        sync_consumers();
+        consumer_sync(CONSUMERS);
 #pragma unroll
         for (int t = 0; t < 2; ++t) {
             if (t / TILES != PASS) continue;
