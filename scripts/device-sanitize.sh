@@ -7,7 +7,9 @@
 # no new one starts once BUDGET_S (default 540) is spent. Writes $OUT/sanitize-<tool>.txt (OUT defaults to /tmp/out):
 # per test the tool's verdict line, its exit status, its time, a failed test's message, and the first hazards it
 # printed (--print-limit 10; LINES_KEPT lines, default 80). LOWBIT_NVRTC_LINEINFO=1 makes the reports name kernel
-# source lines.
+# source lines. WARM=1 first runs every listed test plainly (PAR at once, WARM_S seconds each, default 150), so
+# that their kernels are in LOWBIT_CACHE_DIR before the tools run and a cold cache does not eat the tools' limits
+# (the same environment, so the same cache keys: LOWBIT_*_DEFINES, LOWBIT_NVRTC_LINEINFO).
 set -u
 BIN=$1
 shift
@@ -39,6 +41,12 @@ one() {  # $1: tool, $2: SUITE:TEST
   } > "$log"
 }
 export -f one
+if [ "${WARM:-0}" = 1 ]; then
+  s=$(date +%s)
+  for entry in "$@"; do echo "$entry"; done | xargs -P "${PAR:-4}" -L 1 bash -c \
+    'timeout "${WARM_S:-150}" "$BIN/tests/${0%%:*}" --exact "${0#*:}" --test-threads 1 > /dev/null 2>&1; echo "warm ${0}: rc $?"'
+  echo "warmed in $(( $(date +%s) - s )) s"
+fi
 for tool in ${TOOLS:-racecheck}; do
   for entry in "$@"; do echo "$tool $entry"; done
 done | xargs -P "${PAR:-4}" -L 1 bash -c 'one "$0" "$1"'
