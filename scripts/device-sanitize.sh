@@ -37,7 +37,7 @@ one() {  # $1: tool, $2: SUITE:TEST
     grep -E "ERROR SUMMARY|RACECHECK SUMMARY|test result" "$log.raw"
     grep -A 3 "panicked" "$log.raw" | cut -c1-600
     # The first hazards or errors as printed, without the host backtraces.
-    grep -E "^=========" "$log.raw" | grep -v "Host Frame" | head -n "${LINES_KEPT:-80}"
+    grep -E "^=========" "$log.raw" | grep -vE "Host Frame|SUMMARY" | head -n "${LINES_KEPT:-80}"
   } > "$log"
 }
 export -f one
