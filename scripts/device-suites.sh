@@ -2,10 +2,13 @@
 # GPU test suites on the device, one after another, each timed, inside the device tool's 600 s per call:
 #   OUT=$OUT bash scripts/device-suites.sh .devbin quant_linear cuda_linear cuda_dequantize
 # Binaries: `DEVBIN=.devbin TESTS="<suites>" scripts/prepare-devbin.sh`. Each suite's log goes to
-# $OUT/test-<suite>.log; a suite is skipped once less than 20 s of $BUDGET_S (default 560) is left.
+# $OUT/test-<suite>.log (OUT defaults to /tmp/out); a suite is skipped once less than 20 s of $BUDGET_S
+# (default 560) is left.
 set -u
 BIN=$1
 shift
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
 export LOWBIT_CACHE_DIR=${LOWBIT_CACHE_DIR:-/tmp/lc}
 T0=$(date +%s)
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv,noheader

@@ -29,9 +29,10 @@ const BATCHES: usize = 7;
 /// Target duration of one timed batch.
 const BATCH_MS: f64 = 20.0;
 /// Timed rounds of [`Rounds`] (after an untimed one) and the target duration of one launcher's batch in a round,
-/// unless `LOWBIT_BENCH_TURNS=ROUNDSxMS` (for example `25x2`) sets them.
-const TURN_ROUNDS: usize = 7;
-const TURN_BATCH_MS: f64 = 20.0;
+/// unless `LOWBIT_BENCH_TURNS=ROUNDSxMS` (for example `25x2`) sets them: by default the same batches as
+/// [`median_of_batches`], the method of every committed record.
+const TURN_ROUNDS: usize = BATCHES;
+const TURN_BATCH_MS: f64 = BATCH_MS;
 
 /// The rounds and batch duration of [`Rounds`]: `LOWBIT_BENCH_TURNS`, or the defaults.
 fn turns() -> Result<(usize, f64)> {

@@ -15,10 +15,11 @@
 //! for cuBLAS, every dense weight) is rotated among as many copies as it takes to exceed 2 × L2, so each launch
 //! reads device memory. Timing: the launchers of one M take turns (`Rounds`): an untimed round, then 7 rounds of
 //! one ~20 ms batch of launches each between CUDA events, back to back, so all of them run at the same clocks; the
-//! median batch is reported (`LOWBIT_BENCH_TURNS=ROUNDSxMS` changes the rounds and the batch length). CUDA-graph replays are timed after them, and from M = 256 on (every M with
-//! `LOWBIT_BENCH_SUSTAINED=all`) QuantLinear and both baselines again, each alone under sustained load
-//! (`lowbit_sustained`, `cublas_fp16_sustained`, `cublaslt_fp16_sustained`; see `sustained_us`). `bytes` is what
-//! the call must move at least: codes, scales and zeros (or the dense weight), x and y.
+//! median batch is reported (`LOWBIT_BENCH_TURNS=ROUNDSxMS` changes the rounds and the batch length). CUDA-graph
+//! replays are timed after them, and from M = 256 on (every M with `LOWBIT_BENCH_SUSTAINED=all`) QuantLinear and
+//! both baselines again, each alone under sustained load (`lowbit_sustained`, `cublas_fp16_sustained`,
+//! `cublaslt_fp16_sustained`; see `sustained_us`). `bytes` is what the call must move at least: codes, scales and
+//! zeros (or the dense weight), x and y.
 //!
 //! `LOWBIT_BENCH_VARIANTS=1` adds decode-kernel records with the grid forced to one (`lowbit_1sm`) or two
 //! (`lowbit_2sm`) CTAs per SM; `LOWBIT_BENCH_CTAS=66,88` with exactly that many CTAs (`lowbit_c66`, ...),
