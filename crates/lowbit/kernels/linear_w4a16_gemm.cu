@@ -205,6 +205,13 @@ struct Gemm {
     // The K-split tile's warpgroups each walk their own stages (the header's K-SPLIT TILE): one producer thread per
     // warpgroup's stages (produce), and each stage released as soon as its last wgmma is done (stage_step).
     static constexpr int PRODUCERS = KSPLIT ? 2 : 1;
+    // EVEN RING (KSPLIT): a wait on a stage slot's barrier names the phase by its parity, which is unambiguous only
+    // if the phase before it has completed. With an even ring a slot's uses alternate neither producer nor (within
+    // an item) warpgroup, and each waited for the slot's previous use itself. With 3 stages they do: once warpgroup
+    // 1 had released stage 1 before warpgroup 0 released stage 0, producer 0, refilling slot 0 with stage 6, waited
+    // for parity 1 (stage 3's release) while phase 0 was still open, passed at once and overwrote stage 0 as it was
+    // read. The host keeps K-split rings even.
+    static_assert(!KSPLIT || STAGES % 2 == 0, "the K-split tile's warpgroups and producers take alternate stages");
     static constexpr bool EARLY_RELEASE = KSPLIT;
     // Tokens per warpgroup in the epilogue: a K-split tile's warpgroups first trade halves (exchange_halves), so
     // each then holds the sums of 32 tokens, as the token-split tile's do.
@@ -1005,32 +1012,34 @@ struct Gemm {
 
     // KSPLIT: the two warpgroups hold partial sums of the same WG_TOKENS x 128 outputs, over alternate stages of the
     // item's k. Warpgroup 0 keeps the first half of the tokens (accumulators 0 .. ACC / 2 - 1 of each tile),
-    // warpgroup 1 the second: each
-    // hands the other the half it does not keep, through shared memory past the staging (thread i of one warpgroup
-    // and thread i of the other hold the same outputs), and adds the half it receives. A sum of two terms is the same
-    // whichever adds it, so the result does not depend on timing. Warpgroup 1 leaves its sums in accumulators
-    // 0 .. ACC / 2 - 1 too, and both run the epilogue of a token-split tile of EPI_TOKENS tokens each.
-    // `alone`: the item has one k tile, so warpgroup 1's accumulators hold nothing (mainloop) and count as zeros.
+    // warpgroup 1 the second: each hands the other the half it does not keep, through shared memory past the staging
+    // (thread i of one warpgroup and thread i of the other hold the same outputs), and adds the half it receives. A
+    // sum of two terms is the same whichever adds it, so the result does not depend on timing. Warpgroup 1 leaves its
+    // sums in accumulators 0 .. ACC / 2 - 1 too, and both run the epilogue of a token-split tile of EPI_TOKENS tokens
+    // each. `alone`: the item has one k tile, so warpgroup 1's accumulators hold nothing (mainloop) and count as zeros.
     __device__ static __forceinline__ void exchange_halves(u32 exchange, int wg, bool alone, float (&acc)[2][ACC]) {
         // What one warpgroup hands over per pass: the tiles of the pass x ACC / 2 floats a thread.
         constexpr u32 SIDE = CONSUMERS / 2 * ACC * 4 / EXCHANGE_PASSES;
         const u32 out = exchange + wg * SIDE, in = exchange + (1 - wg) * SIDE;
-        // Accumulator indices must be compile-time constants (registers): one instance per warpgroup.
-        if (wg == 0) trade_half<ACC / 2, 0>(out, in, alone, acc);
-        else trade_half<0, 0>(out, in, alone, acc);
-        if (EXCHANGE_PASSES == 2) {
-            consumer_sync(CONSUMERS);  // both have read the first pass
-            if (wg == 0) trade_half<ACC / 2, 1>(out, in, alone, acc);
-            else trade_half<0, 1>(out, in, alone, acc);
-        }
-        consumer_sync(CONSUMERS);  // both have read: the next item may write again
+        exchange_pass<0>(out, in, wg, alone, acc);
+        if (EXCHANGE_PASSES == 2) exchange_pass<1>(out, in, wg, alone, acc);
     }
-    // Hands over accumulators GIVE .. GIVE + ACC / 2 - 1 of the pass's tiles and adds the other warpgroup's into the
-    // rest, then leaves the sums in 0 .. ACC / 2 - 1. Warpgroup 1's terms are zeros when `alone` (0 + v and v + 0,
-    // as if it had summed nothing into zeroed accumulators).
+    // One pass of exchange_halves. Accumulator indices must be compile-time constants (registers), so each warpgroup
+    // has its own instance of each side; the barriers stay outside them: `bar.sync` is the aligned form, whose
+    // waiting threads must all execute the same instruction (synccheck reported the two warpgroups meeting at two).
+    template <int PASS>
+    __device__ static __forceinline__ void exchange_pass(u32 out, u32 in, int wg, bool alone, float (&acc)[2][ACC]) {
+        if (wg == 0) give_half<ACC / 2, PASS>(out, acc);
+        else give_half<0, PASS>(out, acc);
+        consumer_sync(CONSUMERS);  // both halves are written
+        if (wg == 0) add_half<ACC / 2, PASS>(in, alone, acc);
+        else add_half<0, PASS>(in, alone, acc);
+        consumer_sync(CONSUMERS);  // both have read: the next pass or item may write again
+    }
+    // Accumulators GIVE .. GIVE + ACC / 2 - 1 of the pass's tiles, to the other warpgroup.
     template <int GIVE, int PASS>
-    __device__ static __forceinline__ void trade_half(u32 out, u32 in, bool alone, float (&acc)[2][ACC]) {
-        constexpr int HALF = ACC / 2, QUADS = HALF / 4, KEEP = HALF - GIVE, TILES = 2 / EXCHANGE_PASSES;
+    __device__ static __forceinline__ void give_half(u32 out, const float (&acc)[2][ACC]) {
+        constexpr int QUADS = ACC / 8, TILES = 2 / EXCHANGE_PASSES;
         const int i = thread_index() & 127;
 #pragma unroll
         for (int t = 0; t < 2; ++t) {
@@ -1042,7 +1051,14 @@ struct Gemm {
                         make_float4(acc[t][at], acc[t][at + 1], acc[t][at + 2], acc[t][at + 3]));
             }
         }
-        consumer_sync(CONSUMERS);
+    }
+    // Adds the other warpgroup's half into the one kept (the GIVE of give_half tells which) and leaves the sums in
+    // 0 .. ACC / 2 - 1. Warpgroup 1's terms are zeros when `alone` (0 + v and v + 0, as if it had summed nothing into
+    // zeroed accumulators).
+    template <int GIVE, int PASS>
+    __device__ static __forceinline__ void add_half(u32 in, bool alone, float (&acc)[2][ACC]) {
+        constexpr int QUADS = ACC / 8, KEEP = ACC / 2 - GIVE, TILES = 2 / EXCHANGE_PASSES;
+        const int i = thread_index() & 127;
 #pragma unroll
         for (int t = 0; t < 2; ++t) {
             if (t / TILES != PASS) continue;

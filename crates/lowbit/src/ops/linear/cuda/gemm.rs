@@ -293,10 +293,11 @@ impl GemmVariant {
         bytes.next_multiple_of(1024)
     }
 
-    /// This variant with as many of its stages as fit in `smem` bytes of shared memory per CTA (at least 2), and
-    /// no STAGGER if fewer than [`STAGGER_MIN_STAGES`] remain.
+    /// This variant with as many of its stages as fit in `smem` bytes of shared memory per CTA (at least 2; an even
+    /// number for the K-split tile, whose warpgroups and producers take alternate stages: the kernel's EVEN RING),
+    /// and no STAGGER if fewer than [`STAGGER_MIN_STAGES`] remain.
     fn fitted(mut self, smem: usize) -> Self {
-        while self.stages > 2 && self.smem_bytes() > smem {
+        while self.stages > 2 && (self.smem_bytes() > smem || (self.ksplit && self.stages % 2 == 1)) {
             self.stages -= 1;
         }
         if self.stages < STAGGER_MIN_STAGES {
@@ -669,7 +670,8 @@ impl LinearW4A16Gemm {
     }
 
     /// The K-split tile for a batch of `m` rows: the forced token count if it has one, else 64 tokens up to 64
-    /// rows and above them the one [`LinearW4A16Gemm::estimated_cost`] finds cheaper; `None` for a convolution.
+    /// rows and above them the one [`LinearW4A16Gemm::estimated_cost`] finds cheaper (of those with 4 stages or
+    /// more, if any); `None` for a convolution.
     fn k_split_kernel(&self, m: usize) -> Option<&GemmKernel> {
         let by_tokens = |tokens| self.k_split.iter().find(|k| k.variant.wg_tokens == tokens);
         if let Some(k) = self.forced_tokens.and_then(by_tokens) {
@@ -679,7 +681,15 @@ impl LinearW4A16Gemm {
             return by_tokens(KSPLIT_TOKENS[0]);
         }
         let cost = |k: &&GemmKernel| self.estimated_cost(k, m, self.split_plan_for(k, m));
-        self.k_split.iter().min_by(|a, b| cost(a).total_cmp(&cost(b)))
+        // The cost model does not price the ring: with 2 stages (the int8 layout's 128-token tile) each warpgroup
+        // waits for every stage it reads to be refilled.
+        let deep = |k: &&GemmKernel| k.variant.stages >= 4;
+        (self
+            .k_split
+            .iter()
+            .filter(deep)
+            .min_by(|a, b| cost(a).total_cmp(&cost(b))))
+        .or_else(|| self.k_split.iter().min_by(|a, b| cost(a).total_cmp(&cost(b))))
     }
 
     /// The 16-token kernel for a linear layer's batches of up to [`TINY_BATCH`] rows, the 64-token one up to
@@ -1347,6 +1357,30 @@ mod tests {
         assert_eq!(settled(tile(4, 1, 128)), (2, 0));
         assert_eq!(settled(tile(4, 2, 64)).1, 0);
         assert_eq!(settled(tile(4, 2, 16)).1, 0);
+    }
+
+    /// The K-split tiles' rings settle on an even number of stages (the kernel's EVEN RING), whatever the
+    /// weight: the int8 layout's tiles, which fit 5 and 3, take 4 and 2.
+    #[test]
+    fn k_split_rings_are_even() {
+        let smem = smem_limits((9, 0)).per_cta;
+        let mut settled = Vec::new();
+        for (act, wbits) in [(DType::F16, 4), (DType::Bf16, 4), (DType::F16, 8)] {
+            for (zeros, unit_groups, unit_n) in [(true, true, 256), (true, false, 256), (false, false, 128)] {
+                for tokens in KSPLIT_TOKENS {
+                    let v = GemmVariant::k_split(act, wbits, zeros, unit_groups, unit_n, tokens).fitted(smem);
+                    assert!(
+                        v.stages % 2 == 0 && v.smem_bytes() <= smem,
+                        "{}: {} stages",
+                        v.name(),
+                        v.stages
+                    );
+                    settled.push((wbits, unit_groups, tokens, v.stages));
+                }
+            }
+        }
+        assert!(settled.contains(&(4, true, 64, 6)) && settled.contains(&(4, true, 128, 4)));
+        assert!(settled.contains(&(8, true, 64, 4)) && settled.contains(&(8, true, 128, 2)));
     }
 
     /// Every GEMM specialisation a layer or a convolution can load compiles for sm_90a without spills, a stack
