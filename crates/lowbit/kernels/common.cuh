@@ -424,10 +424,6 @@ __device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], u32 addr) {
 __device__ __forceinline__ void cluster_sync() {
     asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
 }
-// cluster_sync in two halves: a thread arrives early and waits later, doing other work in between (the decode
-// kernel's LB_EXP_ENTRY_BARRIER). The arrival publishes nothing (relaxed): the barrier only orders the CTAs' starts.
-__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.relaxed;\n"); }
-__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory"); }
 // The address of shared-memory location `addr` of this CTA in the CTA of cluster rank `rank`.
 __device__ __forceinline__ u32 cluster_map(u32 addr, int rank) {
     u32 out;
@@ -442,8 +438,6 @@ __device__ __forceinline__ void st_cluster_f32x4(u32 addr, float4 v) {
 #else
 // Clusters exist from sm_90 on; the host launches none before (the decode kernel's shared code calls these).
 __device__ __forceinline__ void cluster_sync() { __trap(); }
-__device__ __forceinline__ void cluster_arrive() { __trap(); }
-__device__ __forceinline__ void cluster_wait() { __trap(); }
 __device__ __forceinline__ u32 cluster_map(u32, int) { __trap(); return 0; }
 __device__ __forceinline__ void st_cluster_f32x4(u32, float4) { __trap(); }
 #endif

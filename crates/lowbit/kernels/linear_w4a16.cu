@@ -111,12 +111,12 @@
 // launches the extern "C" kernels at the bottom.
 #include "common.cuh"
 
-// EXPERIMENT (off; stop 53): LB_EXP_ENTRY_BARRIER=1 makes the RECEIVE variants pass a cluster barrier on entry, so
-// that no CTA pushes its partial into another's shared memory before that one has started (the CUDA programming
+// EXPERIMENT (off; stops 53-54): LB_EXP_ENTRY_BARRIER=1 makes the RECEIVE variants pass a cluster barrier on entry,
+// so that no CTA pushes its partial into another's shared memory before that one has started (the CUDA programming
 // guide's rule for distributed shared memory; compute-sanitizer's racecheck reports the pushes of cluster_reduce as
-// writes into "a block that might not have entered yet"). The consumers pass it at once (their first stage is in
-// flight), the producer arrives before its copies and waits after them. Not yet on by default: in its only device
-// runs the decode suite did not finish within 190 s (docs/notes/w4a16-gemm.md, "compute-sanitizer").
+// writes into "a block that might not have entered yet"). Every thread passes it before its work. (Stop 53's form,
+// in which the producer arrived before its copies and waited after them, hung the decode suite, perhaps because the
+// consumers could arrive at cluster_reduce's barrier, the next phase, before the producer's wait.)
 #ifndef LB_EXP_ENTRY_BARRIER
 #define LB_EXP_ENTRY_BARRIER 0
 #endif
@@ -829,14 +829,12 @@ struct Linear {
         }
         // LB_EXP_ENTRY_BARRIER (above): unconditional, since a branch on s.cluster spilled the offset-form variant
         // (96 registers); launched without a cluster, a CTA is a cluster of one.
-        constexpr bool ENTRY_BARRIER = LB_EXP_ENTRY_BARRIER && RECEIVE;
+        if (LB_EXP_ENTRY_BARRIER && RECEIVE) cluster_sync();
         if constexpr (TMA) {
             if (tid == 0) init_pipeline_barriers(bars, STAGES, THREADS);
             __syncthreads();
             if (warp >= CONSUMERS / 32) {
-                if (ENTRY_BARRIER) cluster_arrive();
                 produce(xmap, a, s, smem, bars, u_begin, count, ring, lane);
-                if (ENTRY_BARRIER) cluster_wait();
                 if (s.cluster) {  // cluster_reduce's barriers
                     cluster_sync();
                     if (!RECEIVE) cluster_sync();
@@ -844,7 +842,6 @@ struct Linear {
                 return;
             }
         }
-        if (ENTRY_BARRIER) cluster_sync();
         consume(a, s, smem, u_begin, count, tid, ring);
     }
 
