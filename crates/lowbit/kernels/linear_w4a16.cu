@@ -111,16 +111,6 @@
 // launches the extern "C" kernels at the bottom.
 #include "common.cuh"
 
-// EXPERIMENT (off; stops 53-54): LB_EXP_ENTRY_BARRIER=1 makes the RECEIVE variants pass a cluster barrier on entry,
-// so that no CTA pushes its partial into another's shared memory before that one has started (the CUDA programming
-// guide's rule for distributed shared memory; compute-sanitizer's racecheck reports the pushes of cluster_reduce as
-// writes into "a block that might not have entered yet"). Every thread passes it before its work. (Stop 53's form,
-// in which the producer arrived before its copies and waited after them, hung the decode suite, perhaps because the
-// consumers could arrive at cluster_reduce's barrier, the next phase, before the producer's wait.)
-#ifndef LB_EXP_ENTRY_BARRIER
-#define LB_EXP_ENTRY_BARRIER 0
-#endif
-
 namespace lowbit {
 namespace w4a16 {
 
@@ -827,9 +817,15 @@ struct Linear {
             if (WGMMA) fence_proxy_async_shared();  // wgmma reads them through the async proxy
 #endif
         }
-        // LB_EXP_ENTRY_BARRIER (above): unconditional, since a branch on s.cluster spilled the offset-form variant
-        // (96 registers); launched without a cluster, a CTA is a cluster of one.
-        if (LB_EXP_ENTRY_BARRIER && RECEIVE) cluster_sync();
+        // ENTRY BARRIER (RECEIVE): a CTA may push its partial into another's RECEIVE area while that one still
+        // computes, so nothing else orders the push after the owner's start, which the CUDA programming guide requires
+        // of distributed shared memory (racecheck reported every push as a write into "a block that might not have
+        // entered yet"). Every thread passes one cluster barrier first: the CTAs of a cluster start together, so it
+        // costs nothing measurable (M = 1-16, stop 54). Unconditional: a branch on s.cluster spilled the offset-form
+        // variant (96 registers), and launched without a cluster a CTA is a cluster of one. (A split form, the
+        // producer arriving before its copies and waiting after them, hung the decode tests in stop 53, perhaps as
+        // the consumers could arrive at cluster_reduce's barrier, the next phase, before the producer's wait.)
+        if (RECEIVE) cluster_sync();
         if constexpr (TMA) {
             if (tid == 0) init_pipeline_barriers(bars, STAGES, THREADS);
             __syncthreads();
