@@ -683,13 +683,12 @@ impl LinearW4A16Gemm {
         let cost = |k: &&GemmKernel| self.estimated_cost(k, m, self.split_plan_for(k, m));
         // The cost model does not price the ring: with 2 stages (the int8 layout's 128-token tile) each warpgroup
         // waits for every stage it reads to be refilled.
-        let deep = |k: &&GemmKernel| k.variant.stages >= 4;
-        (self
-            .k_split
-            .iter()
-            .filter(deep)
-            .min_by(|a, b| cost(a).total_cmp(&cost(b))))
-        .or_else(|| self.k_split.iter().min_by(|a, b| cost(a).total_cmp(&cost(b))))
+        let cheapest = |min_stages: usize| {
+            (self.k_split.iter())
+                .filter(|k| k.variant.stages >= min_stages)
+                .min_by(|a, b| cost(a).total_cmp(&cost(b)))
+        };
+        cheapest(4).or_else(|| cheapest(0))
     }
 
     /// The 16-token kernel for a linear layer's batches of up to [`TINY_BATCH`] rows, the 64-token one up to
